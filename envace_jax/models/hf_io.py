@@ -1,0 +1,365 @@
+"""Hugging Face safetensors <-> Qwen3 NNX parameters.
+
+One table (``MAPPING``) describes every tensor in both directions: the HF name
+template, our parameter path, whether it is stacked over layers, the HF shape,
+and a pair of layout transforms (HF -> ours, ours -> HF).
+
+Loading streams one HF tensor at a time: each tensor is read (one decoder layer
+at a time for stacked params), transformed on the host, and placed directly in
+its target sharding with ``jax.make_array_from_callback``; stacked params are
+built by donating a sharded buffer and writing one layer slice per step, so the
+host never holds more than one layer's tensor and the devices never hold two
+copies of a stacked param. Saving gathers one param at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from envace_jax import sharding as shd
+from envace_jax.models import qwen3
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Buffers some older exports carry; transformers recomputes them, so do we.
+_IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMap:
+    """One HF tensor family <-> one of our params.
+
+    ``hf_shape(cfg)`` is the HF tensor's shape (one layer for stacked params);
+    ``to_ours(a, cfg)`` maps an HF array to our per-layer layout and
+    ``to_hf(a, cfg)`` is its inverse.
+    """
+
+    hf_name: str  # "{i}" marks the layer index
+    path: tuple[str, ...]
+    layered: bool
+    hf_shape: Callable[[qwen3.Qwen3Config], tuple[int, ...]]
+    to_ours: Callable[[np.ndarray, qwen3.Qwen3Config], np.ndarray]
+    to_hf: Callable[[np.ndarray, qwen3.Qwen3Config], np.ndarray]
+    untied_only: bool = False
+
+    def name(self, layer: int | None = None) -> str:
+        return self.hf_name.format(i=layer) if self.layered else self.hf_name
+
+
+_ident = lambda a, c: a
+_T = lambda a, c: a.T
+
+MAPPING: tuple[TensorMap, ...] = (
+    TensorMap("model.embed_tokens.weight", ("embed", "embedding"), False,
+              lambda c: (c.vocab_size, c.hidden_size), _ident, _ident),
+    TensorMap("model.norm.weight", ("norm", "scale"), False, lambda c: (c.hidden_size,), _ident, _ident),
+    TensorMap("lm_head.weight", ("lm_head",), False, lambda c: (c.vocab_size, c.hidden_size), _T, _T,
+              untied_only=True),
+    # HF q_proj.weight is (N*H, D) with the head index major: out[n*H + h] = sum_d W[n*H+h, d] x[d].
+    TensorMap("model.layers.{i}.self_attn.q_proj.weight", ("layers", "q_proj"), True,
+              lambda c: (c.num_heads * c.head_dim, c.hidden_size),
+              lambda a, c: a.reshape(c.num_heads, c.head_dim, c.hidden_size).transpose(2, 0, 1),
+              lambda a, c: a.transpose(1, 2, 0).reshape(c.num_heads * c.head_dim, c.hidden_size)),
+    TensorMap("model.layers.{i}.self_attn.k_proj.weight", ("layers", "k_proj"), True,
+              lambda c: (c.num_kv_heads * c.head_dim, c.hidden_size),
+              lambda a, c: a.reshape(c.num_kv_heads, c.head_dim, c.hidden_size).transpose(2, 0, 1),
+              lambda a, c: a.transpose(1, 2, 0).reshape(c.num_kv_heads * c.head_dim, c.hidden_size)),
+    TensorMap("model.layers.{i}.self_attn.v_proj.weight", ("layers", "v_proj"), True,
+              lambda c: (c.num_kv_heads * c.head_dim, c.hidden_size),
+              lambda a, c: a.reshape(c.num_kv_heads, c.head_dim, c.hidden_size).transpose(2, 0, 1),
+              lambda a, c: a.transpose(1, 2, 0).reshape(c.num_kv_heads * c.head_dim, c.hidden_size)),
+    TensorMap("model.layers.{i}.self_attn.o_proj.weight", ("layers", "o_proj"), True,
+              lambda c: (c.hidden_size, c.num_heads * c.head_dim),
+              lambda a, c: a.reshape(c.hidden_size, c.num_heads, c.head_dim).transpose(1, 2, 0),
+              lambda a, c: a.transpose(2, 0, 1).reshape(c.hidden_size, c.num_heads * c.head_dim)),
+    TensorMap("model.layers.{i}.self_attn.q_norm.weight", ("layers", "q_norm"), True,
+              lambda c: (c.head_dim,), _ident, _ident),
+    TensorMap("model.layers.{i}.self_attn.k_norm.weight", ("layers", "k_norm"), True,
+              lambda c: (c.head_dim,), _ident, _ident),
+    TensorMap("model.layers.{i}.input_layernorm.weight", ("layers", "input_norm"), True,
+              lambda c: (c.hidden_size,), _ident, _ident),
+    TensorMap("model.layers.{i}.post_attention_layernorm.weight", ("layers", "post_norm"), True,
+              lambda c: (c.hidden_size,), _ident, _ident),
+    TensorMap("model.layers.{i}.mlp.gate_proj.weight", ("layers", "gate_proj"), True,
+              lambda c: (c.intermediate_size, c.hidden_size), _T, _T),
+    TensorMap("model.layers.{i}.mlp.up_proj.weight", ("layers", "up_proj"), True,
+              lambda c: (c.intermediate_size, c.hidden_size), _T, _T),
+    TensorMap("model.layers.{i}.mlp.down_proj.weight", ("layers", "down_proj"), True,
+              lambda c: (c.hidden_size, c.intermediate_size), _T, _T),
+)
+
+
+def active_mapping(cfg: qwen3.Qwen3Config) -> list[TensorMap]:
+    return [m for m in MAPPING if not (m.untied_only and cfg.tie_word_embeddings)]
+
+
+def expected_hf_tensors(cfg: qwen3.Qwen3Config) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape, for every tensor a checkpoint of ``cfg`` must hold."""
+    out: dict[str, tuple[int, ...]] = {}
+    for m in active_mapping(cfg):
+        for i in (range(cfg.num_layers) if m.layered else [None]):
+            out[m.name(i)] = tuple(m.hf_shape(cfg))
+    return out
+
+
+def _variable(model: nnx.Module, path: tuple[str, ...]) -> nnx.Variable:
+    obj: Any = model
+    for p in path:
+        obj = getattr(obj, p)
+    return obj
+
+
+# ------------------------------------------------------------------------------------------
+# reading
+
+
+def _tensor_index(path: str) -> dict[str, str]:
+    """HF tensor name -> safetensors file (absolute path)."""
+    index = os.path.join(path, INDEX_FILE)
+    single = os.path.join(path, SINGLE_FILE)
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: no 'weight_map' object")
+        return {k: os.path.join(path, v) for k, v in weight_map.items()}
+    if os.path.exists(single):
+        from safetensors import safe_open
+
+        with safe_open(single, framework="numpy") as f:
+            return {k: single for k in f.keys()}
+    raise FileNotFoundError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+
+
+class _Reader:
+    """Opens each safetensors file once; reads one tensor at a time, checking its shape."""
+
+    def __init__(self, index: dict[str, str], stack: contextlib.ExitStack):
+        self.index, self.stack, self.handles = index, stack, {}
+
+    def read(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        from safetensors import safe_open
+
+        file = self.index[name]
+        if file not in self.handles:
+            if not os.path.exists(file):
+                raise FileNotFoundError(f"tensor {name}: shard file {file} does not exist")
+            self.handles[file] = self.stack.enter_context(safe_open(file, framework="numpy"))
+        h = self.handles[file]
+        got = tuple(h.get_slice(name).get_shape())
+        if got != shape:
+            raise ValueError(f"tensor {name} has shape {got}, expected {shape}")
+        return h.get_tensor(name)
+
+
+def _check_names(index: dict[str, str], cfg: qwen3.Qwen3Config, path: str) -> None:
+    expected = expected_hf_tensors(cfg)
+    present = set(index)
+    missing = sorted(set(expected) - present)
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ValueError(f"{path}: missing tensor(s) {missing[:5]}{more}")
+    # A tied checkpoint may still carry lm_head.weight (transformers ignores it there; so do we).
+    allowed = set(expected) | ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+    unexpected = sorted(n for n in present - allowed if not _IGNORED.match(n))
+    if unexpected:
+        more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
+        raise ValueError(f"{path}: unexpected tensor(s) {unexpected[:5]}{more}")
+
+
+def _target_sharding(var: nnx.Variable, shape, mesh: Mesh | None, rules: shd.Rules):
+    if mesh is None:
+        return SingleDeviceSharding(jax.devices()[0])
+    axes = getattr(var, "logical_axes", None)
+    if axes is None:
+        return shd.replicated(mesh)
+    return shd.named_sharding(mesh, axes, rules, shape)
+
+
+def _from_host(host: np.ndarray, sharding) -> jax.Array:
+    """Places a host array into ``sharding``; each device receives only its own slice."""
+    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def _layer_sharding(sharding):
+    if isinstance(sharding, NamedSharding):
+        return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[1:]))
+    return sharding
+
+
+def _stacked_builder(shape, dtype, sharding):
+    """Returns (zeros(), write(buf, layer_array, i)) jitted into ``sharding``; ``buf`` is donated."""
+    zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+
+    def _write(buf, x, i):
+        """buf ``[L, ...]``, x ``[...]`` (one layer), i int32 scalar -> buf with layer i replaced."""
+        return jax.lax.dynamic_update_index_in_dim(buf, x, i, 0)
+
+    write = jax.jit(_write, donate_argnums=0, out_shardings=sharding)
+    return zeros, write
+
+
+def load_hf(path: str | os.PathLike, dtype: str | None = "float32", mesh: Mesh | None = None,
+            rules: shd.Rules | None = None, *, compute_dtype: str | None = None,
+            **config_overrides) -> qwen3.Qwen3:
+    """Builds a Qwen3 from a Hugging Face directory, streaming tensors into their shardings.
+
+    Args:
+      path: a directory with config.json and model.safetensors (or an index + shards).
+      dtype: parameter dtype (and compute dtype unless ``compute_dtype`` is given);
+        ``None`` keeps the checkpoint's dtype.
+      mesh: place params with ``qwen3.param_shardings`` under ``rules`` (default
+        ``sharding.TRAIN_RULES``); without a mesh everything lands on the first device.
+      config_overrides: extra Qwen3Config fields (e.g. ``remat_policy``, ``scan_layers``).
+    """
+    path = os.fspath(path)
+    over: dict[str, Any] = dict(config_overrides)
+    if dtype is not None:
+        over.setdefault("param_dtype", dtype)
+        over.setdefault("dtype", compute_dtype or dtype)
+    elif compute_dtype is not None:
+        over.setdefault("dtype", compute_dtype)
+    cfg = qwen3.Qwen3Config.from_hf(path, **over)
+    rules = shd.TRAIN_RULES if rules is None else rules
+    index = _tensor_index(path)
+    _check_names(index, cfg, path)
+
+    model = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)))
+    pdt = qwen3.as_dtype(cfg.param_dtype)
+    with contextlib.ExitStack() as stack:
+        reader = _Reader(index, stack)
+        for m in active_mapping(cfg):
+            var = _variable(model, m.path)
+            shape = tuple(var.get_value().shape)
+            sharding = _target_sharding(var, shape, mesh, rules)
+            if not m.layered:
+                host = np.asarray(m.to_ours(reader.read(m.name(), m.hf_shape(cfg)), cfg), dtype=pdt)
+                var.set_value(_from_host(host, sharding))
+                continue
+            zeros, write = _stacked_builder(shape, pdt, sharding)
+            buf = zeros()
+            layer_sh = _layer_sharding(sharding)
+            for i in range(cfg.num_layers):
+                host = np.asarray(m.to_ours(reader.read(m.name(i), m.hf_shape(cfg)), cfg), dtype=pdt)
+                buf = write(buf, _from_host(host, layer_sh), jnp.int32(i))
+                del host
+            var.set_value(buf)
+    if mesh is not None:
+        model.set_sharding(mesh, rules)
+    return model
+
+
+# ------------------------------------------------------------------------------------------
+# writing
+
+
+_ST_DTYPE = {np.dtype(np.float32): "F32", np.dtype(jnp.bfloat16): "BF16", np.dtype(np.float16): "F16"}
+
+
+def parse_size(size: int | str) -> int:
+    """``"5GB"`` -> 5e9 bytes (decimal, as transformers does); ``"2GiB"``, ``"500MB"``, ``"100KB"`` and ints too."""
+    if isinstance(size, (int, np.integer)):
+        if size <= 0:
+            raise ValueError(f"max_shard_size must be positive, got {size}")
+        return int(size)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(size), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"max_shard_size {size!r} is not a size like '5GB' or '500MB'")
+    unit = (m.group(2) or "B").upper()
+    mult = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+            "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
+    return max(1, int(float(m.group(1)) * mult))
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _plan(cfg: qwen3.Qwen3Config, itemsize: int, max_bytes: int) -> list[list[tuple[TensorMap, int | None]]]:
+    """Groups HF tensors (in our param order, so each param is gathered once) into shards."""
+    shards: list[list[tuple[TensorMap, int | None]]] = [[]]
+    size = 0
+    for m in active_mapping(cfg):
+        nbytes = int(np.prod(m.hf_shape(cfg))) * itemsize
+        for i in (range(cfg.num_layers) if m.layered else [None]):
+            if shards[-1] and size + nbytes > max_bytes:
+                shards.append([])
+                size = 0
+            shards[-1].append((m, i))
+            size += nbytes
+    return shards
+
+
+def save_hf(model: qwen3.Qwen3, out_dir: str | os.PathLike, max_shard_size: int | str = "5GB") -> list[str]:
+    """Writes config.json, generation_config.json and safetensors shards (plus an index if >1).
+
+    Loadable by ``transformers.AutoModelForCausalLM.from_pretrained``. Tensors are
+    written in the params' dtype. In a multi-process run every process must call
+    this (params are gathered collectively); only process 0 writes files.
+    Returns the written safetensors file names.
+    """
+    from safetensors.numpy import save_file
+
+    cfg: qwen3.Qwen3Config = model.config
+    out_dir = os.fspath(out_dir)
+    writer = jax.process_index() == 0
+    if writer:
+        os.makedirs(out_dir, exist_ok=True)
+    pdt = np.dtype(qwen3.as_dtype(cfg.param_dtype))
+    plan = _plan(cfg, pdt.itemsize, parse_size(max_shard_size))
+    n = len(plan)
+    names = [SINGLE_FILE] if n == 1 else [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
+    weight_map: dict[str, str] = {}
+    total = 0
+    cached: tuple[tuple[str, ...], np.ndarray] | None = None
+    for fname, entries in zip(names, plan):
+        tensors: dict[str, np.ndarray] = {}
+        for m, i in entries:
+            if cached is None or cached[0] != m.path:
+                cached = None  # drop the previous param before gathering the next
+                cached = (m.path, _to_host(_variable(model, m.path)[...]))
+            ours = cached[1] if i is None else cached[1][i]
+            hf = np.ascontiguousarray(m.to_hf(ours, cfg).astype(pdt))
+            if hf.shape != tuple(m.hf_shape(cfg)):
+                raise ValueError(f"tensor {m.name(i)}: produced shape {hf.shape}, expected {m.hf_shape(cfg)}")
+            tensors[m.name(i)] = hf
+            weight_map[m.name(i)] = fname
+            total += hf.nbytes
+        if writer:
+            save_file(tensors, os.path.join(out_dir, fname), metadata={"format": "pt"})
+        del tensors
+    if writer:
+        if n > 1:
+            with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
+                json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump(cfg.to_hf(), f, indent=2)
+        gen = {"_from_model_config": True, "bos_token_id": cfg.bos_token_id, "pad_token_id": cfg.pad_token_id,
+               "eos_token_id": list(cfg.eos_token_ids) if len(cfg.eos_token_ids) > 1 else cfg.eos_token_id}
+        with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+            json.dump({k: v for k, v in gen.items() if v is not None}, f, indent=2)
+    return names
+
+
+def iter_hf_tensors(model: qwen3.Qwen3) -> Iterator[tuple[str, np.ndarray]]:
+    """Yields ``(hf_name, array)`` in HF layout, one param gathered at a time."""
+    cfg = model.config
+    for m in active_mapping(cfg):
+        host = _to_host(_variable(model, m.path)[...])
+        for i in (range(cfg.num_layers) if m.layered else [None]):
+            yield m.name(i), m.to_hf(host if i is None else host[i], cfg)
