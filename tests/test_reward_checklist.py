@@ -7,7 +7,7 @@ import json
 import pytest
 
 from envace_jax.rl.judges import Judge, LocalModelJudge, RuleJudge
-from envace_jax.rl.reward import (empty_output_penalty, episode_score, judge_turn, judge_turns,
+from envace_jax.rl.reward import (ChecklistTurnJudge, empty_output_penalty, episode_score, judge_turn, judge_turns,
                                   score_conversation, turn_end_indices, validate_checklist_list)
 
 
@@ -60,6 +60,7 @@ def test_or_over_steps_and_weights():
     assert j.turn_reward == pytest.approx(0.8)
     assert j.calls == 6            # 2 steps x 3 items, each judged
     assert not j.terminate         # required item passed, one checklist turn left
+    assert not j.required_failed
     assert j.api_failed_count == 0 and not j.tool_failed
 
 
@@ -69,12 +70,12 @@ def test_required_item_not_passed_terminates():
     j = judge_turn(msgs, [[[CALLED, REPLIED], [REPLIED]]], 0, RuleJudge())
     assert j.item_passed == [[False, True]]
     assert j.turn_reward == pytest.approx(0.3)
-    assert j.terminate and j.checklist_terminate == (True,)
+    assert j.terminate and j.checklist_terminate == (True,) and j.required_failed
 
 
 def test_last_checklist_turn_terminates():
     j = judge_turn(weather_turn(), [[[REPLIED], [CALLED, REPLIED]]], 1, RuleJudge())
-    assert j.turn_reward == pytest.approx(0.8) and j.terminate
+    assert j.turn_reward == pytest.approx(0.8) and j.terminate and not j.required_failed
 
 
 def test_majority_over_checklists():
@@ -176,6 +177,14 @@ def test_judge_turns_batches_many_episodes_in_one_call():
     singles = [judge_turn(m, cl, t, RuleJudge()) for m, cl, t in batch]
     assert results == singles
     assert [r.turn_reward for r in results] == pytest.approx([0.8, 0.0, 0.8])
+
+    class Ep:      # the attributes the rollout engine's episodes carry
+        def __init__(self, messages, checklist, user_turns):
+            self.messages, self.record, self.user_turns = messages, {"checklist": checklist}, user_turns
+
+    judge.batches.clear()
+    adapted = ChecklistTurnJudge(judge)([Ep(m, cl, t) for m, cl, t in batch])
+    assert adapted == singles and judge.batches == [14]
 
 
 def test_empty_output_penalty():

@@ -36,6 +36,7 @@ class TurnJudgement:
     calls: int                            # judge requests sent (skipped items excluded)
     tool_failed: bool = False             # a tool message of the turn carried error_tool_call
     checklist_terminate: tuple[bool, ...] = ()   # each checklist's own terminate vote
+    required_failed: bool = False         # some checklist has a required_for_next_turn item not passed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,16 +131,16 @@ def finish_turn(plan: TurnPlan, verdicts: Sequence[Verdict]) -> TurnJudgement:
                  for item, p in zip(items, row) if p)
     if plan.tool_failed:
         reward = 0.0
-    votes = tuple(
-        t >= len(cl) - 1 or any(item.get("required_for_next_turn", False) and not p
-                                for item, p in zip(items, row))
-        for cl, items, row in zip(plan.checklist_list, items_of, passed))
+    missed = [any(item.get("required_for_next_turn", False) and not p for item, p in zip(items, row))
+              for items, row in zip(items_of, passed)]
+    votes = tuple(t >= len(cl) - 1 or m for cl, m in zip(plan.checklist_list, missed))
     n = len(plan.checklist_list)
     # Strict majority; with no checklist at all there is nothing left to play.
     terminate = n == 0 or sum(votes) > n / 2 or failures > 0
     return TurnJudgement(turn_reward=reward, terminate=terminate, item_passed=passed,
                          api_failed_count=failures, calls=len(plan.requests),
-                         tool_failed=plan.tool_failed, checklist_terminate=votes)
+                         tool_failed=plan.tool_failed, checklist_terminate=votes,
+                         required_failed=any(missed))
 
 
 def judge_turns(turns: Sequence[tuple[Sequence[Message], Sequence, int]], judge: Judge) -> list[TurnJudgement]:
@@ -154,6 +155,20 @@ def judge_turns(turns: Sequence[tuple[Sequence[Message], Sequence, int]], judge:
         out.append(finish_turn(p, verdicts[pos:pos + len(p.requests)]))
         pos += len(p.requests)
     return out
+
+
+class ChecklistTurnJudge:
+    """Adapter for the rollout engine: judges the just-finished turn of many episodes in one batch.
+
+    Each episode needs ``messages`` (ending at the tool-free answer), ``record["checklist"]`` and
+    ``user_turns`` (the index of the turn being judged: the engine counts it after judging).
+    """
+
+    def __init__(self, judge: Judge):
+        self.judge = judge
+
+    def __call__(self, episodes: Sequence[Any]) -> list[TurnJudgement]:
+        return judge_turns([(e.messages, e.record["checklist"], e.user_turns) for e in episodes], self.judge)
 
 
 def judge_turn(messages: Sequence[Message], checklist_list: Sequence, turn_index: int,
