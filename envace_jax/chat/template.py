@@ -19,7 +19,9 @@ re-render of an episode equals the ids the sampler produced turn by turn:
   after the empty ``<think>\n\n</think>\n\n`` block, because that is what the generation prompt put
   in front of the model when it sampled the turn. The real template adds it only to the last turn.
 * Each tool call is preceded by a newline even when the content is empty (the real template skips
-  that newline for an empty content). The reference parser requires "\n<tool_call>\n" anyway.
+  that newline for an empty content), so every rendered call is parseable by the reference's regex,
+  which requires "\n<tool_call>\n". Only a past turn whose thinking ``drop_past_thinking`` removed
+  and which has no other content starts with a bare ``<tool_call>``, as in the real template.
 * The tool name is JSON-escaped (``tojson``) instead of pasted between quotes.
 """
 
@@ -96,7 +98,8 @@ QWEN3_STYLE_TEMPLATE = r"""{#- envace-jax Qwen3-style chat template. Variables: 
     {{- '<|im_start|>assistant\n' + text -}}
     {%- for call in (m.tool_calls or []) -%}
       {%- set fn = call.function if call.function is defined else call -%}
-      {{- '\n<tool_call>\n{"name": ' + (fn.name | tojson) + ', "arguments": ' -}}
+      {%- if text or not past or not loop.first -%}{{- '\n' -}}{%- endif -%}
+      {{- '<tool_call>\n{"name": ' + (fn.name | tojson) + ', "arguments": ' -}}
       {%- if fn.arguments is string -%}{{- fn.arguments -}}{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}
       {{- '}\n</tool_call>' -}}
     {%- endfor -%}
