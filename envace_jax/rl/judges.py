@@ -21,6 +21,7 @@ import json
 import os
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
@@ -240,7 +241,7 @@ class HttpJudgeConfig:
     max_attempts: int = 5              # total attempts per verdict, first one included
     backoff_base_s: float = 1.0        # sleep after the a-th failure (a from 0): min(base*2^a, max)
     backoff_max_s: float = 30.0
-    timeout_s: float = 300.0           # per HTTP attempt
+    timeout_s: float = 300.0           # per HTTP attempt, applied to connect and to each socket read
     max_concurrency: int = 32          # HTTP requests in flight at once, across all callers
     api_key_env: str | None = None     # name of an env var holding a bearer token
     use_response_format: bool = True   # send the strict json_schema (servers without it: False)
@@ -310,6 +311,13 @@ class HttpJudge(Judge):
             except (OSError, http.client.HTTPException, ValueError) as e:
                 # HTTPError, timeouts, refused connections and malformed verdicts are all retried.
                 last = f"{type(e).__name__}: {e}"
+                if isinstance(e, urllib.error.HTTPError):
+                    try:   # keep the server's reason for the log; closing frees the socket
+                        last += f" {e.read(300)!r}"
+                    except OSError:
+                        pass
+                    finally:
+                        e.close()
                 with self._lock:
                     self.stats["failed_attempts"] += 1
             if attempt < c.max_attempts:
