@@ -21,7 +21,7 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
-from envace_jax.chat.tool_parser import ERROR_KEY, strip_think
+from envace_jax.chat.tool_parser import ERROR_KEY, sanitize_text, strip_think
 
 EMPTY_SIMULATOR_OUTPUT = "EMPTY_SIMULATOR_OUTPUT"
 NO_EXECUTION_RESULT_TAG_FOUND = "NO_EXECUTION_RESULT_TAG_FOUND"
@@ -69,7 +69,8 @@ def parse_simulator_output(text: str) -> tuple[str | None, dict | None]:
                                      "execution result must be a non-empty JSON object or a JSON array",
                                      type(value).__name__)
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False), None
+        # Lone surrogates (from \ud800-style escapes) cannot be tokenised; U+FFFD as in the reference.
+        return sanitize_text(json.dumps(value, ensure_ascii=False, allow_nan=False)), None
     except (ValueError, TypeError, RecursionError) as exc:
         return None, simulator_error(NON_SERIALIZABLE_EXECUTION_RESULT, "execution result cannot be re-serialised",
                                      str(exc)[:200])
