@@ -49,6 +49,12 @@ def _dense_ids(*keys: jax.Array) -> jax.Array:
     return jnp.zeros_like(dense_sorted).at[order].set(dense_sorted)
 
 
+@jax.jit
+def _num_keys(group_ids: jax.Array, role_ids: jax.Array) -> jax.Array:
+    """Number of distinct (group, role) keys; int ``[B]`` x2 -> int32 scalar."""
+    return jnp.max(_dense_ids(group_ids, role_ids)) + 1
+
+
 def _unit_stats(values, unit_valid, unit_seg, num_segments: int, ddof: int):
     """Mean, std and unit count per segment from per-unit values.
 
@@ -170,7 +176,7 @@ def role_wise_advantages(scores, group_ids, role_ids, baseline: str = "row_mean"
         raise ValueError(f"num_segments must be a positive integer, got {num_segments!r}")
     traced = any(isinstance(x, jax.core.Tracer) for x in (group_ids, role_ids))
     if not traced:
-        distinct = int(jnp.max(_dense_ids(group_ids, role_ids))) + 1
+        distinct = int(_num_keys(group_ids, role_ids))
         if distinct > num_segments:
             raise ValueError(f"num_segments={num_segments} is smaller than the {distinct} distinct "
                              f"(group_id, role_id) keys in the batch")
