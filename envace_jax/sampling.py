@@ -1,0 +1,479 @@
+"""Jitted batched sampler: prefill + on-device decode loop over a device KV cache.
+
+Usage::
+
+    out = Sampler(model).generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=64))
+    out.tokens, out.logprobs, out.finish_reasons, out.lengths
+
+Multi-turn (the rollout engine's per-step call)::
+
+    out = sampler.generate(prompts, params, return_state=True)
+    out2 = sampler.continue_(out.state, appended, params2, rows=[2, 0, -1])
+
+``continue_`` gathers the listed rows of the previous state's cache (``-1`` = a fresh prompt in that
+slot), appends each row's new tokens after what the row already holds, and decodes again, so a turn
+costs the appended tokens plus the generated ones, not the whole conversation. The last generated
+token of a row is not in the cache yet (feeding it would cost one more forward that a finished
+episode never needs); it is written in front of the row's next appended chunk.
+
+Two compiled programs do the work per shape bucket: ``prefill`` (gather rows, resize the cache,
+write one right-padded chunk, logits at each row's last token) and ``decode`` (a ``lax.while_loop``
+that samples, records and feeds one token per step until every row is done or the budget is
+reached). Per-row sampling values are arrays, so changing them never recompiles; shapes are bucketed
+(batch, chunk length, cache length, token budget) so a long run compiles a handful of programs.
+``Sampler.num_compilations`` counts traces of both.
+
+Cache sizing (why the cache has ``headroom``): the model writes a padded chunk at ``end[b] + t``
+with ``dynamic_update_slice``, which clamps a start that would run past the end of the cache and
+would overwrite earlier slots. A row may hold at most ``capacity`` tokens; the device cache may grow
+to ``capacity + headroom`` slots and every chunk is at most ``headroom`` long, so no write ever
+clamps, even for rows that are full or finished (their writes land past ``end`` and are never read).
+The device cache itself is sized per call to the bucket of what the batch needs, so attention in the
+decode loop runs over the live window rather than the whole capacity.
+
+Finish reasons: ``"stop"`` (a stop token was generated; it is included in the output), ``"length"``
+(``max_new_tokens`` reached), ``"cache_full"`` (the row reached ``capacity``, or its appended tokens
+did not fit: then nothing is written, no token is generated, and the row's cache is left as it was).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from envace_jax import sharding as shd
+from envace_jax.models import qwen3
+from envace_jax.sampling_ops import sample_tokens
+
+STOP, LENGTH, CACHE_FULL = 1, 2, 3
+_REASONS = {STOP: "stop", LENGTH: "length", CACHE_FULL: "cache_full"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Per-row sampling settings. ``temperature=0`` is greedy; ``top_k=0`` and ``top_p=1`` are off.
+
+    ``seed=None`` draws a fresh seed from the sampler. Row ``i`` of a call gets the stream key
+    ``(seed, i)``, so rows sharing one params object still draw independently.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
+            raise ValueError(f"SamplingParams.temperature={self.temperature!r} must be a finite number >= 0")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"SamplingParams.top_p={self.top_p!r} must be in (0, 1]")
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k={self.top_k!r} must be an int >= 0 (0 = off)")
+        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 0:
+            raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens!r} must be an int >= 0")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+
+@dataclasses.dataclass
+class SamplerState:
+    """Device cache plus host bookkeeping of one batch, for ``Sampler.continue_``.
+
+    ``ends[b]``: tokens of row b in the cache; ``pending[b]``: its last generated token, not yet in
+    the cache (-1 if none); ``keys``/``draws``: its PRNG stream. Consumed (donated) by ``continue_``.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    ends: np.ndarray
+    pending: np.ndarray
+    keys: np.ndarray
+    draws: np.ndarray
+    capacity: int
+    consumed: bool = False
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.ends)
+
+    def total_lengths(self) -> np.ndarray:
+        """Tokens each row holds, counting the pending one."""
+        return self.ends + (self.pending >= 0)
+
+
+@dataclasses.dataclass
+class SamplerOutput:
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    finish_reasons: list[str]
+    lengths: list[int]
+    state: SamplerState | None = None
+    prefill_logits: jax.Array | None = None  # float32 [B, V]: logits after each row's last input token
+
+
+def pow2_bucket(n: int, minimum: int = 1) -> int:
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+def quarter_octave_bucket(n: int, minimum: int = 64) -> int:
+    """Round up to 4 buckets per power of two (at most ~25% padding)."""
+    n = max(int(n), minimum)
+    p = pow2_bucket(n)
+    step = max(p // 8, 1) if p > minimum else p
+    return -(-n // step) * step
+
+
+def _bucket(n: int, buckets: Sequence[int] | None, minimum: int) -> int:
+    if buckets is None:
+        return pow2_bucket(n, minimum)
+    for b in sorted(buckets):
+        if b >= n:
+            return b
+    return n  # larger than every configured bucket: its own shape
+
+
+class Sampler:
+    """Batched sampler over a live ``qwen3.Qwen3`` model (reads its current parameters each call).
+
+    Keyword options:
+      cache_size: tokens a row may hold (prompt + generated + appended); default per ``generate``
+        call: bucketed prompt length + largest ``max_new_tokens``.
+      max_chunk: longest chunk written by one prefill call (longer inputs are split); also the
+        cache headroom (see the module docstring).
+      length_buckets / batch_buckets: sorted sizes to round chunk lengths / batch sizes up to
+        (default powers of two, chunks at least 16).
+      window_buckets: sorted device-cache sizes to round a call's need up to (default four per
+        power of two, at least 64); the size never exceeds ``capacity + headroom``.
+      k_max: candidate count of the fast sampling path (see ``sampling_ops``).
+      mesh, rules: sample under this mesh; parameters are resharded to ``rules`` (default
+        ``SAMPLE_RULES``) only if they are not already laid out that way.
+    """
+
+    def __init__(self, model: qwen3.Qwen3, *, cache_size: int | None = None, max_chunk: int = 512,
+                 length_buckets: Sequence[int] | None = None, batch_buckets: Sequence[int] | None = None,
+                 window_buckets: Sequence[int] | None = None, k_max: int = 64, mesh: jax.sharding.Mesh | None = None, rules: shd.Rules | None = None,
+                 seed: int = 0):
+        if not isinstance(model, qwen3.Qwen3):
+            raise TypeError(f"Sampler(model): expected a qwen3.Qwen3, got {type(model).__name__}")
+        if cache_size is not None and cache_size < 1:
+            raise ValueError(f"Sampler(cache_size={cache_size}) must be >= 1")
+        if max_chunk < 1:
+            raise ValueError(f"Sampler(max_chunk={max_chunk}) must be >= 1")
+        self.model = model
+        self.cfg = model.config
+        self.cache_size = cache_size
+        self.max_chunk = int(max_chunk)
+        self.length_buckets = tuple(length_buckets) if length_buckets else None
+        self.batch_buckets = tuple(batch_buckets) if batch_buckets else None
+        self.window_buckets = tuple(window_buckets) if window_buckets else None
+        self.k_max = int(k_max)
+        self.mesh = mesh if mesh is not None else model.mesh
+        self.rules = dict(rules if rules is not None else shd.SAMPLE_RULES) if self.mesh is not None else None
+        self._seed_rng = np.random.default_rng(seed)
+        self.num_compilations = 0
+        self._spare: tuple[jax.Array, jax.Array] | None = None
+        # A second module object sharing the live arrays, carrying the sampling rules for activation
+        # constraints; only its graphdef is used, the parameters come from `model` at every call.
+        graphdef, state = nnx.split(model)
+        shadow = nnx.merge(graphdef, state)
+        shadow.set_sharding(self.mesh, self.rules)
+        self._graphdef = nnx.graphdef(shadow)
+        self._param_shardings = (qwen3.param_shardings(model, self.mesh, self.rules)
+                                 if self.mesh is not None else None)
+        self._prefill = jax.jit(self._prefill_impl, static_argnames=("size", "gather"), donate_argnums=(1, 2))
+        self._decode = jax.jit(self._decode_impl, static_argnames=("budget",), donate_argnums=(1, 2))
+
+    # ---------------------------------------------------------------- jitted programs
+    def _cache_constrain(self, x):
+        return shd.constrain(x, qwen3.CACHE_AXES, self.mesh, self.rules)
+
+    def _prefill_impl(self, params, k, v, src, end, tokens, lens, *, size: int, gather: bool):
+        """Writes one chunk per row into the (gathered, resized) cache.
+
+        Shapes: params: model state; k/v ``[L, B_old, S_old, K, H]``; src int32 ``[B]`` rows of the
+        old cache to keep (only if ``gather``); end int32 ``[B]`` tokens already held; tokens int32
+        ``[B, T]`` right-padded; lens int32 ``[B]`` valid tokens (0 = write nothing).
+        Returns (logits float32 ``[B, V]`` at each row's last valid token, k, v ``[L, B, size, K, H]``,
+        new end ``[B]``).
+        """
+        self.num_compilations += 1
+        if gather:
+            k, v = k[:, src], v[:, src]
+        s_old = k.shape[2]
+        if size < s_old:
+            k, v = k[:, :, :size], v[:, :, :size]
+        elif size > s_old:
+            pad = ((0, 0), (0, 0), (0, size - s_old), (0, 0), (0, 0))
+            k, v = jnp.pad(k, pad), jnp.pad(v, pad)
+        k, v = self._cache_constrain(k), self._cache_constrain(v)
+        model = nnx.merge(self._graphdef, params)
+        logits, cache = model(tokens, cache=qwen3.KVCache(k, v, end), chunk_lengths=lens,
+                              logits_at=jnp.maximum(lens - 1, 0))
+        return logits, self._cache_constrain(cache.k), self._cache_constrain(cache.v), cache.end
+
+    def _decode_impl(self, params, k, v, end, logits, keys, draws, temperature, top_p, top_k, n_max,
+                     cap_reason, stop_ids, *, budget: int):
+        """On-device decode loop.
+
+        Shapes: k/v ``[L, B, S, K, H]``; end int32 ``[B]``; logits float32 ``[B, V]`` (next-token
+        logits after the prefill); keys uint32 ``[B, 2]``; draws int32 ``[B]`` draws already made by
+        each row; temperature/top_p float32 ``[B]``; top_k, n_max (tokens this row may generate),
+        cap_reason (reason when n_max is reached) int32 ``[B]``; stop_ids int32 ``[B, S_max]``
+        padded with -1. Returns tokens int32 ``[B, budget]``, logprobs float32 ``[B, budget]``,
+        n int32 ``[B]`` generated, reason int32 ``[B]``, k, v, end.
+        """
+        self.num_compilations += 1
+        B = logits.shape[0]
+        model = nnx.merge(self._graphdef, params)
+
+        def emit(i, logits, c):
+            tokens, lps, n, done, reason = c
+            tok, lp = sample_tokens(logits, keys, draws + i, temperature, top_p, top_k, k_max=self.k_max)
+            live = ~done
+            tokens = tokens.at[:, i].set(jnp.where(live, tok, 0))
+            lps = lps.at[:, i].set(jnp.where(live, lp, 0.0))
+            n = jnp.where(live, i + 1, n)
+            is_stop = jnp.any(tok[:, None] == stop_ids, axis=-1)
+            hit = live & (is_stop | (n >= n_max))
+            reason = jnp.where(hit, jnp.where(is_stop, STOP, cap_reason), reason)
+            return tok, (tokens, lps, n, done | hit, reason)
+
+        start = n_max <= 0
+        c0 = (jnp.zeros((B, budget), jnp.int32), jnp.zeros((B, budget), jnp.float32),
+              jnp.zeros((B,), jnp.int32), start, jnp.where(start, cap_reason, 0))
+
+        def cond(carry):
+            i, *_, c = carry
+            return (i < budget) & ~jnp.all(c[3])
+
+        def body(carry):
+            i, k, v, end, logits, c = carry
+            tok, c = emit(i, logits, c)
+            live = ~c[3]
+
+            # Finished rows feed nothing (chunk length 0); their write lands past `end`, unread.
+            # The step that finishes the last row does one forward nobody reads: cheaper than a
+            # lax.cond, whose branches may copy the whole cache on CPU.
+            logits, cache = model(tok[:, None], cache=qwen3.KVCache(k, v, end), chunk_lengths=live.astype(jnp.int32),
+                                  logits_at=jnp.zeros((B,), jnp.int32))
+            return i + 1, cache.k, cache.v, cache.end, logits, c
+
+        _, k, v, end, _, c = jax.lax.while_loop(cond, body, (jnp.int32(0), k, v, end, logits, c0))
+        tokens, lps, n, _, reason = c
+        return tokens, lps, n, reason, self._cache_constrain(k), self._cache_constrain(v), end
+
+    # ---------------------------------------------------------------- host side
+    def _params(self):
+        state = nnx.state(self.model)
+        if self._param_shardings is None:
+            return state
+        leaves = jax.tree.leaves(state)
+        targets = jax.tree.leaves(self._param_shardings)
+        if all(getattr(a, "sharding", None) == s for a, s in zip(leaves, targets)):
+            return state
+        return jax.device_put(state, self._param_shardings)
+
+    def _put(self, x: np.ndarray, logical: tuple):
+        if self.mesh is None:
+            return jnp.asarray(x)
+        return jax.device_put(x, shd.named_sharding(self.mesh, logical, self.rules, x.shape))
+
+    def _norm_params(self, params, n: int) -> list[SamplingParams]:
+        if isinstance(params, SamplingParams):
+            return [params] * n
+        params = list(params)
+        if len(params) != n:
+            raise ValueError(f"params: got {len(params)} SamplingParams for {n} rows")
+        for i, p in enumerate(params):
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"params[{i}] is a {type(p).__name__}, not SamplingParams")
+        return params
+
+    def _check_tokens(self, seqs, name: str, allow_empty: bool):
+        V = self.cfg.vocab_size
+        out = []
+        for i, s in enumerate(seqs):
+            a = np.asarray(list(s), dtype=np.int64)
+            if a.ndim != 1:
+                raise ValueError(f"{name}[{i}] must be a flat list of token ids")
+            if not allow_empty and a.size == 0:
+                raise ValueError(f"{name}[{i}] is empty")
+            if a.size and (a.min() < 0 or a.max() >= V):
+                raise ValueError(f"{name}[{i}] has token ids outside [0, {V})")
+            out.append(a.astype(np.int32))
+        return out
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
+                 *, return_state: bool = False) -> SamplerOutput:
+        """Samples a continuation of every prompt (see the module docstring for the outputs)."""
+        if len(prompts) == 0:
+            raise ValueError("prompts is empty")
+        chunks = self._check_tokens(prompts, "prompts", allow_empty=False)
+        ps = self._norm_params(params, len(chunks))
+        if self.cache_size is not None:
+            capacity = self.cache_size
+        else:
+            longest = max(len(c) for c in chunks)
+            capacity = _bucket(longest, self.length_buckets, 16) + max(p.max_new_tokens for p in ps)
+        return self._run(None, chunks, ps, capacity, return_state)
+
+    def continue_(self, state: SamplerState, appended: Sequence[Sequence[int]],
+                  params: SamplingParams | Sequence[SamplingParams], *, rows: Sequence[int] | None = None,
+                  return_state: bool = False) -> SamplerOutput:
+        """Appends ``appended[i]`` to row ``rows[i]`` of ``state`` and decodes on.
+
+        ``rows`` (default: all rows in order) picks and orders the rows to keep; ``-1`` starts a
+        fresh prompt (``appended[i]`` is then the whole prompt). ``state`` is consumed.
+        """
+        if not isinstance(state, SamplerState):
+            raise TypeError(f"state must be a SamplerState, got {type(state).__name__}")
+        if state.consumed:
+            raise ValueError("state was already consumed by an earlier continue_ call")
+        rows = list(range(state.batch_size)) if rows is None else [int(r) for r in rows]
+        if len(rows) != len(appended):
+            raise ValueError(f"rows has {len(rows)} entries but appended has {len(appended)}")
+        if not rows:
+            raise ValueError("appended is empty")
+        for i, r in enumerate(rows):
+            if r < -1 or r >= state.batch_size:
+                raise ValueError(f"rows[{i}]={r} is not a row of the state (size {state.batch_size}) or -1")
+        chunks = self._check_tokens(appended, "appended", allow_empty=True)
+        for i, (r, c) in enumerate(zip(rows, chunks)):
+            if r < 0 and c.size == 0:
+                raise ValueError(f"appended[{i}] is empty but rows[{i}] = -1 asks for a fresh prompt")
+        ps = self._norm_params(params, len(chunks))
+        return self._run((state, np.asarray(rows, np.int64)), chunks, ps, state.capacity, return_state)
+
+    def _run(self, prev, chunks, ps, capacity: int, return_state: bool) -> SamplerOutput:
+        n = len(chunks)
+        B = _bucket(n, self.batch_buckets, 1)
+        headroom = min(self.max_chunk, max(capacity, 1))
+        phys = capacity + headroom
+
+        # Per-row starting point: fresh rows start empty; kept rows carry their cache and pending token.
+        keys = np.zeros((B, 2), np.uint32)
+        draws = np.zeros((B,), np.int32)
+        end0 = np.zeros((B,), np.int64)
+        src = np.zeros((B,), np.int32)
+        seeds = [p.seed if p.seed is not None else int(self._seed_rng.integers(2**31)) for p in ps]
+        for i in range(n):
+            r = -1 if prev is None else int(prev[1][i])
+            if r >= 0:
+                st = prev[0]
+                src[i] = r
+                keys[i], draws[i], end0[i] = st.keys[r], st.draws[r], st.ends[r]
+                if st.pending[r] >= 0:
+                    chunks[i] = np.concatenate([[st.pending[r]], chunks[i]]).astype(np.int32)
+            else:
+                keys[i] = (seeds[i] % 2**32, (i + 0x9E3779B9 * (seeds[i] >> 32)) % 2**32)
+        lens = np.zeros((B,), np.int64)
+        lens[:n] = [len(c) for c in chunks]
+        fits = end0 + lens <= capacity
+        full_now = np.zeros((B,), bool)
+        full_now[:n] = ~fits[:n]
+        lens = np.where(fits, lens, 0)
+        end_after = end0 + lens
+
+        max_new = np.zeros((B,), np.int64)
+        max_new[:n] = [p.max_new_tokens for p in ps]
+        room = np.maximum(capacity - end_after, 0)
+        n_max = np.where(full_now, 0, np.minimum(max_new, room))
+        cap_reason = np.where(full_now | (room < max_new), CACHE_FULL, LENGTH)
+
+        # Prefill plan: chunks of at most max_chunk tokens; every row is written at its current end
+        # in every chunk (rows with nothing left write padding past their end), so the cache window
+        # must cover end + chunk length for all rows in all chunks, and every decode write.
+        plan = []
+        off, end_cur = 0, end0.copy()
+        while True:
+            take = np.clip(lens - off, 0, self.max_chunk)
+            T = min(_bucket(max(int(take.max()), 1), self.length_buckets, 16), headroom)
+            plan.append((off, take, T, end_cur))
+            end_cur = end_cur + take
+            off += self.max_chunk
+            if off >= lens.max():
+                break
+        need = max(max(int((e + T).max()) for _, _, T, e in plan),
+                   int((end_after + np.maximum(n_max, 1)).max()))
+        size = min(phys, quarter_octave_bucket(need) if self.window_buckets is None
+                   else _bucket(need, self.window_buckets, 1))
+
+        params = self._params()
+        if prev is not None:
+            st = prev[0]
+            k, v, gather = st.k, st.v, True
+            st.consumed = True
+        elif self._spare is not None and self._spare[0].shape[1] == B:
+            k, v = self._spare
+            gather = False
+        else:
+            shape = (self.cfg.num_layers, B, size, self.cfg.num_kv_heads, self.cfg.head_dim)
+            dt = qwen3.as_dtype(self.cfg.dtype)
+            k = self._put(np.zeros(shape, dt), qwen3.CACHE_AXES)
+            v = self._put(np.zeros(shape, dt), qwen3.CACHE_AXES)
+            gather = False
+        self._spare = None
+
+        # Prefill, in chunks of at most max_chunk tokens per row.
+        logits = None
+        for off, take, T, end_cur in plan:
+            tok = np.zeros((B, T), np.int32)
+            for i in range(n):
+                if take[i] > 0:
+                    tok[i, : take[i]] = chunks[i][off: off + take[i]]
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                lg, k, v, end_dev = self._prefill(
+                    params, k, v, self._put(src, ("batch",)), self._put(end_cur.astype(np.int32), ("batch",)),
+                    self._put(tok, ("batch", None)), self._put(take.astype(np.int32), ("batch",)),
+                    size=size, gather=gather)
+            gather = False
+            last_here = (take > 0) & (off + take >= lens)
+            logits = lg if logits is None else jnp.where(self._put(last_here, ("batch",))[:, None], lg, logits)
+
+        stop_w = max(4, pow2_bucket(max((len(p.stop_token_ids) for p in ps), default=1)))
+        stop_ids = np.full((B, stop_w), -1, np.int32)
+        temp = np.zeros((B,), np.float32)
+        top_p = np.ones((B,), np.float32)
+        top_k = np.zeros((B,), np.int32)
+        for i, p in enumerate(ps):
+            stop_ids[i, : len(p.stop_token_ids)] = p.stop_token_ids
+            temp[i], top_p[i], top_k[i] = p.temperature, p.top_p, p.top_k
+        budget = pow2_bucket(max(int(n_max.max()), 1), 8)
+        row = ("batch",)
+        tokens, lps, n_gen, reason, k, v, end_dev = self._decode(
+            params, k, v, end_dev, logits, self._put(keys, ("batch", None)), self._put(draws, row),
+            self._put(temp, row), self._put(top_p, row), self._put(top_k, row),
+            self._put(n_max.astype(np.int32), row), self._put(cap_reason.astype(np.int32), row),
+            self._put(stop_ids, ("batch", None)), budget=budget)
+
+        tokens, lps, n_gen, reason = jax.device_get((tokens, lps, n_gen, reason))
+        out = SamplerOutput(
+            tokens=[tokens[i, : n_gen[i]].tolist() for i in range(n)],
+            logprobs=[lps[i, : n_gen[i]].tolist() for i in range(n)],
+            finish_reasons=[_REASONS[int(reason[i])] for i in range(n)],
+            lengths=[int(n_gen[i]) for i in range(n)],
+            prefill_logits=logits[:n],
+        )
+        if return_state:
+            pending = np.full((n,), -1, np.int64)
+            ends = end_after[:n].copy()
+            for i in range(n):
+                if n_gen[i] > 0:
+                    pending[i] = tokens[i, n_gen[i] - 1]
+                    ends[i] += n_gen[i] - 1
+                elif prev is not None and full_now[i] and src[i] >= 0:
+                    pending[i] = prev[0].pending[src[i]]  # nothing was written for this row
+            out.state = SamplerState(k=k, v=v, ends=ends, pending=pending, keys=keys[:n].copy(),
+                                     draws=(draws[:n] + n_gen[:n]).astype(np.int32), capacity=capacity)
+        else:
+            self._spare = (k, v)
+        return out
