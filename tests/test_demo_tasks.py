@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 
 from envace_jax.data import demo_tasks as dt
+from envace_jax.data.records import validate_record
 from envace_jax.envs.base import ToolEnvironment
 from envace_jax.envs.demo_worlds import WORLDS, canonical_json, make_env, tool_schemas
 from envace_jax.rl.judges import RuleJudge
@@ -70,6 +71,12 @@ def test_records_follow_the_message_and_task_contracts(pools):
         assert ref[-1]["role"] == "assistant" and not ref[-1].get("tool_calls") and ref[-1]["content"]
         users = sum(m["role"] == "user" for m in ref)
         assert len(task["checklist"]) == 1 and len(task["checklist"][0]) == users
+
+
+def test_records_pass_the_cm2_record_validator(pools):
+    for i, task in enumerate(_all(pools)):
+        out = validate_record(task, i, weight_tol=1e-6)
+        assert out["env"] == task["env"] and out["checklist"] == task["checklist"]
 
 
 def test_tasks_need_one_to_four_calls_and_cover_worlds_and_turns(pools):
@@ -191,10 +198,12 @@ def test_schemas_are_valid_json_schema_and_reference_calls_conform(pools):
             names.add(fn["name"])
             jsonschema.Draft202012Validator.check_schema(fn["parameters"])
             assert set(fn["parameters"]["required"]) <= set(fn["parameters"]["properties"])
+    validators = {s["function"]["name"]: jsonschema.Draft202012Validator(_strict(s["function"]["parameters"]))
+                  for world in WORLDS for s in tool_schemas(world)}
     for task in _all(pools):
-        by_name = {s["function"]["name"]: s["function"]["parameters"] for s in task["tools"]}
+        assert task["tools"] == tool_schemas(task["env"]["name"])
         for c in _calls(task):
-            jsonschema.validate(c["function"]["arguments"], _strict(by_name[c["function"]["name"]]))
+            validators[c["function"]["name"]].validate(c["function"]["arguments"])
 
 
 def test_world_rejects_exactly_the_calls_jsonschema_rejects():
@@ -239,7 +248,8 @@ ERROR_TABLE = [
     (CAL, "add_event", {"day": "mon", "hour": 10, "title": "yoga"}, "mon 10 is already booked"),
     (CAL, "add_event", {"day": "mon", "hour": 18, "title": "yoga"}, "hour must be between 9 and 17"),
     (CAL, "add_event", {"day": "mon", "hour": 11, "title": ""}, "title must not be empty"),
-    (CAL, "list_events", {"day": "sun"}, "invalid day 'sun'"),
+    (CAL, "list_events", {"day": "sun"}, "unknown day 'sun'"),
+    (CAL, "add_event", {"day": "monday", "hour": 30, "title": "x"}, "unknown day 'monday'"),
     (CAL, "remove_event", {"day": "tue", "hour": 10}, "no event on tue at 10"),
     (UNITS, "convert", {"value": 1, "from_unit": "kg", "to_unit": "h"}, "cannot convert kg to h"),
     (UNITS, "convert", {"value": 1, "from_unit": "mi", "to_unit": "km"}, "unknown unit 'mi'"),

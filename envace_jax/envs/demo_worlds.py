@@ -43,7 +43,7 @@ class ToolError(Exception):
     """Raised inside a tool body; becomes an ``{"error": message}`` response."""
 
 
-# (description, {param: (json type, description, enum or None)}, required params)
+# (description, {param: (json type, description or "", enum or None)}, required params)
 _ToolSpec = tuple[str, dict[str, tuple[str, str, list | None]], list[str]]
 
 _TYPE_WORDS = {"string": "a string", "integer": "an integer", "number": "a number"}
@@ -127,7 +127,9 @@ def _schema(name: str, spec: _ToolSpec) -> dict[str, Any]:
     description, params, required = spec
     props: dict[str, Any] = {}
     for key, (kind, desc, enum) in params.items():
-        props[key] = {"type": kind, "description": desc}
+        props[key] = {"type": kind}
+        if desc:  # names like "account" explain themselves; every schema token costs prompt length
+            props[key]["description"] = desc
         if enum is not None:
             props[key]["enum"] = list(enum)
     return {"type": "function", "function": {
@@ -142,10 +144,10 @@ class BankWorld(DemoWorld):
     NAME = "bank"
     TOOLS = {
         "get_balance": ("Get an account's balance.",
-                        {"account": ("string", "Account name.", None)}, ["account"]),
+                        {"account": ("string", "", None)}, ["account"]),
         "transfer": ("Move money between accounts.",
-                     {"from_account": ("string", "Payer.", None),
-                      "to_account": ("string", "Payee.", None),
+                     {"from_account": ("string", "", None),
+                      "to_account": ("string", "", None),
                       "amount": ("integer", "Positive amount.", None)},
                      ["from_account", "to_account", "amount"]),
     }
@@ -187,14 +189,14 @@ class ShopWorld(DemoWorld):
     NAME = "shop"
     TOOLS = {
         "check_stock": ("Get an item's price and stock.",
-                        {"item": ("string", "Item name.", None)}, ["item"]),
+                        {"item": ("string", "", None)}, ["item"]),
         "place_order": ("Order an item.",
-                        {"item": ("string", "Item name.", None),
-                         "quantity": ("integer", "How many.", None)}, ["item", "quantity"]),
+                        {"item": ("string", "", None),
+                         "quantity": ("integer", "", None)}, ["item", "quantity"]),
         "get_order": ("Get an order's status.",
-                      {"order_id": ("string", "Order id.", None)}, ["order_id"]),
+                      {"order_id": ("string", "", None)}, ["order_id"]),
         "cancel_order": ("Cancel an order that has not shipped.",
-                         {"order_id": ("string", "Order id.", None)}, ["order_id"]),
+                         {"order_id": ("string", "", None)}, ["order_id"]),
     }
 
     def _load(self, state: dict[str, Any]) -> None:
@@ -255,13 +257,13 @@ class CalendarWorld(DemoWorld):
     NAME = "calendar"
     TOOLS = {
         "list_events": ("List a day's events.",
-                        {"day": ("string", "Day.", DAYS)}, ["day"]),
+                        {"day": ("string", "mon to fri.", None)}, ["day"]),
         "add_event": ("Book an hour slot.",
-                      {"day": ("string", "Day.", DAYS),
+                      {"day": ("string", "", None),
                        "hour": ("integer", "Hour, 9 to 17.", None),
-                       "title": ("string", "What.", None)}, ["day", "hour", "title"]),
+                       "title": ("string", "", None)}, ["day", "hour", "title"]),
         "remove_event": ("Free an hour slot.",
-                         {"day": ("string", "Day.", DAYS),
+                         {"day": ("string", "", None),
                           "hour": ("integer", "Hour, 9 to 17.", None)}, ["day", "hour"]),
     }
 
@@ -271,15 +273,23 @@ class CalendarWorld(DemoWorld):
             self.slots[(ev["day"], int(ev["hour"]))] = ev["title"]
 
     @staticmethod
+    def _check_day(day: str) -> None:
+        # checked here, not as a schema enum: the enum would repeat the week in three schemas
+        if day not in DAYS:
+            raise ToolError(f"unknown day '{day}'")
+
+    @staticmethod
     def _check_hour(hour: int) -> None:
         if not FIRST_HOUR <= hour <= LAST_HOUR:
             raise ToolError(f"hour must be between {FIRST_HOUR} and {LAST_HOUR}")
 
     def _tool_list_events(self, day: str) -> dict[str, Any]:
+        self._check_day(day)
         events = [{"hour": h, "title": t} for (d, h), t in sorted(self.slots.items()) if d == day]
         return {"day": day, "events": events}
 
     def _tool_add_event(self, day: str, hour: int, title: str) -> dict[str, Any]:
+        self._check_day(day)
         self._check_hour(hour)
         if not title:
             raise ToolError("title must not be empty")
@@ -289,6 +299,7 @@ class CalendarWorld(DemoWorld):
         return {"day": day, "hour": hour, "status": "added", "title": title}
 
     def _tool_remove_event(self, day: str, hour: int) -> dict[str, Any]:
+        self._check_day(day)
         self._check_hour(hour)
         if (day, hour) not in self.slots:
             raise ToolError(f"no event on {day} at {hour}")
@@ -319,11 +330,11 @@ class UnitsWorld(DemoWorld):
     NAME = "units"
     TOOLS = {
         "convert": ("Convert a value between units of one kind.",
-                    {"value": ("number", "Amount.", None),
-                     "from_unit": ("string", "Unit of value.", None),
-                     "to_unit": ("string", "Target unit.", None)}, ["value", "from_unit", "to_unit"]),
+                    {"value": ("number", "", None),
+                     "from_unit": ("string", "", None),
+                     "to_unit": ("string", "", None)}, ["value", "from_unit", "to_unit"]),
         "list_units": ("List the units of a kind.",
-                       {"kind": ("string", "Kind.", sorted(UNIT_KINDS))}, ["kind"]),
+                       {"kind": ("string", "", sorted(UNIT_KINDS))}, ["kind"]),
     }
 
     def _load(self, state: dict[str, Any]) -> None:
