@@ -56,7 +56,7 @@ def test_records_follow_the_message_and_task_contracts(pools):
         assert set(task) >= {"uid", "data_source", "messages", "tools", "reference_messages", "checklist", "env"}
         assert [m["role"] for m in task["messages"]] == ["system", "user"]
         assert task["messages"][1] == ref[0]
-        assert task["tools"] == tool_schemas(task["env"]["name"])
+        assert task["tools"] == make_env(task).tool_schemas
         ids = [c["id"] for c in _calls(task)]
         assert len(ids) == len(set(ids))
         for c in _calls(task):
@@ -201,9 +201,27 @@ def test_schemas_are_valid_json_schema_and_reference_calls_conform(pools):
     validators = {s["function"]["name"]: jsonschema.Draft202012Validator(_strict(s["function"]["parameters"]))
                   for world in WORLDS for s in tool_schemas(world)}
     for task in _all(pools):
-        assert task["tools"] == tool_schemas(task["env"]["name"])
+        assert [t["function"]["parameters"] for t in task["tools"]] == \
+            [t["function"]["parameters"] for t in tool_schemas(task["env"]["name"])]
         for c in _calls(task):
             validators[c["function"]["name"]].validate(c["function"]["arguments"])
+
+
+def test_valid_ids_are_named_in_the_schemas_and_unknown_ids_are_not(pools):
+    """REHEARSE sees schemas but no system prompt: the id sets must be readable from the schemas."""
+    for task in _all(pools):
+        text = " ".join(t["function"]["description"] for t in task["tools"])
+        state = task["env"]["state"]
+        ids = {"bank": lambda: state["accounts"], "shop": lambda: {**state["items"], **state["orders"]}}
+        if task["env"]["name"] not in ids:
+            continue
+        listed = set(re.findall(r"(?:Accounts|Items|Orders): ([a-z0-9, ]+)\.", text))
+        named = {x.strip() for group in listed for x in group.split(",")}
+        assert named == set(ids[task["env"]["name"]]()), task["uid"]
+        for m in task["reference_messages"]:
+            hit = re.search(r"unknown (?:account|item|order) '(\w+)'", m["content"]) if m["role"] == "tool" else None
+            if hit:
+                assert hit.group(1) not in named
 
 
 def test_world_rejects_exactly_the_calls_jsonschema_rejects():

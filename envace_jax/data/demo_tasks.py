@@ -138,7 +138,7 @@ def _bank_state(rng: random.Random) -> dict[str, Any]:
 
 
 def _bank_system(state: dict[str, Any]) -> str:
-    return f"You are a bank assistant. Accounts: {', '.join(state['accounts'])}. {_ANSWER_STYLE}"
+    return f"You are a bank assistant. {_ANSWER_STYLE}"
 
 
 def _two(rng: random.Random, pool: list[str]) -> tuple[str, str]:
@@ -227,7 +227,7 @@ def _shop_state(rng: random.Random) -> dict[str, Any]:
 
 
 def _shop_system(state: dict[str, Any]) -> str:
-    return f"You are a shop assistant. Items: {', '.join(state['items'])}. {_ANSWER_STYLE}"
+    return f"You are a shop assistant. {_ANSWER_STYLE}"
 
 
 def _shop_stock(rng, rec):
@@ -474,7 +474,7 @@ def _build_task(rng: random.Random, world: str) -> dict[str, Any]:
     system = {"role": "system", "content": system_fn(state)}
     return {"uid": "", "data_source": f"envace_demo/{world}",
             "messages": [system, dict(rec.messages[0])],
-            "tools": tool_schemas(world),
+            "tools": tool_schemas(world, state),
             "reference_messages": rec.messages,
             "checklist": [rec.turns],
             "env": {"name": world, "state": state}}

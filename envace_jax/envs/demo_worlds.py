@@ -18,7 +18,9 @@ of the kinds a small model can predict from what its prompt shows:
   few-shot block) already show for the same call; the task generator guarantees that one
   call never appears twice in a reference with two different responses;
 - a **deterministic error** whose text is built only from the call itself
-  (``{"error":"unknown account 'zed'"}``, ``{"error":"missing argument 'day'"}``).
+  (``{"error":"unknown account 'zed'"}``, ``{"error":"missing argument 'day'"}``); the valid ids of
+  a task (accounts, items, orders, never their values) are named in its tool descriptions, which
+  both roles see, so an unknown id is visible as such.
 
 State-changing tools therefore return echoes, never recomputed totals; computed numbers
 (a converted value) only ever reach the agent through a logged call it can copy from.
@@ -90,7 +92,12 @@ class DemoWorld(ToolEnvironment):
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
-        return tool_schemas(self.NAME)
+        return tool_schemas(self.NAME, self._initial)
+
+    @classmethod
+    def catalog(cls, state: Mapping[str, Any]) -> dict[str, str]:
+        """Extra description text per tool naming the valid ids of ``state`` (keys, never values)."""
+        return {}
 
     def execute(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
         try:
@@ -123,8 +130,10 @@ class DemoWorld(ToolEnvironment):
         return body(**dict(arguments))
 
 
-def _schema(name: str, spec: _ToolSpec) -> dict[str, Any]:
+def _schema(name: str, spec: _ToolSpec, extra: str = "") -> dict[str, Any]:
     description, params, required = spec
+    if extra:
+        description = f"{description} {extra}"
     props: dict[str, Any] = {}
     for key, (kind, desc, enum) in params.items():
         props[key] = {"type": kind}
@@ -151,6 +160,10 @@ class BankWorld(DemoWorld):
                       "amount": ("integer", "Positive amount.", None)},
                      ["from_account", "to_account", "amount"]),
     }
+
+    @classmethod
+    def catalog(cls, state: Mapping[str, Any]) -> dict[str, str]:
+        return {"get_balance": "Accounts: " + ", ".join(state["accounts"]) + "."}
 
     def _load(self, state: dict[str, Any]) -> None:
         self.accounts: dict[str, int] = dict(state["accounts"])
@@ -198,6 +211,13 @@ class ShopWorld(DemoWorld):
         "cancel_order": ("Cancel an order that has not shipped.",
                          {"order_id": ("string", "", None)}, ["order_id"]),
     }
+
+    @classmethod
+    def catalog(cls, state: Mapping[str, Any]) -> dict[str, str]:
+        out = {"check_stock": "Items: " + ", ".join(state["items"]) + "."}
+        if state.get("orders"):
+            out["get_order"] = "Orders: " + ", ".join(sorted(state["orders"])) + "."
+        return out
 
     def _load(self, state: dict[str, Any]) -> None:
         self.items: dict[str, dict[str, int]] = {k: dict(v) for k, v in state["items"].items()}
@@ -357,11 +377,17 @@ class UnitsWorld(DemoWorld):
 WORLDS: dict[str, type[DemoWorld]] = {w.NAME: w for w in (BankWorld, ShopWorld, CalendarWorld, UnitsWorld)}
 
 
-def tool_schemas(world: str) -> list[dict[str, Any]]:
-    """OpenAI function schemas of a world's tools, in a fixed order."""
+def tool_schemas(world: str, state: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """OpenAI function schemas of a world's tools, in a fixed order.
+
+    With ``state``, descriptions also name the state's valid ids (accounts, items, orders) so that
+    both roles can tell an unknown id from a known one: the REHEARSE prompt shows the schemas but
+    not the system prompt, and "unknown account 'eli'" is only predictable if 'eli' is visibly absent.
+    """
     if world not in WORLDS:
         raise ValueError(f"unknown demo world {world!r}; expected one of {sorted(WORLDS)}")
-    return [_schema(name, spec) for name, spec in WORLDS[world].TOOLS.items()]
+    extra = WORLDS[world].catalog(state) if state else {}
+    return [_schema(name, spec, extra.get(name, "")) for name, spec in WORLDS[world].TOOLS.items()]
 
 
 def make_env(task: Mapping[str, Any]) -> DemoWorld:
