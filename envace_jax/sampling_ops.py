@@ -178,7 +178,9 @@ def sample_tokens(logits, keys, counters, temperature, top_p, top_k, *, k_max: i
     pc = jnp.exp(vals - lse[:, None])
     cum = _cumsum(pc)
     in_k = jnp.arange(k_max)[None, :] < k_eff[:, None]
-    mass_k = jnp.sum(jnp.where(in_k, pc, 0.0), axis=-1)
+    # The top-k mass: summed over the candidates when top-k lies within them, else the whole (=1);
+    # rows with k_max < top_k < V never use the candidates (cand_ok below).
+    mass_k = jnp.where(k_eff <= k_max, jnp.sum(jnp.where(in_k, pc, 0.0), axis=-1), 1.0)
     keep = in_k & ((top_p[:, None] >= 1.0) | ((cum - pc) < (top_p * mass_k)[:, None]))
     cand_ok = (k_eff <= k_max) | ((k_eff >= V) & (top_p < 1.0) & (cum[:, -1] >= top_p))
     w = jnp.where(keep, pc, 0.0)
