@@ -24,17 +24,15 @@ import json
 import random
 from typing import Any, Callable, NamedTuple
 
-from envace_jax.envs.demo_worlds import (DAYS, FIRST_HOUR, LAST_HOUR, UNIT_KIND_OF, UNIT_KINDS, WORLDS,
-                                         DemoWorld, canonical_json, convert_value, tool_schemas)
+from envace_jax.envs.demo_worlds import (DAYS, FIRST_HOUR, ITEMS, LAST_HOUR, NAMES, TITLES, UNIT_KIND_OF, UNIT_KINDS,
+                                         WORLDS, DemoWorld, canonical_json, draw_conversion, sample_call,
+                                         tool_schemas)
 
 SPLITS = ("train", "validation", "test")
 _BUCKETS = {"train": range(0, 8), "validation": range(8, 9), "test": range(9, 10)}
 MAX_CALLS = 4
 FOLLOW_UP_PROB = 0.35
 
-NAMES = ["ana", "ben", "cal", "dia", "eli", "fay", "gus", "hal", "ivy", "jon"]
-ITEMS = ["pen", "cup", "hat", "mug", "book", "lamp", "sock", "tea", "map", "bag"]
-TITLES = ["gym", "lunch", "dentist", "call", "review", "yoga", "standup", "piano"]
 _ANSWER_STYLE = "Use the tools, then answer in one short sentence."
 
 
@@ -382,18 +380,10 @@ def _units_system(state: dict[str, Any]) -> str:
 
 
 def _conversion(rng: random.Random) -> tuple[int, str, str, int]:
-    """A same-kind pair whose result is a whole number, small enough to read back."""
-    kind = rng.choice(sorted(UNIT_KINDS))
-    fu, tu = rng.sample(sorted(UNIT_KINDS[kind]), 2)
-    f = UNIT_KINDS[kind]
-    if f[fu] > f[tu]:
-        v = rng.randint(1, 12)
-    else:
-        ratio = f[tu] // f[fu]
-        if ratio > 10_000:
-            raise _Reject("result would be a tiny fraction")
-        v = ratio * rng.randint(1, 9)
-    return v, fu, tu, convert_value(v, fu, tu)
+    drawn = draw_conversion(rng)
+    if drawn is None:
+        raise _Reject("result would be a tiny fraction")
+    return drawn
 
 
 def _units_convert(rng, rec):
@@ -531,69 +521,6 @@ class WorldModelExample(NamedTuple):
     response: str               # the real tool's canonical JSON response
 
 
-def _valid_call(world: str, rng: random.Random, env: DemoWorld) -> tuple[str, dict[str, Any]]:
-    if world == "bank":
-        names = list(env.accounts)
-        if rng.random() < 0.5:
-            return "get_balance", {"account": rng.choice(names)}
-        a, b = _two(rng, names)
-        return "transfer", {"from_account": a, "to_account": b, "amount": rng.randint(1, env.accounts[a])}
-    if world == "shop":
-        item, oid = rng.choice(list(env.items)), rng.choice(sorted(env.orders))
-        return rng.choice([("check_stock", {"item": item}),
-                           ("place_order", {"item": item, "quantity": rng.randint(1, 3)}),
-                           ("get_order", {"order_id": oid}), ("cancel_order", {"order_id": oid})])
-    if world == "calendar":
-        day = rng.choice(DAYS)
-        hour = rng.randint(FIRST_HOUR, LAST_HOUR)
-        return rng.choice([("list_events", {"day": day}),
-                           ("add_event", {"day": day, "hour": hour, "title": rng.choice(TITLES)}),
-                           ("remove_event", {"day": day, "hour": hour})])
-    try:
-        v, fu, tu, _ = _conversion(rng)
-    except _Reject:
-        return "list_units", {"kind": rng.choice(sorted(UNIT_KINDS))}
-    return "convert", {"value": v, "from_unit": fu, "to_unit": tu}
-
-
-def _bad_id_call(world: str, rng: random.Random, env: DemoWorld) -> tuple[str, dict[str, Any]]:
-    if world == "bank":
-        z = rng.choice([n for n in NAMES if n not in env.accounts])
-        a = rng.choice(list(env.accounts))
-        return rng.choice([("get_balance", {"account": z}),
-                           ("transfer", {"from_account": z, "to_account": a, "amount": 5}),
-                           ("transfer", {"from_account": a, "to_account": z, "amount": 5})])
-    if world == "shop":
-        item = rng.choice([i for i in ITEMS if i not in env.items])
-        oid = f"o{rng.randint(100, 999)}"
-        return rng.choice([("check_stock", {"item": item}), ("place_order", {"item": item, "quantity": 1}),
-                           ("get_order", {"order_id": oid}), ("cancel_order", {"order_id": oid})])
-    if world == "calendar":
-        return rng.choice([("list_events", {"day": rng.choice(["sat", "sun", "monday", "today"])}),
-                           ("remove_event", {"day": rng.choice(DAYS), "hour": rng.randint(FIRST_HOUR, LAST_HOUR)})])
-    bad = rng.choice(["mi", "lb", "week", "ft", "oz"])
-    return rng.choice([("convert", {"value": 3, "from_unit": bad, "to_unit": rng.choice(sorted(UNIT_KIND_OF))}),
-                       ("list_units", {"kind": rng.choice(["volume", "speed", "money"])})])
-
-
-def _bad_value_call(world: str, rng: random.Random, env: DemoWorld) -> tuple[str, dict[str, Any]]:
-    if world == "bank":
-        a, b = _two(rng, list(env.accounts))
-        return rng.choice([("transfer", {"from_account": a, "to_account": b, "amount": rng.choice([0, -5])}),
-                           ("transfer", {"from_account": a, "to_account": a, "amount": 5}),
-                           ("transfer", {"from_account": a, "to_account": b, "amount": env.accounts[a] + 10})])
-    if world == "shop":
-        item = rng.choice(list(env.items))
-        return "place_order", {"item": item, "quantity": rng.choice([0, env.items[item]["stock"] + 1])}
-    if world == "calendar":
-        day = rng.choice(DAYS)
-        hour = rng.choice([0, 8, 18, 20])
-        return rng.choice([("add_event", {"day": day, "hour": hour, "title": rng.choice(TITLES)}),
-                           ("remove_event", {"day": day, "hour": hour})])
-    fu, tu = rng.choice([(a, b) for a in UNIT_KIND_OF for b in UNIT_KIND_OF if UNIT_KIND_OF[a] != UNIT_KIND_OF[b]])
-    return "convert", {"value": rng.randint(1, 9), "from_unit": fu, "to_unit": tu}
-
-
 _WM_KINDS = [("reference", 3), ("valid", 2), ("bad_id", 2), ("bad_value", 2), ("missing_arg", 1),
              ("extra_arg", 1), ("wrong_type", 1), ("other_tool", 1)]
 
@@ -604,16 +531,14 @@ def _wm_call(kind: str, rng: random.Random, task: dict[str, Any], env: DemoWorld
         calls = [c["function"] for m in task["reference_messages"] for c in m.get("tool_calls", [])]
         c = rng.choice(calls)
         return c["name"], dict(c["arguments"])
-    if kind == "bad_id":
-        return _bad_id_call(world, rng, env)
-    if kind == "bad_value":
-        return _bad_value_call(world, rng, env)
+    if kind in ("bad_id", "bad_value"):
+        return sample_call(world, kind, rng, env)
     if kind == "other_tool":
         # a tool of another world, called with arguments that would suit that world
         other = rng.choice([w for w in WORLDS if w != world])
         other_env = WORLDS[other](_WORLD_TASKS[other][0](rng))
-        return _valid_call(other, rng, other_env)
-    name, args = _valid_call(world, rng, env)
+        return sample_call(other, "valid", rng, other_env)
+    name, args = sample_call(world, "valid", rng, env)
     if kind == "missing_arg":
         del args[rng.choice(sorted(args))]
     elif kind == "extra_arg":

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from fractions import Fraction
 from typing import Any, Callable, Mapping
 
@@ -400,3 +401,98 @@ def make_env(task: Mapping[str, Any]) -> DemoWorld:
     world = WORLDS[name]()
     world.reset(task)
     return world
+
+
+# --------------------------------------------------------------------------- vocabularies and call samplers
+# Task states draw ids from the first 8 entries; the last 2 never exist in any state, so calls that
+# use them are always unknown-id errors.
+NAMES = ["ana", "ben", "cal", "dia", "eli", "fay", "gus", "hal", "ivy", "jon"]
+ITEMS = ["pen", "cup", "hat", "mug", "book", "lamp", "sock", "tea", "map", "bag"]
+TITLES = ["gym", "lunch", "dentist", "call", "review", "yoga", "standup", "piano"]
+
+
+def draw_conversion(rng: random.Random) -> tuple[int, str, str, int | float] | None:
+    """A same-kind (value, from, to, result) with a whole, readable result; None if the draw has none."""
+    kind = rng.choice(sorted(UNIT_KINDS))
+    fu, tu = rng.sample(sorted(UNIT_KINDS[kind]), 2)
+    f = UNIT_KINDS[kind]
+    if f[fu] > f[tu]:
+        v = rng.randint(1, 12)
+    else:
+        ratio = f[tu] // f[fu]
+        if ratio > 10_000:
+            return None
+        v = ratio * rng.randint(1, 9)
+    return v, fu, tu, convert_value(v, fu, tu)
+
+
+def sample_call(world: str, kind: str, rng: random.Random, env: Any) -> tuple[str, dict[str, Any]]:
+    """A (tool name, arguments) call on ``env``: ``kind`` is "valid" (well-formed, may still fail on
+    state), "bad_id" (an id the state lacks) or "bad_value" (a value the tool rejects)."""
+    samplers = {"valid": _valid_call, "bad_id": _bad_id_call, "bad_value": _bad_value_call}
+    if kind not in samplers:
+        raise ValueError(f"call kind must be one of {sorted(samplers)}, got {kind!r}")
+    return samplers[kind](world, rng, env)
+
+
+def _valid_call(world: str, rng: random.Random, env: Any) -> tuple[str, dict[str, Any]]:
+    if world == "bank":
+        names = list(env.accounts)
+        if rng.random() < 0.5:
+            return "get_balance", {"account": rng.choice(names)}
+        a, b = rng.sample(names, 2)
+        return "transfer", {"from_account": a, "to_account": b, "amount": rng.randint(1, env.accounts[a])}
+    if world == "shop":
+        item, oid = rng.choice(list(env.items)), rng.choice(sorted(env.orders))
+        return rng.choice([("check_stock", {"item": item}),
+                           ("place_order", {"item": item, "quantity": rng.randint(1, 3)}),
+                           ("get_order", {"order_id": oid}), ("cancel_order", {"order_id": oid})])
+    if world == "calendar":
+        day = rng.choice(DAYS)
+        hour = rng.randint(FIRST_HOUR, LAST_HOUR)
+        return rng.choice([("list_events", {"day": day}),
+                           ("add_event", {"day": day, "hour": hour, "title": rng.choice(TITLES)}),
+                           ("remove_event", {"day": day, "hour": hour})])
+    drawn = draw_conversion(rng)
+    if drawn is None:
+        return "list_units", {"kind": rng.choice(sorted(UNIT_KINDS))}
+    v, fu, tu, _ = drawn
+    return "convert", {"value": v, "from_unit": fu, "to_unit": tu}
+
+
+def _bad_id_call(world: str, rng: random.Random, env: Any) -> tuple[str, dict[str, Any]]:
+    if world == "bank":
+        z = rng.choice([n for n in NAMES if n not in env.accounts])
+        a = rng.choice(list(env.accounts))
+        return rng.choice([("get_balance", {"account": z}),
+                           ("transfer", {"from_account": z, "to_account": a, "amount": 5}),
+                           ("transfer", {"from_account": a, "to_account": z, "amount": 5})])
+    if world == "shop":
+        item = rng.choice([i for i in ITEMS if i not in env.items])
+        oid = f"o{rng.randint(100, 999)}"
+        return rng.choice([("check_stock", {"item": item}), ("place_order", {"item": item, "quantity": 1}),
+                           ("get_order", {"order_id": oid}), ("cancel_order", {"order_id": oid})])
+    if world == "calendar":
+        return rng.choice([("list_events", {"day": rng.choice(["sat", "sun", "monday", "today"])}),
+                           ("remove_event", {"day": rng.choice(DAYS), "hour": rng.randint(FIRST_HOUR, LAST_HOUR)})])
+    bad = rng.choice(["mi", "lb", "week", "ft", "oz"])
+    return rng.choice([("convert", {"value": 3, "from_unit": bad, "to_unit": rng.choice(sorted(UNIT_KIND_OF))}),
+                       ("list_units", {"kind": rng.choice(["volume", "speed", "money"])})])
+
+
+def _bad_value_call(world: str, rng: random.Random, env: Any) -> tuple[str, dict[str, Any]]:
+    if world == "bank":
+        a, b = rng.sample(list(env.accounts), 2)
+        return rng.choice([("transfer", {"from_account": a, "to_account": b, "amount": rng.choice([0, -5])}),
+                           ("transfer", {"from_account": a, "to_account": a, "amount": 5}),
+                           ("transfer", {"from_account": a, "to_account": b, "amount": env.accounts[a] + 10})])
+    if world == "shop":
+        item = rng.choice(list(env.items))
+        return "place_order", {"item": item, "quantity": rng.choice([0, env.items[item]["stock"] + 1])}
+    if world == "calendar":
+        day = rng.choice(DAYS)
+        hour = rng.choice([0, 8, 18, 20])
+        return rng.choice([("add_event", {"day": day, "hour": hour, "title": rng.choice(TITLES)}),
+                           ("remove_event", {"day": day, "hour": hour})])
+    fu, tu = rng.choice([(a, b) for a in UNIT_KIND_OF for b in UNIT_KIND_OF if UNIT_KIND_OF[a] != UNIT_KIND_OF[b]])
+    return "convert", {"value": rng.randint(1, 9), "from_unit": fu, "to_unit": tu}
