@@ -521,7 +521,7 @@ class WorldModelExample(NamedTuple):
     response: str               # the real tool's canonical JSON response
 
 
-_WM_KINDS = [("reference", 3), ("valid", 2), ("bad_id", 2), ("bad_value", 2), ("missing_arg", 1),
+_WM_KINDS = [("reference", 4), ("valid", 3), ("bad_id", 2), ("bad_value", 2), ("missing_arg", 1),
              ("extra_arg", 1), ("wrong_type", 1), ("other_tool", 1)]
 
 
