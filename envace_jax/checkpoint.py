@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "envace_manifest.json"
 _KEY_IMPLS = "__key_impls__"
+_TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's suffix for a step still being written
 
 
 # --------------------------------------------------------------------------- manifest
@@ -174,11 +175,23 @@ class Checkpointer:
         self.save_interval_steps = save_interval_steps
         self.hash_files = hash_files
         self.quarantine_bad = quarantine_bad
+        self._remove_orphan_tmp_dirs()
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, save_interval_steps=1,
                                                enable_async_checkpointing=async_save, create=True)
         self._mgr = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
         self._unmanifested: list[int] = []
         self._lock = threading.Lock()
+
+    def _remove_orphan_tmp_dirs(self) -> None:
+        # A process killed mid-write (SIGKILL) leaves an Orbax tmp dir that never becomes a step
+        # (Orbax 0.12.8's CheckpointManager accepts cleanup_tmp_directories but does not act on
+        # it); nothing of ours is writing at construction, so clear them here.
+        if jax.process_index() != 0 or not self.directory.exists():
+            return
+        for p in self.directory.iterdir():
+            if _TMP_MARK in p.name and p.is_dir():
+                log.info("removing unfinished checkpoint write %s", p)
+                p.rmtree()
 
     # ---- saving
     def _finish_pending(self) -> None:

@@ -231,3 +231,14 @@ def test_bad_options_named():
         Checkpointer("/tmp/unused_ck_dir_h6", save_interval_steps=0)
     with pytest.raises(TypeError, match="leaf of type str"):
         abstract_target({"a": "text"})
+
+
+def test_unfinished_orbax_write_is_cleared_on_start(tmp_path):
+    with Checkpointer(tmp_path) as ck:
+        ck.save(1, {"a": np.ones(3, np.float32)})
+    # What a SIGKILL during the async write of step 2 leaves behind.
+    os.makedirs(tmp_path / "2.orbax-checkpoint-tmp-1700000000" / "state")
+    with Checkpointer(tmp_path) as ck:
+        assert sorted(os.listdir(tmp_path)) == ["1"]
+        assert ck.restore_latest_good({"a": np.zeros(3, np.float32)}).step == 1
+        assert ck.save(2, {"a": np.ones(3, np.float32)})
