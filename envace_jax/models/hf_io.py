@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -198,8 +199,10 @@ def _layer_sharding(sharding):
     return sharding
 
 
-def _stacked_builder(shape, dtype, sharding):
-    """Returns (zeros(), write(buf, layer_array, i)) jitted into ``sharding``; ``buf`` is donated."""
+@functools.lru_cache(maxsize=64)
+def _stacked_builder(shape: tuple[int, ...], dtype: Any, sharding):
+    """(zeros(), write(buf, layer, i)) jitted into ``sharding``; ``buf`` is donated so the
+    stacked param is written in place. Cached so params of equal shape compile once."""
     zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
 
     def _write(buf, x, i):
@@ -247,13 +250,21 @@ def load_hf(path: str | os.PathLike, dtype: str | None = "float32", mesh: Mesh |
                 host = np.asarray(m.to_ours(reader.read(m.name(), m.hf_shape(cfg)), cfg), dtype=pdt)
                 var.set_value(_from_host(host, sharding))
                 continue
-            zeros, write = _stacked_builder(shape, pdt, sharding)
+            layers = (np.asarray(m.to_ours(reader.read(m.name(i), m.hf_shape(cfg)), cfg), dtype=pdt)
+                      for i in range(cfg.num_layers))
+            if mesh is None:
+                # One device: the stacked host buffer *is* the target, so no compiled writes needed.
+                host = np.empty(shape, pdt)
+                for i, layer in enumerate(layers):
+                    host[i] = layer
+                var.set_value(jax.device_put(host, sharding))
+                del host
+                continue
+            zeros, write = _stacked_builder(shape, np.dtype(pdt), sharding)
             buf = zeros()
             layer_sh = _layer_sharding(sharding)
-            for i in range(cfg.num_layers):
-                host = np.asarray(m.to_ours(reader.read(m.name(i), m.hf_shape(cfg)), cfg), dtype=pdt)
-                buf = write(buf, _from_host(host, layer_sh), jnp.int32(i))
-                del host
+            for i, layer in enumerate(layers):
+                buf = write(buf, _from_host(layer, layer_sh), jnp.int32(i))
             var.set_value(buf)
     if mesh is not None:
         model.set_sharding(mesh, rules)
