@@ -447,7 +447,9 @@ class Sampler:
         for i, p in enumerate(ps):
             stop_ids[i, : len(p.stop_token_ids)] = p.stop_token_ids
             temp[i], top_p[i], top_k[i] = p.temperature, p.top_p, p.top_k
-        budget = pow2_bucket(max(int(n_max.max()), 1), 8)
+        # Bucketed on the requested budget (capped by the capacity) rather than on n_max, so that
+        # rows ending early for lack of room do not change the program.
+        budget = pow2_bucket(max(min(int(max_new.max()), capacity), int(n_max.max()), 1), 8)
         row = ("batch",)
         tokens, lps, n_gen, reason, k, v, end_dev = self._decode(
             params, k, v, end_dev, logits, self._put(keys, ("batch", None)), self._put(draws, row),

@@ -28,7 +28,8 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sampler(models):
     # Fixed window and batch buckets keep every test in this module on the same few programs.
-    return Sampler(models[1], cache_size=128, max_chunk=64, window_buckets=(192,), batch_buckets=(4,))
+    return Sampler(models[1], cache_size=128, max_chunk=64, length_buckets=(32, 64), window_buckets=(192,),
+                   batch_buckets=(4,))
 
 
 def _prompts(seed: int, lengths):
@@ -50,11 +51,11 @@ def _hf_greedy(hf, prompts, new: int):
     return out[:, T:].numpy()
 
 
-def _teacher_forced_logprobs(model, prompt, gen, temperature):
-    seq = jnp.asarray([prompt + gen], jnp.int32)
-    logits = np.asarray(model(seq))[0].astype(np.float64)
-    t = temperature if temperature > 0 else 1.0
-    z = logits / t
+def _teacher_forced_logprobs(hf, prompt, gen, temperature):
+    """log_softmax(logits / T) of the generated ids, recomputed by one forward over the sequence."""
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + gen])).logits[0].double().numpy()
+    z = logits / (temperature if temperature > 0 else 1.0)
     logp = z - z.max(-1, keepdims=True) - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True))
     pos = np.arange(len(prompt) - 1, len(prompt) + len(gen) - 1)
     return logp[pos, gen]
@@ -71,7 +72,7 @@ def test_greedy_matches_transformers_generate(models, sampler):
 
 
 def test_logprobs_equal_teacher_forced_recomputation(models, sampler):
-    _, model = models
+    hf, _ = models
     prompts = _prompts(1, [7, 20, 12, 3])
     ps = [SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=NEW, seed=3),
           SamplingParams(temperature=0.6, top_k=10, max_new_tokens=NEW, seed=4),
@@ -80,7 +81,7 @@ def test_logprobs_equal_teacher_forced_recomputation(models, sampler):
     out = sampler.generate(prompts, ps)
     for b, p in enumerate(ps):
         assert out.lengths[b] == p.max_new_tokens
-        ref = _teacher_forced_logprobs(model, prompts[b], out.tokens[b], p.temperature)
+        ref = _teacher_forced_logprobs(hf, prompts[b], out.tokens[b], p.temperature)
         np.testing.assert_allclose(out.logprobs[b], ref, atol=1e-5, err_msg=f"row {b}")
 
 
@@ -137,29 +138,27 @@ def test_mixed_rows_do_not_recompile(sampler):
     assert sampler.num_compilations == before
 
 
-def test_finish_reasons(models, sampler):
-    prompts = _prompts(8, [6, 11])
-    base = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=NEW)).tokens
+def test_finish_reasons(sampler):
+    prompts = _prompts(8, [6, 11, 100])
+    base = sampler.generate(prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=NEW)).tokens
     stop_tok = base[0][3]
     first = base[0].index(stop_tok)
+    # Row 3: 100 prompt tokens in a 128-token cache leave room for 28 generated tokens.
     ps = [SamplingParams(temperature=0.0, max_new_tokens=NEW, stop_token_ids=(stop_tok,)),
-          SamplingParams(temperature=0.0, max_new_tokens=5)]
-    out = sampler.generate(prompts, ps)
-    assert out.finish_reasons == ["stop", "length"]
+          SamplingParams(temperature=0.0, max_new_tokens=5),
+          SamplingParams(temperature=0.0, max_new_tokens=NEW)]
+    out = sampler.generate(prompts, ps, return_state=True)
+    assert out.finish_reasons == ["stop", "length", "cache_full"]
     assert out.tokens[0] == base[0][: first + 1] and out.tokens[1] == base[1][:5]
-
-    # cache_size 20: a 6-token prompt may generate 14 tokens, then the row is full.
-    small = Sampler(models[1], cache_size=20)
-    out = small.generate([prompts[0]], SamplingParams(temperature=0.0, max_new_tokens=NEW), return_state=True)
-    assert out.finish_reasons == ["cache_full"] and out.lengths == [14]
-    assert out.tokens[0] == base[0][:14]
-    # Appending more than fits ends the row at once, writes nothing, and keeps the row usable.
-    state = out.state
-    out = small.continue_(state, [[5]], SamplingParams(temperature=0.0, max_new_tokens=3), return_state=True)
-    assert out.finish_reasons == ["cache_full"] and out.lengths == [0] and out.tokens == [[]]
-    np.testing.assert_array_equal(out.state.total_lengths(), [20])
+    assert out.lengths[2] == 28
+    np.testing.assert_array_equal(out.state.total_lengths(), [6 + first + 1, 16, 128])
+    # Appending more than fits ends the row at once and writes nothing; the other row goes on.
+    out = sampler.continue_(out.state, [[5], [7, 8]], SamplingParams(temperature=0.0, max_new_tokens=NEW),
+                            rows=[2, 1], return_state=True)
+    assert out.finish_reasons == ["cache_full", "length"] and out.lengths == [0, NEW] and out.tokens[0] == []
+    np.testing.assert_array_equal(out.state.total_lengths(), [128, 16 + 2 + NEW])
     # A prompt longer than the cache is refused the same way.
-    out = small.generate([list(range(3, 30))], SamplingParams(max_new_tokens=2))
+    out = sampler.generate([list(range(3, 140))], SamplingParams(max_new_tokens=NEW))
     assert out.finish_reasons == ["cache_full"] and out.lengths == [0]
 
 
