@@ -1,0 +1,332 @@
+"""The batched ACT/REHEARSE episode engine (spec section 2).
+
+Each episode follows the reference's state machine:
+
+    AWAIT_CALLER --(ACT: tool calls)--> AWAIT_SIMULATOR --(all calls answered)--> AWAIT_CALLER
+    AWAIT_CALLER --(ACT: final answer)--> INTERACTING --(judge)--> AWAIT_CALLER (next user turn) | TERMINATED
+
+At every micro-step the engine gathers *all* pending ACT generations and all
+pending REHEARSE generations of every live episode into ONE call to the policy
+client (both roles share the weights, so they share the batch), then routes the
+results back. Where REHEARSE is played by a different model (``simulator`` and
+``noshare`` modes) its rows go to a second client in the same step; in ``real``
+mode tool calls are executed against the episode's ToolEnvironment.
+
+The engine is text/ids only: a ``ChatCodec`` turns messages into token ids
+(incrementally for the caller, so the next ACT turn continues the same ids and
+the sampler can reuse its KV cache), and a ``PolicyClient`` generates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable, Protocol, Sequence
+
+from envace_jax.rl.types import ACT, REHEARSE, Episode, Generation, State
+
+MODES = ("rehearsal", "simulator", "real", "noshare", "caller_frozen")
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleSampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 8000
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Defaults are the reference's (spec 1.2); see configs/ for the demo values."""
+
+    mode: str = "rehearsal"
+    max_steps: int = 200                 # env.max_steps micro-steps
+    max_assistant_turns: int = 30
+    max_user_turns: int = 30
+    max_model_len: int = 20000           # caller terminates when len(ctx) + max_new_tokens >= this
+    act: RoleSampling = RoleSampling()
+    rehearse: RoleSampling = RoleSampling()
+    ignore_think_tool_calls: bool = False  # faithful: the reference regex scans <think> too
+    # faithful: one pending call simulated per micro-step; False answers all calls of a turn in one step
+    sequential_simulation: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"rollout.mode={self.mode!r}; choose one of {MODES}")
+        for name in ("max_steps", "max_assistant_turns", "max_user_turns", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"rollout.{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class GenRequest:
+    prompt_ids: list[int]
+    role: str
+    sampling: RoleSampling
+    seed: int
+    cache_key: str | None = None  # same key across turns: the client may continue a cached prefix
+
+
+@dataclasses.dataclass
+class GenOutput:
+    ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class PolicyClient(Protocol):
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenOutput]: ...
+
+    def release(self, cache_keys: Sequence[str]) -> None: ...
+
+
+class ChatCodec(Protocol):
+    """Renders chat pieces to token ids (Qwen3 chat format) and parses model text."""
+
+    def caller_prompt(self, messages: list[dict], tools: list[dict]) -> list[int]: ...
+
+    def close_assistant(self, gen_ids: list[int]) -> list[int]:
+        """Ids to append after a sampled assistant turn so the context is a closed turn."""
+
+    def tool_block(self, tool_messages: list[dict]) -> list[int]:
+        """Tool-response turn plus the next generation prompt."""
+
+    def user_block(self, message: dict) -> list[int]:
+        """A user turn plus the next generation prompt."""
+
+    def simulator_prompt(self, record: dict, history: list[dict], caller_text: str,
+                         call: tuple[str, str, dict]) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def parse_tool_calls(self, text: str, ignore_think: bool) -> tuple[list[dict], dict | None]: ...
+
+    def parse_simulator_output(self, text: str) -> tuple[str | None, dict | None]: ...
+
+
+class TurnJudge(Protocol):
+    def __call__(self, episodes: Sequence[Episode]) -> list[Any]:
+        """Judges the just-finished user turn of each episode: objects with
+        ``turn_reward`` (float), ``terminate`` (bool), ``api_failed_count`` (int),
+        ``required_failed`` (bool)."""
+
+
+def _user_messages(record: dict) -> list[dict]:
+    return [m for m in record.get("reference_messages", []) if m.get("role") == "user"]
+
+
+def _is_error_payload(content: str) -> bool:
+    try:
+        obj = json.loads(content)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(obj, dict) and "error_tool_call" in obj
+
+
+class RolloutEngine:
+    """Runs many episodes at once. ``policy`` plays ACT (and REHEARSE in rehearsal modes)."""
+
+    def __init__(self, cfg: RolloutConfig, codec: ChatCodec, policy: PolicyClient, judge: TurnJudge, *,
+                 simulator: PolicyClient | None = None,
+                 make_env: Callable[[dict], Any] | None = None,
+                 on_step: Callable[[int, list[Episode]], None] | None = None):
+        if cfg.mode in ("simulator", "noshare") and simulator is None:
+            raise ValueError(f"rollout.mode={cfg.mode!r} needs a separate simulator client")
+        if cfg.mode == "real" and make_env is None:
+            raise ValueError("rollout.mode='real' needs make_env(record) -> ToolEnvironment")
+        self.cfg, self.codec, self.policy, self.judge = cfg, codec, policy, judge
+        self.simulator, self.make_env, self.on_step = simulator, make_env, on_step
+        self.sampler_calls: list[dict[str, int]] = []  # per client call: rows per role (for tests/metrics)
+
+    # ------------------------------------------------------------------ episode set-up
+    def start(self, records: Sequence[dict], uids: Sequence[str] | None = None) -> list[Episode]:
+        episodes = []
+        for i, rec in enumerate(records):
+            uid = str(uids[i] if uids is not None else rec.get("uid", i))
+            msgs = [dict(m) for m in rec["messages"]]
+            ep = Episode(episode_id=i, uid=uid, record=rec, messages=msgs,
+                         caller_ids=self.codec.caller_prompt(msgs, rec.get("tools", [])))
+            if self.cfg.mode == "real":
+                ep.env = self.make_env(rec)
+            checklist = rec.get("checklist") or []
+            if not checklist or not checklist[0] or not any(checklist[0]):
+                self._terminate(ep, "empty_checklist")
+            else:
+                self._check_length(ep)
+            episodes.append(ep)
+        return episodes
+
+    def run(self, records: Sequence[dict], uids: Sequence[str] | None = None) -> list[Episode]:
+        episodes = self.start(records, uids)
+        step = 0
+        while not all(e.done for e in episodes):
+            if step >= self.cfg.max_steps:
+                for e in episodes:
+                    if not e.done:
+                        self._terminate(e, "step_cap")
+                break
+            self.step(episodes, step)
+            step += 1
+            if self.on_step:
+                self.on_step(step, episodes)
+        self.policy.release([self._key(e) for e in episodes])
+        for e in episodes:
+            self._finalize(e)
+        return episodes
+
+    # ------------------------------------------------------------------ one micro-step
+    def step(self, episodes: list[Episode], step: int) -> None:
+        cfg = self.cfg
+        act_eps = [e for e in episodes if e.state == State.AWAIT_CALLER]
+        sim_eps = [e for e in episodes if e.state == State.AWAIT_SIMULATOR]
+        for e in act_eps + sim_eps:
+            e.steps += 1
+
+        # Real tools answer immediately, no generation.
+        if cfg.mode == "real":
+            for e in sim_eps:
+                self._answer_real(e)
+            sim_eps = []
+
+        act_reqs = [GenRequest(e.caller_ids, ACT, cfg.act, self._seed(e, step, 0), self._key(e)) for e in act_eps]
+        sim_reqs, sim_slots = [], []
+        for e in sim_eps:
+            todo = range(len(e.pending_results), len(e.pending_calls))
+            if cfg.sequential_simulation:
+                todo = todo[:1]
+            for j in todo:
+                call = e.pending_calls[j]
+                prompt = self.codec.simulator_prompt(e.record, e.messages[:-1], e.last_caller_text, call)
+                sim_reqs.append(GenRequest(prompt, REHEARSE, cfg.rehearse, self._seed(e, step, 1 + j)))
+                sim_slots.append(e)
+
+        shared = cfg.mode in ("rehearsal", "caller_frozen")
+        if shared:
+            outs = self._call(self.policy, act_reqs + sim_reqs)
+            act_outs, sim_outs = outs[: len(act_reqs)], outs[len(act_reqs):]
+        else:
+            act_outs = self._call(self.policy, act_reqs)
+            sim_outs = self._call(self.simulator, sim_reqs) if sim_reqs else []
+
+        for e, req, out in zip(act_eps, act_reqs, act_outs):
+            self._on_act(e, req, out)
+        for e, req, out in zip(sim_slots, sim_reqs, sim_outs):
+            self._on_rehearse(e, req, out)
+        for e in sim_eps:
+            if len(e.pending_results) == len(e.pending_calls) and e.state == State.AWAIT_SIMULATOR:
+                self._close_tool_turn(e)
+
+        judging = [e for e in episodes if e.state == State.INTERACTING]
+        if judging:
+            for e, verdict in zip(judging, self.judge(judging)):
+                self._after_judge(e, verdict)
+
+    # ------------------------------------------------------------------ transitions
+    def _on_act(self, e: Episode, req: GenRequest, out: GenOutput) -> None:
+        text = self.codec.decode(out.ids)
+        e.generations.append(Generation(ACT, list(req.prompt_ids), list(out.ids), list(out.logprobs), e.uid,
+                                        e.episode_id, e.user_turns, out.finish_reason, text))
+        e.caller_ids = list(req.prompt_ids) + list(out.ids) + self.codec.close_assistant(list(out.ids))
+        e.assistant_turns += 1
+        e.last_caller_text = text
+        calls, error = self.codec.parse_tool_calls(text, self.cfg.ignore_think_tool_calls)
+        content = text.split("\n<tool_call>\n", 1)[0]
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls and error is None:
+            msg["tool_calls"] = [
+                {"id": f"call_{e.uid}_{e.assistant_turns}_{i}", "type": "function",
+                 "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for i, c in enumerate(calls)]
+        e.messages.append(msg)
+        if error is not None:
+            e.messages.append({"role": "tool", "name": "error_tool_call", "content": json.dumps(error)})
+            self._terminate(e, "parse_error")
+        elif calls:
+            e.pending_calls = [(tc["id"], tc["function"]["name"], tc["function"]["arguments"])
+                               for tc in msg["tool_calls"]]
+            e.pending_results = []
+            e.state = State.AWAIT_SIMULATOR
+        else:
+            e.state = State.INTERACTING
+
+    def _on_rehearse(self, e: Episode, req: GenRequest, out: GenOutput) -> None:
+        text = self.codec.decode(out.ids)
+        e.generations.append(Generation(REHEARSE, list(req.prompt_ids), list(out.ids), list(out.logprobs), e.uid,
+                                        e.episode_id, e.user_turns, out.finish_reason, text))
+        result, error = self.codec.parse_simulator_output(text)
+        e.pending_results.append(json.dumps(error, ensure_ascii=False) if error is not None else result)
+
+    def _answer_real(self, e: Episode) -> None:
+        for _, name, args in e.pending_calls[len(e.pending_results):]:
+            e.pending_results.append(e.env.execute(name, args).content)
+        self._close_tool_turn(e)
+
+    def _close_tool_turn(self, e: Episode) -> None:
+        tool_msgs = [{"role": "tool", "name": name, "tool_call_id": cid, "content": res}
+                     for (cid, name, _), res in zip(e.pending_calls, e.pending_results)]
+        e.messages.extend(tool_msgs)
+        e.caller_ids = e.caller_ids + self.codec.tool_block(tool_msgs)
+        failed = any(_is_error_payload(m["content"]) for m in tool_msgs)
+        e.pending_calls, e.pending_results = [], []
+        if failed:
+            self._terminate(e, "simulator_error")
+            return
+        e.state = State.AWAIT_CALLER
+        self._check_length(e)
+
+    def _after_judge(self, e: Episode, verdict: Any) -> None:
+        e.turn_rewards.append(float(verdict.turn_reward))
+        e.user_turns += 1
+        users = _user_messages(e.record)
+        if verdict.terminate:
+            if getattr(verdict, "api_failed_count", 0):
+                reason = "judge_api_failure"
+            elif getattr(verdict, "required_failed", False):
+                reason = "required_item_failed"
+            else:
+                reason = "completed"
+            self._terminate(e, reason)
+        elif e.assistant_turns >= self.cfg.max_assistant_turns or e.user_turns >= self.cfg.max_user_turns:
+            self._terminate(e, "turn_cap")
+        elif e.user_turns >= len(users):
+            self._terminate(e, "no_next_user")
+        else:
+            nxt = dict(users[e.user_turns])
+            e.messages.append(nxt)
+            e.caller_ids = e.caller_ids + self.codec.user_block(nxt)
+            e.state = State.AWAIT_CALLER
+            self._check_length(e)
+
+    def _check_length(self, e: Episode) -> None:
+        if len(e.caller_ids) + self.cfg.act.max_new_tokens >= self.cfg.max_model_len:
+            self._terminate(e, "length_budget")
+
+    def _terminate(self, e: Episode, reason: str) -> None:
+        e.state = State.TERMINATED
+        e.termination = reason
+
+    def _finalize(self, e: Episode) -> None:
+        checklist = e.record.get("checklist") or [[]]
+        denom = max(1, len(checklist)) * max(1, len(checklist[0]))
+        e.score = sum(e.turn_rewards) / denom
+        for g in e.generations:
+            g.score = e.score
+
+    # ------------------------------------------------------------------ helpers
+    def _call(self, client: PolicyClient, reqs: list[GenRequest]) -> list[GenOutput]:
+        if not reqs:
+            return []
+        self.sampler_calls.append({ACT: sum(r.role == ACT for r in reqs),
+                                   REHEARSE: sum(r.role == REHEARSE for r in reqs)})
+        outs = client.generate(reqs)
+        if len(outs) != len(reqs):
+            raise RuntimeError(f"policy client returned {len(outs)} outputs for {len(reqs)} requests")
+        return outs
+
+    def _key(self, e: Episode) -> str:
+        return f"caller/{e.uid}/{e.episode_id}"
+
+    def _seed(self, e: Episode, step: int, slot: int) -> int:
+        return (self.cfg.seed * 1_000_003 + e.episode_id * 7919 + step * 131 + slot) % (2**31 - 1)

@@ -1,0 +1,81 @@
+"""Core host-side records shared by rollout, reward and the trainer."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+ACT = "act"
+REHEARSE = "rehearse"
+ROLES = (ACT, REHEARSE)
+ROLE_ID = {ACT: 0, REHEARSE: 1}
+
+
+class State(str, enum.Enum):
+    AWAIT_CALLER = "AWAIT_CALLER"
+    AWAIT_SIMULATOR = "AWAIT_SIMULATOR"
+    INTERACTING = "INTERACTING"
+    TERMINATED = "TERMINATED"
+
+
+# Why an episode ended (spec 2.3, "Termination summary"), one name per cause.
+TERMINATION_REASONS = (
+    "completed",              # judge: the last checklist turn was judged
+    "required_item_failed",   # judge: a required_for_next_turn item never passed (majority of checklists)
+    "judge_api_failure",      # judge: an API failure or malformed verdict
+    "no_next_user",           # the reference conversation has no further user message
+    "parse_error",            # ACT emitted a malformed tool call
+    "simulator_error",        # a rehearsed response was an error_tool_call (format slip or validation verdict)
+    "length_budget",          # caller context + max_response_length >= max_model_len
+    "turn_cap",               # assistant or user turn cap reached
+    "step_cap",               # micro-step cap reached
+    "empty_checklist",        # the task has no checklist items
+)
+
+
+@dataclasses.dataclass
+class Generation:
+    """One LLM call = one training row."""
+
+    role: str                     # ACT or REHEARSE
+    prompt_ids: list[int]
+    gen_ids: list[int]
+    logprobs: list[float]         # sampler log-probs of gen_ids (temperature-scaled, untruncated)
+    uid: str                      # prompt uid, shared by the n rollouts of one task
+    episode: int                  # episode id, unique in a batch
+    turn: int                     # user-turn index at the time of the call
+    finish_reason: str = "stop"
+    text: str = ""                # decoded gen_ids (for logs and the empty-output penalty)
+    score: float = 0.0            # filled in after the episode: episode score minus penalties
+
+    @property
+    def role_id(self) -> int:
+        return ROLE_ID[self.role]
+
+
+@dataclasses.dataclass
+class Episode:
+    episode_id: int
+    uid: str
+    record: dict[str, Any]
+    messages: list[dict[str, Any]]
+    caller_ids: list[int]
+    state: State = State.AWAIT_CALLER
+    generations: list[Generation] = dataclasses.field(default_factory=list)
+    turn_rewards: list[float] = dataclasses.field(default_factory=list)
+    user_turns: int = 0
+    assistant_turns: int = 0
+    steps: int = 0
+    termination: str | None = None
+    score: float = 0.0
+    # calls of the current assistant turn waiting for responses: (call_id, name, arguments)
+    pending_calls: list[tuple[str, str, dict]] = dataclasses.field(default_factory=list)
+    pending_results: list[str] = dataclasses.field(default_factory=list)
+    last_caller_text: str = ""
+    env: Any = None               # a ToolEnvironment in real mode
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.state == State.TERMINATED

@@ -1,0 +1,135 @@
+"""Trainer: exact micro-batch accumulation, SFT learning, non-finite skipping, sharded == single device."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from envace_jax.models import qwen3
+from envace_jax.rl.batch import build_batch
+from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
+from envace_jax.rl.types import ACT, REHEARSE, Generation
+
+CFG = qwen3.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                        num_kv_heads=2, head_dim=8)
+
+
+def _gens(n=6, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        p = rng.integers(1, 64, rng.integers(3, 9)).tolist()
+        g = rng.integers(1, 64, rng.integers(2, 6)).tolist()
+        out.append(Generation(ACT if i % 2 == 0 else REHEARSE, p, g, rng.normal(-3, 0.5, len(g)).tolist(),
+                              f"u{i // 3}", i, 0))
+    return out
+
+
+def _batch(seed=0):
+    gens = _gens(seed=seed)
+    adv = np.random.default_rng(seed + 1).normal(size=len(gens))
+    return build_batch(gens, adv, [i // 3 for i in range(len(gens))], max_len=32)
+
+
+def _params(trainer):
+    return jax.tree.map(np.asarray, trainer.params)
+
+
+@pytest.mark.parametrize("agg", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"])
+def test_micro_batches_equal_one_big_batch(agg):
+    batch = _batch()
+    results = []
+    for mbs in (batch.size, 2, 1):
+        tr = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)), OptimConfig(lr=1e-2), LossConfig(agg=agg),
+                     micro_batch_size=mbs)
+        grads = jax.tree.map(np.asarray, tr.gradients(batch))
+        results.append((grads, tr.update(batch)["loss"]))
+    for g, loss in results[1:]:
+        assert loss == pytest.approx(results[0][1], rel=1e-5, abs=1e-6)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), results[0][0], g)
+
+
+def test_update_changes_params_and_rl_gradient_sign():
+    """A positive-advantage row becomes more likely after one step; a negative one less likely."""
+    gens = _gens(2)
+    for adv_sign in (1.0, -1.0):
+        batch = build_batch(gens[:1], [adv_sign], [0], max_len=32)
+        tr = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(1)), OptimConfig(lr=1e-2, weight_decay=0.0), LossConfig())
+        before = tr.compute_logprobs(batch).sum()
+        tr.update(batch)
+        after = tr.compute_logprobs(batch).sum()
+        assert (after - before) * adv_sign > 0
+
+
+def test_sft_lowers_nll():
+    gens = _gens(4)
+    batch = build_batch(gens, [1.0] * 4, [0, 0, 1, 1], max_len=32)
+    tr = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(2)), OptimConfig(lr=3e-3, weight_decay=0.0), micro_batch_size=2)
+    first = tr.update(batch, kind="sft")["loss"]
+    for _ in range(20):
+        last = tr.update(batch, kind="sft")["loss"]
+    assert last < first - 0.5
+
+
+def test_nonfinite_step_is_skipped_and_counted():
+    batch = _batch()
+    tr = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(3)), OptimConfig(lr=1e-2), LossConfig())
+    before = _params(tr)
+    bad = batch.take(np.arange(batch.size))
+    bad.advantages = np.full_like(bad.advantages, np.nan)
+    m = tr.update(bad)
+    assert m["skipped_nonfinite"] == 1.0 and tr.nonfinite_steps == 1
+    jax.tree.map(np.testing.assert_array_equal, before, _params(tr))
+    tr.update(batch)
+    assert tr.nonfinite_steps == 1
+
+
+def test_kl_to_identical_reference_is_zero():
+    batch = _batch()
+    tr = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(4)), OptimConfig(lr=1e-3), LossConfig(kl_coef=0.1))
+    m = tr.update(batch)
+    assert abs(m["kl"]) < 1e-6
+
+
+_SHARDED = textwrap.dedent("""
+    import os, sys, json
+    import numpy as np, jax
+    from flax import nnx
+    sys.path.insert(0, os.environ["TESTS_DIR"])
+    from test_trainer_update import CFG, _batch
+    from envace_jax import sharding as shd
+    from envace_jax.models import qwen3
+    from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
+    assert jax.device_count() == 8
+    batch = _batch()
+    res = []
+    for mesh in (None, shd.make_mesh(data=2, fsdp=2, tensor=2)):
+        model = qwen3.Qwen3(CFG, rngs=nnx.Rngs(0))
+        if mesh is not None:
+            qwen3.place(model, mesh, shd.TRAIN_RULES)
+        tr = Trainer(model, OptimConfig(lr=1e-2), LossConfig(), micro_batch_size=4, mesh=mesh)
+        tr.update(batch); tr.update(batch)
+        res.append(jax.tree.map(np.asarray, tr.params))
+        if mesh is not None:
+            spec = tr.params["layers"]["q_proj"].value.sharding.spec
+            assert spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor", None), spec
+    diff = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(a - b).max()), *res)))
+    print("MAXDIFF", diff)
+""")
+
+
+def test_sharded_update_equals_single_device(tmp_path):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+               TESTS_DIR=os.path.dirname(__file__))
+    out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    diff = float(out.stdout.split("MAXDIFF")[1])
+    assert diff <= 1e-5
