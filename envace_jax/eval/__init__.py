@@ -1,0 +1,1 @@
+"""Evaluation: benchmark harnesses and the rehearsal-fidelity metric (``fidelity``)."""
