@@ -1,31 +1,64 @@
 """The batched ACT/REHEARSE episode engine (spec section 2).
 
-Each episode follows the reference's state machine:
+Each episode follows the reference's state machine (spec 2.3):
 
     AWAIT_CALLER --(ACT: tool calls)--> AWAIT_SIMULATOR --(all calls answered)--> AWAIT_CALLER
     AWAIT_CALLER --(ACT: final answer)--> INTERACTING --(judge)--> AWAIT_CALLER (next user turn) | TERMINATED
 
-At every micro-step the engine gathers *all* pending ACT generations and all
-pending REHEARSE generations of every live episode into ONE call to the policy
-client (both roles share the weights, so they share the batch), then routes the
-results back. Where REHEARSE is played by a different model (``simulator`` and
-``noshare`` modes) its rows go to a second client in the same step; in ``real``
-mode tool calls are executed against the episode's ToolEnvironment.
+At every micro-step the engine gathers *all* pending ACT generations and all pending REHEARSE
+generations of every live episode into ONE call to the policy client (both roles share the weights,
+so they share the batch), then routes the results back. The engine is text/ids only: a ``ChatCodec``
+turns messages into token ids (incrementally for the caller, so the next ACT prompt extends the previous
+prompt + generated ids and the client can continue its KV cache, see ``policy_client.SamplerClient``),
+and a ``PolicyClient`` generates.
 
-The engine is text/ids only: a ``ChatCodec`` turns messages into token ids
-(incrementally for the caller, so the next ACT turn continues the same ids and
-the sampler can reuse its KV cache), and a ``PolicyClient`` generates.
+Modes (``RolloutConfig.mode``; ``TRAINED_ROLES`` says which rows the trainer updates and with which model):
+
+* ``rehearsal`` (EnvACE): the policy plays ACT and REHEARSE; one client call per step mixes both roles.
+  Both roles' rows train the one policy.
+* ``caller_frozen``: rollouts exactly as ``rehearsal``; the trainer updates on REHEARSE rows only (the
+  ACT rows still exist, for metrics).
+* ``simulator``: a separate frozen client plays REHEARSE; each step makes one call per client.
+  Only ACT rows train.
+* ``noshare``: routed as ``simulator``, but both clients are trained, each on its own role's rows
+  (the trainer holds the two policies; the engine only routes).
+* ``real``: no REHEARSE; tool calls run against ``make_env(record)`` (a ``ToolEnvironment``) in the same
+  step as the ACT turn that made them. Only ACT rows train (the standard-GRPO baseline).
+
+Termination (``types.TERMINATION_REASONS``), as the reference:
+parse error (an ``error_tool_call`` tool message is appended); a tool response that is an
+``error_tool_call`` JSON dict (a rehearsed format slip or validation verdict; a real tool's ordinary
+error reply, e.g. ``{"error": ...}``, is just a response the caller reads); the length budget
+``len(caller ids) + act.max_new_tokens >= max_model_len`` at reset and on every return to AWAIT_CALLER;
+the judge's terminate (completed / required item failed / judge API failure); turn caps, checked only
+when a user turn ends; the micro-step cap; an empty checklist at reset. Our addition: a client that
+reports ``finish_reason == "cache_full"`` with no tokens (the context did not fit the sampler's cache)
+ends the episode as ``length_budget`` and records no row, instead of reading an empty answer.
+
+Multiple calls of one assistant turn are simulated one per micro-step (``sequential_simulation``,
+faithful) or all in one step; either way each REHEARSE prompt sees the history without its siblings'
+results, and the tool messages are appended only when every call of the turn is answered.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 from typing import Any, Callable, Protocol, Sequence
 
-from envace_jax.rl.types import ACT, REHEARSE, Episode, Generation, State
+from envace_jax.rl.types import ACT, REHEARSE, ROLES, Episode, Generation, State
 
 MODES = ("rehearsal", "simulator", "real", "noshare", "caller_frozen")
+
+# mode -> {role: which client's model the trainer updates with that role's rows}
+TRAINED_ROLES: dict[str, dict[str, str]] = {
+    "rehearsal": {ACT: "policy", REHEARSE: "policy"},
+    "caller_frozen": {REHEARSE: "policy"},
+    "simulator": {ACT: "policy"},
+    "noshare": {ACT: "policy", REHEARSE: "simulator"},
+    "real": {ACT: "policy"},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +77,15 @@ class RolloutConfig:
     max_steps: int = 200                 # env.max_steps micro-steps
     max_assistant_turns: int = 30
     max_user_turns: int = 30
-    max_model_len: int = 20000           # caller terminates when len(ctx) + max_new_tokens >= this
+    max_model_len: int = 20000           # caller terminates when len(ctx) + act.max_new_tokens >= this
     act: RoleSampling = RoleSampling()
     rehearse: RoleSampling = RoleSampling()
     ignore_think_tool_calls: bool = False  # faithful: the reference regex scans <think> too
     # faithful: one pending call simulated per micro-step; False answers all calls of a turn in one step
     sequential_simulation: bool = True
+    # reference's use_invalid_action_penalty: rows whose decoded output is empty lose this much
+    empty_output_penalty: float = 0.1
+    progress_bar: bool = False           # a tqdm bar over micro-steps
     seed: int = 0
 
     def __post_init__(self):
@@ -58,6 +94,11 @@ class RolloutConfig:
         for name in ("max_steps", "max_assistant_turns", "max_user_turns", "max_model_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"rollout.{name} must be positive, got {getattr(self, name)}")
+        for role in ("act", "rehearse"):
+            if getattr(self, role).max_new_tokens <= 0:
+                raise ValueError(f"rollout.{role}.max_new_tokens must be positive")
+        if self.empty_output_penalty < 0:
+            raise ValueError(f"rollout.empty_output_penalty must be >= 0, got {self.empty_output_penalty}")
 
 
 @dataclasses.dataclass
@@ -67,6 +108,7 @@ class GenRequest:
     sampling: RoleSampling
     seed: int
     cache_key: str | None = None  # same key across turns: the client may continue a cached prefix
+    episode: int = -1             # the episode asking (for logs and scripted clients)
 
 
 @dataclasses.dataclass
@@ -125,6 +167,27 @@ def _is_error_payload(content: str) -> bool:
     return isinstance(obj, dict) and "error_tool_call" in obj
 
 
+def _has_checklist_items(checklist: Any) -> bool:
+    # The reference tests the first checklist; a list of empty turns is as empty as no list.
+    return bool(checklist) and bool(checklist[0]) and any(len(turn) for turn in checklist[0])
+
+
+def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
+    """Batch-level rollout metrics: mean score, termination counts, turns, calls and rows per role."""
+    if not episodes:
+        return {"episodes": 0}
+    per = [e.metrics() for e in episodes]
+    n = len(per)
+    out: dict[str, Any] = {"episodes": n, "score_mean": sum(m["score"] for m in per) / n,
+                           "termination": dict(collections.Counter(m["termination"] for m in per))}
+    for key in ("user_turns", "assistant_turns", "tool_calls", "steps"):
+        out[f"{key}_mean"] = sum(m[key] for m in per) / n
+    for role in ROLES:
+        out[f"rows_{role}"] = sum(m[f"rows_{role}"] for m in per)
+        out[f"tokens_{role}"] = sum(m[f"tokens_{role}"] for m in per)
+    return out
+
+
 class RolloutEngine:
     """Runs many episodes at once. ``policy`` plays ACT (and REHEARSE in rehearsal modes)."""
 
@@ -138,20 +201,24 @@ class RolloutEngine:
             raise ValueError("rollout.mode='real' needs make_env(record) -> ToolEnvironment")
         self.cfg, self.codec, self.policy, self.judge = cfg, codec, policy, judge
         self.simulator, self.make_env, self.on_step = simulator, make_env, on_step
-        self.sampler_calls: list[dict[str, int]] = []  # per client call: rows per role (for tests/metrics)
+        # one entry per client call: {"client": "policy"|"simulator", ACT: rows, REHEARSE: rows}
+        self.sampler_calls: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ episode set-up
     def start(self, records: Sequence[dict], uids: Sequence[str] | None = None) -> list[Episode]:
+        if uids is not None and len(uids) != len(records):
+            raise ValueError(f"uids has {len(uids)} entries for {len(records)} records")
         episodes = []
         for i, rec in enumerate(records):
+            if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list) or not rec["messages"]:
+                raise ValueError(f"records[{i}] needs a non-empty 'messages' list (system? + first user)")
             uid = str(uids[i] if uids is not None else rec.get("uid", i))
             msgs = [dict(m) for m in rec["messages"]]
             ep = Episode(episode_id=i, uid=uid, record=rec, messages=msgs,
-                         caller_ids=self.codec.caller_prompt(msgs, rec.get("tools", [])))
+                         caller_ids=list(self.codec.caller_prompt(msgs, rec.get("tools", []))))
             if self.cfg.mode == "real":
                 ep.env = self.make_env(rec)
-            checklist = rec.get("checklist") or []
-            if not checklist or not checklist[0] or not any(checklist[0]):
+            if not _has_checklist_items(rec.get("checklist")):
                 self._terminate(ep, "empty_checklist")
             else:
                 self._check_length(ep)
@@ -160,18 +227,30 @@ class RolloutEngine:
 
     def run(self, records: Sequence[dict], uids: Sequence[str] | None = None) -> list[Episode]:
         episodes = self.start(records, uids)
+        bar = None
+        if self.cfg.progress_bar:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.cfg.max_steps, desc=f"rollout[{self.cfg.mode}]", unit="step", leave=False)
         step = 0
-        while not all(e.done for e in episodes):
-            if step >= self.cfg.max_steps:
-                for e in episodes:
-                    if not e.done:
-                        self._terminate(e, "step_cap")
-                break
-            self.step(episodes, step)
-            step += 1
-            if self.on_step:
-                self.on_step(step, episodes)
-        self.policy.release([self._key(e) for e in episodes])
+        try:
+            while not all(e.done for e in episodes):
+                if step >= self.cfg.max_steps:
+                    for e in episodes:
+                        if not e.done:
+                            self._terminate(e, "step_cap")
+                    break
+                self.step(episodes, step)
+                step += 1
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(live=sum(not e.done for e in episodes))
+                if self.on_step:
+                    self.on_step(step, episodes)
+        finally:
+            if bar is not None:
+                bar.close()
+            self.policy.release([self._key(e) for e in episodes])
         for e in episodes:
             self._finalize(e)
         return episodes
@@ -179,18 +258,14 @@ class RolloutEngine:
     # ------------------------------------------------------------------ one micro-step
     def step(self, episodes: list[Episode], step: int) -> None:
         cfg = self.cfg
+        live_before = [e for e in episodes if not e.done]
         act_eps = [e for e in episodes if e.state == State.AWAIT_CALLER]
         sim_eps = [e for e in episodes if e.state == State.AWAIT_SIMULATOR]
         for e in act_eps + sim_eps:
             e.steps += 1
 
-        # Real tools answer immediately, no generation.
-        if cfg.mode == "real":
-            for e in sim_eps:
-                self._answer_real(e)
-            sim_eps = []
-
-        act_reqs = [GenRequest(e.caller_ids, ACT, cfg.act, self._seed(e, step, 0), self._key(e)) for e in act_eps]
+        act_reqs = [GenRequest(list(e.caller_ids), ACT, cfg.act, self._seed(e, step, 0), self._key(e), e.episode_id)
+                    for e in act_eps]
         sim_reqs, sim_slots = [], []
         for e in sim_eps:
             todo = range(len(e.pending_results), len(e.pending_calls))
@@ -198,37 +273,52 @@ class RolloutEngine:
                 todo = todo[:1]
             for j in todo:
                 call = e.pending_calls[j]
+                # messages[-1] is the current assistant turn: the simulator sees the history before it
+                # (no sibling results: they are appended only when the whole turn is answered).
                 prompt = self.codec.simulator_prompt(e.record, e.messages[:-1], e.last_caller_text, call)
-                sim_reqs.append(GenRequest(prompt, REHEARSE, cfg.rehearse, self._seed(e, step, 1 + j)))
+                sim_reqs.append(GenRequest(list(prompt), REHEARSE, cfg.rehearse, self._seed(e, step, 1 + j),
+                                           None, e.episode_id))
                 sim_slots.append(e)
 
-        shared = cfg.mode in ("rehearsal", "caller_frozen")
-        if shared:
-            outs = self._call(self.policy, act_reqs + sim_reqs)
+        if cfg.mode in ("rehearsal", "caller_frozen"):
+            outs = self._call(self.policy, "policy", act_reqs + sim_reqs)
             act_outs, sim_outs = outs[: len(act_reqs)], outs[len(act_reqs):]
         else:
-            act_outs = self._call(self.policy, act_reqs)
-            sim_outs = self._call(self.simulator, sim_reqs) if sim_reqs else []
+            act_outs = self._call(self.policy, "policy", act_reqs)
+            sim_outs = self._call(self.simulator, "simulator", sim_reqs)
 
         for e, req, out in zip(act_eps, act_reqs, act_outs):
             self._on_act(e, req, out)
+            if cfg.mode == "real" and e.state == State.AWAIT_SIMULATOR:
+                self._answer_real(e)
         for e, req, out in zip(sim_slots, sim_reqs, sim_outs):
-            self._on_rehearse(e, req, out)
+            if e.state == State.AWAIT_SIMULATOR:  # an earlier sibling's cache_full may have ended it
+                self._on_rehearse(e, req, out)
         for e in sim_eps:
-            if len(e.pending_results) == len(e.pending_calls) and e.state == State.AWAIT_SIMULATOR:
+            if e.state == State.AWAIT_SIMULATOR and len(e.pending_results) == len(e.pending_calls):
                 self._close_tool_turn(e)
 
         judging = [e for e in episodes if e.state == State.INTERACTING]
         if judging:
-            for e, verdict in zip(judging, self.judge(judging)):
+            verdicts = self.judge(judging)
+            if len(verdicts) != len(judging):
+                raise RuntimeError(f"judge returned {len(verdicts)} verdicts for {len(judging)} episodes")
+            for e, verdict in zip(judging, verdicts):
                 self._after_judge(e, verdict)
+
+        ended = [self._key(e) for e in live_before if e.done]
+        if ended:  # free their cached rows now rather than at the end of the batch
+            self.policy.release(ended)
 
     # ------------------------------------------------------------------ transitions
     def _on_act(self, e: Episode, req: GenRequest, out: GenOutput) -> None:
+        if out.finish_reason == "cache_full" and not out.ids:
+            self._terminate(e, "length_budget")
+            return
         text = self.codec.decode(out.ids)
         e.generations.append(Generation(ACT, list(req.prompt_ids), list(out.ids), list(out.logprobs), e.uid,
                                         e.episode_id, e.user_turns, out.finish_reason, text))
-        e.caller_ids = list(req.prompt_ids) + list(out.ids) + self.codec.close_assistant(list(out.ids))
+        e.caller_ids = list(req.prompt_ids) + list(out.ids) + list(self.codec.close_assistant(list(out.ids)))
         e.assistant_turns += 1
         e.last_caller_text = text
         calls, error = self.codec.parse_tool_calls(text, self.cfg.ignore_think_tool_calls)
@@ -241,7 +331,9 @@ class RolloutEngine:
                 for i, c in enumerate(calls)]
         e.messages.append(msg)
         if error is not None:
-            e.messages.append({"role": "tool", "name": "error_tool_call", "content": json.dumps(error)})
+            e.messages.append({"role": "tool", "name": "error_tool_call",
+                               "tool_call_id": f"call_{e.uid}_{e.assistant_turns}_error",
+                               "content": json.dumps(error, ensure_ascii=False)})
             self._terminate(e, "parse_error")
         elif calls:
             e.pending_calls = [(tc["id"], tc["function"]["name"], tc["function"]["arguments"])
@@ -252,6 +344,9 @@ class RolloutEngine:
             e.state = State.INTERACTING
 
     def _on_rehearse(self, e: Episode, req: GenRequest, out: GenOutput) -> None:
+        if out.finish_reason == "cache_full" and not out.ids:
+            self._terminate(e, "length_budget")
+            return
         text = self.codec.decode(out.ids)
         e.generations.append(Generation(REHEARSE, list(req.prompt_ids), list(out.ids), list(out.logprobs), e.uid,
                                         e.episode_id, e.user_turns, out.finish_reason, text))
@@ -260,14 +355,18 @@ class RolloutEngine:
 
     def _answer_real(self, e: Episode) -> None:
         for _, name, args in e.pending_calls[len(e.pending_results):]:
-            e.pending_results.append(e.env.execute(name, args).content)
+            res = e.env.execute(name, args)
+            if not isinstance(getattr(res, "content", None), str):
+                raise TypeError(f"episode {e.episode_id}: environment returned {type(res).__name__} for "
+                                f"{name!r}, expected a ToolResult with string content")
+            e.pending_results.append(res.content)
         self._close_tool_turn(e)
 
     def _close_tool_turn(self, e: Episode) -> None:
         tool_msgs = [{"role": "tool", "name": name, "tool_call_id": cid, "content": res}
                      for (cid, name, _), res in zip(e.pending_calls, e.pending_results)]
         e.messages.extend(tool_msgs)
-        e.caller_ids = e.caller_ids + self.codec.tool_block(tool_msgs)
+        e.caller_ids = e.caller_ids + list(self.codec.tool_block(tool_msgs))
         failed = any(_is_error_payload(m["content"]) for m in tool_msgs)
         e.pending_calls, e.pending_results = [], []
         if failed:
@@ -295,7 +394,7 @@ class RolloutEngine:
         else:
             nxt = dict(users[e.user_turns])
             e.messages.append(nxt)
-            e.caller_ids = e.caller_ids + self.codec.user_block(nxt)
+            e.caller_ids = e.caller_ids + list(self.codec.user_block(nxt))
             e.state = State.AWAIT_CALLER
             self._check_length(e)
 
@@ -306,23 +405,26 @@ class RolloutEngine:
     def _terminate(self, e: Episode, reason: str) -> None:
         e.state = State.TERMINATED
         e.termination = reason
+        e.pending_calls, e.pending_results = [], []
 
     def _finalize(self, e: Episode) -> None:
         checklist = e.record.get("checklist") or [[]]
         denom = max(1, len(checklist)) * max(1, len(checklist[0]))
         e.score = sum(e.turn_rewards) / denom
         for g in e.generations:
-            g.score = e.score
+            g.score = e.score - (self.cfg.empty_output_penalty if not g.text else 0.0)
 
     # ------------------------------------------------------------------ helpers
-    def _call(self, client: PolicyClient, reqs: list[GenRequest]) -> list[GenOutput]:
+    def _call(self, client: PolicyClient | None, name: str, reqs: list[GenRequest]) -> list[GenOutput]:
         if not reqs:
             return []
-        self.sampler_calls.append({ACT: sum(r.role == ACT for r in reqs),
+        if client is None:
+            raise RuntimeError(f"rollout.mode={self.cfg.mode!r}: no {name} client for {len(reqs)} requests")
+        self.sampler_calls.append({"client": name, ACT: sum(r.role == ACT for r in reqs),
                                    REHEARSE: sum(r.role == REHEARSE for r in reqs)})
         outs = client.generate(reqs)
         if len(outs) != len(reqs):
-            raise RuntimeError(f"policy client returned {len(outs)} outputs for {len(reqs)} requests")
+            raise RuntimeError(f"{name} client returned {len(outs)} outputs for {len(reqs)} requests")
         return outs
 
     def _key(self, e: Episode) -> str:

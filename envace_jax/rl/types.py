@@ -79,3 +79,22 @@ class Episode:
     @property
     def done(self) -> bool:
         return self.state == State.TERMINATED
+
+    def tool_calls(self) -> int:
+        """Tool calls the policy made (parsed calls of its assistant messages, error turns excluded)."""
+        return sum(len(m.get("tool_calls") or []) for m in self.messages if m.get("role") == "assistant")
+
+    def metrics(self) -> dict[str, Any]:
+        """Per-episode numbers for logs: why it ended, how far it got, what it cost per role."""
+        out: dict[str, Any] = {
+            "termination": self.termination, "score": self.score, "user_turns": self.user_turns,
+            "judged_turns": len(self.turn_rewards), "assistant_turns": self.assistant_turns,
+            "tool_calls": self.tool_calls(), "steps": self.steps,
+        }
+        for role in ROLES:
+            rows = [g for g in self.generations if g.role == role]
+            out[f"rows_{role}"] = len(rows)
+            out[f"tokens_{role}"] = sum(len(g.gen_ids) for g in rows)
+            # rows cut by max_new_tokens or the cache: their text may be incomplete
+            out[f"cut_{role}"] = sum(g.finish_reason != "stop" for g in rows)
+        return out

@@ -1,0 +1,123 @@
+"""Shared pieces for the rollout tests: a demo tokenizer trained on demo-task conversations, the real
+Qwen3ChatCodec, a scripted policy client, and texts that replay a task's reference conversation."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tempfile
+from typing import Callable, Sequence
+
+from envace_jax.rl.rollout import GenOutput, GenRequest
+from envace_jax.rl.types import ACT, REHEARSE
+
+
+@functools.lru_cache(maxsize=None)
+def demo_tasks(n: int = 16, seed: int = 3) -> tuple[dict, ...]:
+    from envace_jax.data.demo_tasks import generate_tasks
+
+    return tuple(generate_tasks(n, seed, "train"))
+
+
+def _corpus() -> list[str]:
+    from envace_jax.chat import Qwen3ChatCodec, render_chat_text  # noqa: F401
+
+    texts = []
+    for t in demo_tasks():
+        msgs = list(t["messages"][:1]) + list(t["reference_messages"])
+        texts.append(render_chat_text(msgs, t["tools"], enable_thinking=True))
+        texts.extend(act_texts(t))
+        texts.extend(rehearse_texts(t))
+    return texts * 2
+
+
+@functools.lru_cache(maxsize=None)
+def tokenizer_dir() -> str:
+    """Builds the demo tokenizer once per test process and returns its directory."""
+    from envace_jax.chat import build_demo_tokenizer
+
+    out = os.path.join(tempfile.mkdtemp(prefix="envace_rollout_tok_"), "tok")
+    build_demo_tokenizer(_corpus(), out, vocab_size=500)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def codec():
+    from envace_jax.chat import Qwen3ChatCodec, load_tokenizer
+
+    return Qwen3ChatCodec(load_tokenizer(tokenizer_dir()))
+
+
+def call_block(name: str, arguments: dict) -> str:
+    return "\n<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+
+
+def assistant_text(message: dict, think: str = "ok") -> str:
+    """The sampled text that parses back to ``message`` (content, then one block per call)."""
+    text = f"<think>\n{think}\n</think>\n\n" + (message.get("content") or "")
+    for c in message.get("tool_calls") or []:
+        text += call_block(c["function"]["name"], c["function"]["arguments"])
+    return text
+
+
+def result_text(content: str) -> str:
+    return "<think>\nsimulate\n</think>\n\n<execution_result>\n" + content + "\n</execution_result>"
+
+
+def act_texts(record: dict) -> list[str]:
+    return [assistant_text(m) for m in record["reference_messages"] if m["role"] == "assistant"]
+
+
+def rehearse_texts(record: dict) -> list[str]:
+    return [result_text(m["content"]) for m in record["reference_messages"] if m["role"] == "tool"]
+
+
+class ScriptedClient:
+    """A policy client that returns given texts, encoded with the real tokenizer plus ``<|im_end|>``.
+
+    ``script(request, n)`` returns the text for the n-th request of that (episode, role); a default
+    script plays each episode's ``acts[episode]`` / ``rehearsals[episode]`` lists in order.
+    """
+
+    def __init__(self, codec, script: Callable[[GenRequest, int], str] | None = None, *,
+                 acts: dict[int, Sequence[str]] | None = None, rehearsals: dict[int, Sequence[str]] | None = None,
+                 logprob: float = -0.25):
+        self.codec = codec
+        self.tok = codec.renderer.tokenizer
+        self.im_end = codec.renderer.im_end_id
+        self.acts, self.rehearsals = acts or {}, rehearsals or {}
+        self.script = script or self._default
+        self.logprob = logprob
+        self.counts: dict[tuple[int, str], int] = {}
+        self.requests: list[list[GenRequest]] = []
+        self.released: list[str] = []
+
+    def _default(self, req: GenRequest, n: int) -> str:
+        texts = (self.acts if req.role == ACT else self.rehearsals)[req.episode]
+        return texts[n]
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False)) + [self.im_end]
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenOutput]:
+        self.requests.append(list(requests))
+        outs = []
+        for r in requests:
+            n = self.counts.get((r.episode, r.role), 0)
+            self.counts[(r.episode, r.role)] = n + 1
+            text = self.script(r, n)
+            if text is None:  # the script's way to say "the context did not fit"
+                outs.append(GenOutput([], [], "cache_full"))
+                continue
+            ids = self.encode(text)[: r.sampling.max_new_tokens]
+            reason = "stop" if ids and ids[-1] == self.im_end else "length"
+            outs.append(GenOutput(ids, [self.logprob] * len(ids), reason))
+        return outs
+
+    def release(self, cache_keys: Sequence[str]) -> None:
+        self.released.extend(cache_keys)
+
+
+def rows_per_call(requests: Sequence[Sequence[GenRequest]]) -> list[tuple[int, int]]:
+    return [(sum(r.role == ACT for r in c), sum(r.role == REHEARSE for r in c)) for c in requests]
