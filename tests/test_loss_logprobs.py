@@ -14,12 +14,12 @@ from envace_jax.rl.loss import (chunked_token_logprobs, model_token_logprobs, to
 
 @pytest.mark.parametrize("chunk,layout", [(3, "dv"), (4, "vd"), (64, "dv")])
 def test_chunked_equals_full_values_and_gradients(chunk, layout):
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+    rng = np.random.default_rng(0)
     B, T, D, V = 2, 10, 8, 37  # T=10 is not a multiple of 3 or 4: the padded tail must be dropped
-    h = jax.random.normal(k1, (B, T, D))
-    w = jax.random.normal(k2, (D, V) if layout == "dv" else (V, D))
-    y = jax.random.randint(k3, (B, T), 0, V)
-    cot = jax.random.normal(k1, (B, T))
+    h = jnp.asarray(rng.standard_normal((B, T, D)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((D, V) if layout == "dv" else (V, D)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
+    cot = jnp.asarray(rng.standard_normal((B, T)), jnp.float32)
 
     @jax.jit
     def both(h, w):
@@ -47,7 +47,7 @@ def test_model_token_logprobs_chunked_matches_full_logits(tie):
     cfg = qwen3.Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=2,
                             num_kv_heads=1, head_dim=16, tie_word_embeddings=tie)
     model = qwen3.init_model(cfg, seed=1)
-    ids = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 0, 96)
+    ids = jnp.asarray(np.random.default_rng(2).integers(0, 96, (2, 9)), jnp.int32)
     tgt = jnp.roll(ids, -1, axis=1)
     seg = jnp.array([[1] * 9, [1] * 6 + [0] * 3], jnp.int32)
 

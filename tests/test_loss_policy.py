@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -12,28 +13,37 @@ import pytest
 from envace_jax.rl.loss import (AGG_MODES, add_pairs, kl_penalty, policy_loss, reduce_pairs, role_unit_counts,
                                 token_entropy, token_logprobs)
 
-B, T, V = 5, 6, 13
+B, T, V = 6, 6, 13
 # Tests call the loss through jit, as the trainer does; eager op-by-op differentiation is needlessly slow.
 _STATIC = ("clip_low", "clip_high", "dual_clip", "log_ratio_clamp", "kl_coef", "kl_type", "entropy_coef", "agg",
            "role_balanced", "num_roles")
 jit_policy_loss = jax.jit(policy_loss, static_argnames=_STATIC)
 
 
-def _batch(seed=0):
-    k1, k2, k3, k4, k5 = jax.random.split(jax.random.PRNGKey(seed), 5)
-    logits = 2.0 * jax.random.normal(k1, (B, T, V))
-    targets = jax.random.randint(k2, (B, T), 0, V)
-    adv = jax.random.normal(k3, (B,))
+def _np_logprobs(logits, targets):
+    z = logits - logits.max(-1, keepdims=True)
+    lp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return np.take_along_axis(lp, targets[..., None], -1)[..., 0]
+
+
+@functools.lru_cache(maxsize=None)
+def _batch():
+    # numpy draws: jax.random would cost a compile per test file for no benefit.
+    rng = np.random.default_rng(0)
+    logits = (2.0 * rng.standard_normal((B, T, V))).astype(np.float32)
+    targets = rng.integers(0, V, (B, T)).astype(np.int32)
+    adv = rng.standard_normal(B).astype(np.float32)
+    old = _np_logprobs(logits + 0.3 * rng.standard_normal(logits.shape), targets).astype(np.float32)
+    ref = _np_logprobs(logits + 0.3 * rng.standard_normal(logits.shape), targets).astype(np.float32)
     # Prompt (leading zeros), response tokens with fractional weights, padding; row 3 has no response at all.
     w = np.zeros((B, T), np.float32)
     w[0, 2:6] = 1
     w[1, 1:3] = 1
     w[2, 3:6] = [1, 0.5, 1]
     w[4, 0:5] = 1
-    roles = jnp.array([0, 1, 0, 1, 1])
-    old = token_logprobs(logits + 0.3 * jax.random.normal(k4, logits.shape), targets)
-    ref = token_logprobs(logits + 0.3 * jax.random.normal(k5, logits.shape), targets)
-    return logits, targets, adv, jnp.asarray(w), roles, old, ref
+    w[5, 4:6] = 1
+    roles = jnp.array([0, 1, 0, 1, 1, 0])
+    return tuple(jnp.asarray(x) for x in (logits, targets, adv, w, roles, old, ref))
 
 
 def _loss(logits, targets, old, adv, w, **kw):
@@ -87,16 +97,17 @@ def test_kl_estimators_hand_values_and_zero_for_identical_policies():
     np.testing.assert_allclose(kl_penalty(lp, ref, "k3"), [[math.exp(-1) + 1 - 1, 0.0]], atol=1e-7)
     # k3 is clamped at 10 (exp(15) - 15 - 1 would be ~3.3e6).
     assert float(kl_penalty(jnp.array([[-20.0]]), jnp.array([[-5.0]]), "k3")[0, 0]) == 10.0
-    logits, targets, adv, w, roles, old, _ = _batch(1)
+    logits, targets, adv, w, roles, old, _ = _batch()
     lp = token_logprobs(logits, targets)
     for kind in ("k1", "k2", "k3"):
-        out = reduce_pairs(jit_policy_loss(lp, old, adv, w, ref_logp=lp, kl_coef=0.5, kl_type=kind))
-        assert float(out["kl"]) == 0.0
-        assert float(out["loss"]) == pytest.approx(float(out["pg_loss"]), abs=1e-7)
+        assert float(jnp.abs(kl_penalty(lp, lp, kind)).max()) == 0.0
+    out = reduce_pairs(jit_policy_loss(lp, old, adv, w, ref_logp=lp, kl_coef=0.5, kl_type="k3"))
+    assert float(out["kl"]) == 0.0
+    assert float(out["loss"]) == pytest.approx(float(out["pg_loss"]), abs=1e-7)
 
 
 def test_kl_and_entropy_terms_enter_the_loss():
-    logits, targets, adv, w, roles, old, ref = _batch(2)
+    logits, targets, adv, w, roles, old, ref = _batch()
     lp, ent = token_logprobs(logits, targets), token_entropy(logits)
     for agg in AGG_MODES:
         m = reduce_pairs(jit_policy_loss(lp, old, adv, w, ref_logp=ref, kl_coef=0.1, kl_type="k2", entropy=ent,
@@ -110,7 +121,7 @@ def test_kl_and_entropy_terms_enter_the_loss():
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_on_policy_gradient_is_reinforce(agg):
     """old_logp == logp (one step per batch): ratio 1, no clipping, and the gradient is the REINFORCE one."""
-    logits, targets, adv, w, _, _, _ = _batch(3)
+    logits, targets, adv, w, _, _, _ = _batch()
     old = jax.lax.stop_gradient(token_logprobs(logits, targets))
     loss, out = _loss(logits, targets, old, adv, w, agg=agg)
     m = reduce_pairs(out)
@@ -134,7 +145,7 @@ def test_on_policy_gradient_is_reinforce(agg):
 
 
 def test_zero_weight_tokens_get_exactly_zero_gradient():
-    logits, targets, adv, w, roles, old, ref = _batch(4)
+    logits, targets, adv, w, roles, old, ref = _batch()
     # Junk constants where the weight is 0 (sampler padding can hold -inf or NaN) must not leak.
     junk = jnp.where(w > 0, old, jnp.nan).at[0, 0].set(-jnp.inf)
     ref_junk = jnp.where(w > 0, ref, -jnp.inf)
@@ -150,42 +161,58 @@ def test_zero_weight_tokens_get_exactly_zero_gradient():
         assert (np.abs(g[~masked]).sum(-1) > 0).all()
 
 
-@pytest.mark.parametrize("agg", AGG_MODES)
-@pytest.mark.parametrize("balanced", [False, True])
-def test_micro_batches_accumulate_to_the_big_batch(agg, balanced):
-    logits, targets, adv, w, roles, old, ref = _batch(5)
-    ent = token_entropy(logits)
-    counts = role_unit_counts(w, roles, agg) if balanced else None
+_CONFIGS = [(agg, bal) for agg in AGG_MODES for bal in (False, True)]
 
-    @jax.jit
-    def part(lg, tg, old, adv, w, ref, ent, roles, counts):
-        """Metric pairs of one micro-batch and the gradient of its loss sum w.r.t. its logits."""
-        def loss_sum(lg):
+
+@jax.jit
+def _micro_batch_all_configs(lg, tg, old, adv, w, ref, ent, roles, counts):
+    """For every (agg, role_balanced): metric pairs of one micro-batch and grad of its loss sum w.r.t. lg.
+
+    One program for all configurations keeps this test to two compilations (full batch, micro-batch).
+    counts: ``[len(_CONFIGS), 2]`` role unit counts of the whole batch, or NaN to count this call's rows.
+    """
+    res = []
+    for c, (agg, bal) in enumerate(_CONFIGS):
+        rc = jnp.where(jnp.isnan(counts[c]), role_unit_counts(w, roles, agg), counts[c]) if bal else None
+
+        def loss_sum(lg, agg=agg, bal=bal, rc=rc):
             out = policy_loss(token_logprobs(lg, tg), old, adv, w, agg=agg, ref_logp=ref, kl_coef=0.2, entropy=ent,
-                              entropy_coef=0.05, role_balanced=balanced, role_ids=roles, role_counts=counts)
+                              entropy_coef=0.05, role_balanced=bal, role_ids=roles, role_counts=rc)
             return out["loss"][0], out
         (_, out), g = jax.value_and_grad(loss_sum, has_aux=True)(lg)
-        return out, g
+        res.append((out, g))
+    return res
+
+
+def test_micro_batches_accumulate_to_the_big_batch():
+    logits, targets, adv, w, roles, old, ref = _batch()
+    ent = token_entropy(logits)
+    counts = jnp.stack([role_unit_counts(w, roles, agg) for agg, _ in _CONFIGS])
 
     def run(sl, counts):
-        return part(logits[sl], targets[sl], old[sl], adv[sl], w[sl], ref[sl], ent[sl], roles[sl], counts)
+        return _micro_batch_all_configs(logits[sl], targets[sl], old[sl], adv[sl], w[sl], ref[sl], ent[sl],
+                                        roles[sl], counts)
 
-    full, g_full_sum = run(slice(None), None)
-    parts = [run(sl, counts) for sl in (slice(0, 2), slice(2, 3), slice(3, 5))]
-    acc = parts[0][0]
-    for p, _ in parts[1:]:
-        acc = add_pairs(acc, p)
-    for k in full:
-        np.testing.assert_allclose(float(acc[k][0]), float(full[k][0]), rtol=1e-5, atol=1e-6, err_msg=k)
-        np.testing.assert_allclose(float(acc[k][1]), float(full[k][1]), rtol=1e-6, err_msg=k)
-    assert float(reduce_pairs([p for p, _ in parts])["loss"]) == pytest.approx(
-        float(reduce_pairs(full)["loss"]), rel=1e-5, abs=1e-6)
-    # Gradient: per-micro-batch gradients of the sums, divided once by the total count.
-    total = float(acc["loss"][1])
-    g_acc = jnp.concatenate([g for _, g in parts]) / total
-    np.testing.assert_allclose(np.asarray(g_acc), np.asarray(g_full_sum) / float(full["loss"][1]),
-                               rtol=1e-5, atol=1e-7)
-    assert float(jnp.abs(g_acc).max()) > 1e-4
+    full_all = run(slice(None), jnp.full(counts.shape, jnp.nan))
+    parts_all = [run(sl, counts) for sl in (slice(0, 2), slice(2, 4), slice(4, 6))]
+    for c, cfg in enumerate(_CONFIGS):
+        full, g_full_sum = full_all[c]
+        parts = [p[c] for p in parts_all]
+        acc = parts[0][0]
+        for p, _ in parts[1:]:
+            acc = add_pairs(acc, p)
+        for k in full:
+            np.testing.assert_allclose(float(acc[k][0]), float(full[k][0]), rtol=1e-5, atol=1e-6, err_msg=f"{cfg} {k}")
+            np.testing.assert_allclose(float(acc[k][1]), float(full[k][1]), rtol=1e-6, err_msg=f"{cfg} {k}")
+        assert float(reduce_pairs([p for p, _ in parts])["loss"]) == pytest.approx(
+            float(reduce_pairs(full)["loss"]), rel=1e-5, abs=1e-6), cfg
+        # Gradient: per-micro-batch gradients of the sums, divided once by the total count.
+        g_acc = jnp.concatenate([g for _, g in parts]) / float(acc["loss"][1])
+        np.testing.assert_allclose(np.asarray(g_acc), np.asarray(g_full_sum) / float(full["loss"][1]),
+                                   rtol=1e-5, atol=1e-7, err_msg=str(cfg))
+        assert float(jnp.abs(g_acc).max()) > 1e-4, cfg
+    # Role balancing must actually change the loss here, or the balanced cases above prove nothing.
+    assert abs(float(reduce_pairs(full_all[0][0])["loss"]) - float(reduce_pairs(full_all[1][0])["loss"])) > 1e-3
 
 
 def test_aggregation_hand_case():
@@ -220,7 +247,7 @@ def test_role_balanced_hand_case():
 
 def test_token_logprobs_and_entropy_match_torch():
     import torch
-    logits, targets, *_ = _batch(6)
+    logits, targets, *_ = _batch()
     for temp in (1.0, 0.6):
         lt = torch.tensor(np.asarray(logits)) / temp
         want = torch.log_softmax(lt, -1).gather(-1, torch.tensor(np.asarray(targets)).long()[..., None])[..., 0]
