@@ -1,0 +1,230 @@
+"""tau2-bench evaluation (airline, retail, telecom) with tau2's own offline evaluator.
+
+``policy=oracle``: each task's golden actions run for real and a closing reply states the
+``communicate_info`` strings (``envs.tau2.golden_messages``); tau2's ``evaluate_simulation`` scores it.
+
+``policy=model``: our policy is the agent (system prompt = the domain policy, tools = the domain's
+agent tools, every call executed in ``Tau2Env``). The user is either
+
+* ``user="model"``: a local model through our sampler, prompted with tau2's own user-simulator system
+  prompt (tau2's guidelines + the task's scenario, built by ``tau2.user.user_simulator.UserSimulator``);
+  it sees the dialogue with roles flipped, and ends it by writing one of tau2's stop tokens; or
+* ``user="scripted"`` (CI): one opening message made of the scenario's reason for call and known info;
+  the first tool-free reply of the agent ends the dialogue (``user_stop``). It cannot answer follow-up
+  questions, so it understates what a model could do; it exists to run the agent side offline.
+
+Telecom users act on their own phone through user-side tools; neither user kind here calls them, so
+telecom tasks that need user actions fail honestly. Termination follows tau2: a user stop token ends
+the run as ``user_stop``; the step cap as ``max_steps`` (which tau2 scores 0).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Sequence
+
+from envace_jax.chat.tool_parser import strip_think
+from envace_jax.envs import tau2 as T
+from envace_jax.eval.harness import LENGTH_BUDGET, Agent, AgentTurn, Conversation, number_calls, parse_turn
+from envace_jax.eval.results import CategoryResult, EntryResult
+
+GREETING = "Hi! How can I help you today?"   # tau2's orchestrator opens with the agent's greeting too
+USERS = ("scripted", "model")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tau2Config:
+    domains: tuple[str, ...] = T.DOMAINS
+    split: str = "test"
+    limit: int = 0                      # tasks per domain (0 = all)
+    user: str = "scripted"
+    max_steps: int = 30                 # agent + user messages before the run is cut (tau2: max_steps)
+    batch_size: int = 8
+
+    def __post_init__(self):
+        for d in self.domains:
+            if d not in T.DOMAINS:
+                raise ValueError(f"config.tau2.domains: unknown domain {d!r}; expected some of {T.DOMAINS}")
+        if self.user not in USERS:
+            raise ValueError(f"config.tau2.user={self.user!r}; choose one of {USERS}")
+        if self.split not in ("train", "test", "base"):
+            raise ValueError(f"config.tau2.split={self.split!r}; choose train, test or base")
+        for name in ("max_steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"config.tau2.{name} must be >= 1")
+        if self.limit < 0:
+            raise ValueError("config.tau2.limit must be >= 0")
+
+
+def _stop_tokens() -> tuple[str, ...]:
+    from tau2.user.base import OUT_OF_SCOPE, STOP, TRANSFER
+    return (STOP, TRANSFER, OUT_OF_SCOPE)
+
+
+def user_system_prompt(task: Any) -> str:
+    """tau2's own user-simulator system prompt for ``task`` (its guidelines plus the scenario)."""
+    from tau2.user.user_simulator import UserSimulator
+    return UserSimulator(instructions=task.user_scenario.instructions, llm=None).system_prompt
+
+
+def scripted_opening(task: Any) -> str:
+    ins = task.user_scenario.instructions
+    if isinstance(ins, str):
+        return ins
+    parts = [getattr(ins, "reason_for_call", None), getattr(ins, "known_info", None)]
+    return "\n".join(p.strip() for p in parts if p and p.strip()) or "I need help."
+
+
+# ----------------------------------------------------------------------------- oracle
+
+def evaluate_oracle(domain: str, tasks: Sequence[Any]) -> CategoryResult:
+    env = T.Tau2Env(domain)
+    rows = []
+    for task in tasks:
+        msgs = T.golden_messages(domain, task, env=env)
+        res = T.evaluate(domain, task, msgs)
+        rows.append(_row(task, res, {"calls": sum(len(m.get("tool_calls") or []) for m in msgs
+                                                  if m["role"] == "assistant")}))
+    return CategoryResult(domain, rows, _means(rows))
+
+
+def _row(task: Any, res: dict[str, Any], detail: dict[str, Any]) -> EntryResult:
+    reward = float(res["reward"])
+    info = res.get("reward_info") or {}
+    detail = dict(detail, reward=reward, reward_breakdown=info.get("reward_breakdown"))
+    return EntryResult(str(task.id), reward >= 1.0 - 1e-9, None if reward >= 1.0 - 1e-9 else "reward_below_1", detail)
+
+
+def _means(rows: Sequence[EntryResult]) -> dict[str, Any]:
+    n = max(1, len(rows))
+    return {"reward_mean": sum(r.detail.get("reward", 0.0) for r in rows) / n,
+            "calls_mean": sum(r.detail.get("calls", 0) for r in rows) / n}
+
+
+# ----------------------------------------------------------------------------- live episodes
+
+@dataclasses.dataclass
+class _Episode:
+    task: Any
+    env: T.Tau2Env
+    agent: Conversation                 # the agent's view (our messages, graded by tau2)
+    user: Conversation                  # the user's view (roles flipped)
+    phase: str = "user"
+    steps: int = 0
+    calls: int = 0
+    done: bool = False
+    termination: str = ""
+
+
+def _start(domain: str, task: Any, k: int) -> _Episode:
+    env = T.Tau2Env(domain, task)
+    agent = Conversation(key=f"tau2/{domain}/{task.id}/agent/{k}",
+                         messages=[{"role": "system", "content": env.policy},
+                                   {"role": "assistant", "content": GREETING}], tools=env.tool_schemas)
+    user = Conversation(key=f"tau2/{domain}/{task.id}/user/{k}",
+                        messages=[{"role": "system", "content": user_system_prompt(task)},
+                                  {"role": "user", "content": GREETING}], tools=[])
+    return _Episode(task, env, agent, user)
+
+
+def _on_agent(ep: _Episode, out: AgentTurn) -> None:
+    ep.steps += 1
+    if out.finish_reason == LENGTH_BUDGET:
+        ep.done, ep.termination = True, "max_steps"
+        return
+    msg, calls, error = parse_turn(out.text)
+    number_calls(msg, f"call_{ep.steps}")
+    ep.agent.messages.append(msg)
+    if calls and error is None:
+        for (name, args), tc in zip(calls, msg["tool_calls"]):
+            res = ep.env.execute(name, copy.deepcopy(args))   # the env must not alias our record
+            ep.agent.messages.append({"role": "tool", "name": name, "tool_call_id": tc["id"],
+                                      "content": res.content, "error": res.error})
+        ep.calls += len(calls)
+        return
+    # A reply (or an unparsable call, which tau2 would also show the user as text) goes to the user.
+    ep.user.messages.append({"role": "user", "content": strip_think(msg["content"]).strip()})
+    ep.phase = "user"
+
+
+def _on_user(ep: _Episode, text: str) -> None:
+    ep.steps += 1
+    text = strip_think(text).strip()
+    if any(s in text for s in _stop_tokens()):
+        ep.done, ep.termination = True, "user_stop"
+        return
+    ep.agent.messages.append({"role": "user", "content": text})
+    ep.user.messages.append({"role": "assistant", "content": text})
+    ep.phase = "agent"
+
+
+def _scripted_user(ep: _Episode) -> str:
+    from tau2.user.base import STOP
+    if len(ep.user.messages) <= 2:   # nothing said yet beyond the greeting
+        return scripted_opening(ep.task)
+    return STOP
+
+
+def play(domain: str, tasks: Sequence[Any], agent: Agent, cfg: Tau2Config,
+         user_agent: Agent | None = None) -> list[_Episode]:
+    if cfg.user == "model" and user_agent is None:
+        raise ValueError("config.tau2.user='model' needs a user model (config.tau2.user_model_path or the policy)")
+    out: list[_Episode] = []
+    for lo in range(0, len(tasks), cfg.batch_size):
+        group = [_start(domain, t, lo + i) for i, t in enumerate(tasks[lo: lo + cfg.batch_size])]
+        while True:
+            for ep in group:
+                if not ep.done and ep.steps >= cfg.max_steps:
+                    ep.done, ep.termination = True, "max_steps"
+            live = [ep for ep in group if not ep.done]
+            if not live:
+                break
+            acting = [ep for ep in live if ep.phase == "agent"]
+            talking = [ep for ep in live if ep.phase == "user"]
+            if acting:
+                for ep, o in zip(acting, agent.act([ep.agent for ep in acting])):
+                    _on_agent(ep, o)
+            if talking:
+                if cfg.user == "scripted":
+                    texts = [_scripted_user(ep) for ep in talking]
+                else:
+                    outs = user_agent.act([ep.user for ep in talking])
+                    texts = [o.text if o.finish_reason != LENGTH_BUDGET else _stop_tokens()[0] for o in outs]
+                for ep, text in zip(talking, texts):
+                    _on_user(ep, text)
+            ended = [ep for ep in live if ep.done]
+            if ended:
+                agent.release([ep.agent.key for ep in ended])
+                if user_agent is not None:
+                    user_agent.release([ep.user.key for ep in ended])
+        out.extend(group)
+    return out
+
+
+def evaluate_model(domain: str, tasks: Sequence[Any], agent: Agent, cfg: Tau2Config,
+                   user_agent: Agent | None = None) -> CategoryResult:
+    rows = []
+    for ep in play(domain, tasks, agent, cfg, user_agent):
+        detail = {"termination": ep.termination, "steps": ep.steps, "calls": ep.calls}
+        try:
+            res = T.evaluate(domain, ep.task, ep.agent.messages, termination=ep.termination)
+        except Exception as e:  # tau2 rejects trajectories it cannot replay; that is a failed run, not a crash
+            rows.append(EntryResult(str(ep.task.id), False, "evaluation_error",
+                                    dict(detail, reward=0.0, error=f"{type(e).__name__}: {e}"[:500])))
+            continue
+        rows.append(_row(ep.task, res, detail))
+    return CategoryResult(domain, rows, _means(rows))
+
+
+def evaluate(agent: Agent | str, cfg: Tau2Config, user_agent: Agent | None = None) -> list[CategoryResult]:
+    out = []
+    for domain in cfg.domains:
+        tasks = T.load_tasks(domain, cfg.split)
+        if cfg.limit:
+            tasks = tasks[: cfg.limit]
+        if agent == "oracle":
+            out.append(evaluate_oracle(domain, tasks))
+        else:
+            out.append(evaluate_model(domain, tasks, agent, cfg, user_agent))
+    return out
