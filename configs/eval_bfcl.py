@@ -1,0 +1,26 @@
+"""BFCL-v4: the four multi-turn categories (executable envs, BFCL's multi-turn checker) and the
+python single-turn AST categories (BFCL's ast_checker).
+
+    python launch/eval.py --config=configs/eval_bfcl.py --config.output_dir=/tmp/bfcl_oracle
+    python launch/eval.py --config=configs/eval_bfcl.py --config.policy=model \
+        --config.model.model_path=/ckpt/qwen3-8b --config.output_dir=/tmp/bfcl_qwen3
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from eval_common import base_eval_config  # noqa: E402
+
+
+def get_config():
+    c = base_eval_config("bfcl")
+    c.bfcl = dict(
+        categories=("multi_turn_base,multi_turn_miss_func,multi_turn_miss_param,multi_turn_long_context,"
+                    "simple_python,multiple,parallel,parallel_multiple,live_simple,live_multiple,"
+                    "live_parallel,live_parallel_multiple"),
+        limit=0,                     # entries per category (0 = all)
+        max_steps_per_turn=20,       # BFCL's MAXIMUM_STEP_LIMIT
+        batch_size=16,               # conversations per sampler batch
+    )
+    return c

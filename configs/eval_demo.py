@@ -1,0 +1,19 @@
+"""Demo task suite in the real demo worlds: success (every checklist item passed) and checklist score.
+
+    python launch/eval.py --config=configs/eval_demo.py --config.policy=model \
+        --config.model.model_path=runs/demo/export --config.rehearsal.n=2
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from eval_common import base_eval_config  # noqa: E402
+
+
+def get_config():
+    c = base_eval_config("demo")
+    c.demo = dict(num_tasks=40, seed=0, split="test", max_steps=24, max_assistant_turns=8, max_user_turns=4)
+    c.sampling.max_new_tokens = 256
+    c.max_model_len = 4096
+    return c

@@ -1,0 +1,51 @@
+"""Train EnvACE from an ml-collections config file.
+
+    python launch/train.py --config=configs/demo_cpu.py --config.run_dir=/tmp/demo
+    python launch/train.py --config=configs/envace_qwen3_8b.py --config.model.hf_path=... --config.data.path=...
+
+Multi-process (one machine or many): every process runs the same command plus
+``--coordinator=host:port --num_processes=N --process_id=i`` (or the JAX_COORDINATOR_ADDRESS /
+JAX_NUM_PROCESSES / JAX_PROCESS_ID environment variables). A rerun of the same command resumes from
+the newest good checkpoint in ``<run_dir>/checkpoints``; SIGTERM saves a checkpoint and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file", lock_config=True)
+_COORD = flags.DEFINE_string("coordinator", None, "host:port of process 0 (multi-process runs)")
+_NPROC = flags.DEFINE_integer("num_processes", None, "number of JAX processes")
+_PID = flags.DEFINE_integer("process_id", None, "this process's index")
+_DUMP = flags.DEFINE_string("dump_params", None, "write the final parameters to this .npz (tests, debugging)")
+
+
+def main(argv):
+    del argv
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax logs every file it writes at INFO
+    import train_lib
+    from envace_jax.config import ConfigError, load_config
+
+    if _CONFIG.value is None:
+        raise app.UsageError("--config=configs/<name>.py is required")
+    try:
+        cfg = load_config(_CONFIG.value)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    train_lib.init_distributed(_COORD.value, _NPROC.value, _PID.value)
+    summary = train_lib.train(cfg, dump_params=_DUMP.value)
+    print(f"done: {summary}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
