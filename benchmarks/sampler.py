@@ -1,0 +1,151 @@
+"""Sampler throughput against transformers ``generate`` on the 40M Qwen3 (random weights), CPU.
+
+Measures, alternating ours and HF in one run so both see the same machine load:
+  - tokens/s at batch 8 and 32, prompt 128, 128 new tokens (no early stop), greedy and
+    T=1.0 / top-p 0.95; the ratio to HF; the fraction of the float32 matmul peak (2048^2 matmul);
+  - an 8-turn episode (64 generated + 48 appended tokens per turn): ``continue_`` versus
+    re-prefilling the whole conversation every turn.
+
+Usage: ``python benchmarks/sampler.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from envace_jax.models import hf_io  # noqa: E402
+from envace_jax.sampling import Sampler, SamplingParams  # noqa: E402
+
+CFG = dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+           num_key_value_heads=4, head_dim=64, tie_word_embeddings=True, max_position_embeddings=4096,
+           rope_theta=1_000_000.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+PROMPT, NEW = 128, 128
+
+
+def build(tmp: str):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    hf = Qwen3ForCausalLM(Qwen3Config(**CFG)).eval()
+    hf.save_pretrained(tmp)
+    hf.generation_config.eos_token_id = None
+    return hf, hf_io.load_hf(tmp)
+
+
+def matmul_peak_gflops(reps: int = 10) -> float:
+    a = jnp.asarray(np.random.RandomState(0).randn(2048, 2048).astype(np.float32))
+    f = jax.jit(lambda x, y: x @ y)
+    f(a, a).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        f(a, a).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2 * 2048**3 / best / 1e9
+
+
+def flops_per_token(ctx: float) -> float:
+    d, f, L, n, k, h, v = 512, 1536, 8, 8, 4, 64, 32000
+    per_layer = 2 * (d * n * h * 2 + d * k * h * 2 + 3 * d * f) + 4 * n * h * ctx
+    return L * per_layer + 2 * d * v
+
+
+def time_ours(sampler, prompts, params) -> float:
+    t = time.perf_counter()
+    out = sampler.generate(prompts, params)
+    dt = time.perf_counter() - t
+    assert all(n == NEW for n in out.lengths), out.finish_reasons
+    return dt
+
+
+def time_hf(hf, prompts, sample: bool) -> float:
+    ids = torch.tensor(prompts)
+    kw = dict(do_sample=True, temperature=1.0, top_p=0.95, top_k=0) if sample else dict(do_sample=False)
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW,
+                          pad_token_id=0, **kw)
+    dt = time.perf_counter() - t
+    assert out.shape[1] == PROMPT + NEW
+    return dt
+
+
+def episode(sampler, prompts, turns: int, gen: int, app: int, continuation: bool, seed: int) -> float:
+    rng = np.random.RandomState(seed)
+    p = SamplingParams(temperature=0.0, max_new_tokens=gen)
+    convo = [list(x) for x in prompts]
+    t = time.perf_counter()
+    out = sampler.generate(convo, p, return_state=continuation)
+    for turn in range(1, turns):
+        appended = [rng.randint(3, 32000, app).tolist() for _ in prompts]
+        for b in range(len(convo)):
+            convo[b] += out.tokens[b] + appended[b]
+        if continuation:
+            out = sampler.continue_(out.state, appended, p, return_state=True)
+        else:
+            out = sampler.generate(convo, p)
+        assert all(n == gen for n in out.lengths), out.finish_reasons
+    return time.perf_counter() - t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="one repetition, batch 8 and 32 greedy, 4 turns")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    reps = 1 if args.quick else 3
+    with tempfile.TemporaryDirectory() as tmp:
+        hf, model = build(tmp)
+    sampler = Sampler(model)
+    rng = np.random.RandomState(0)
+    peak = matmul_peak_gflops()
+    print(f"float32 matmul peak (2048^2, jnp): {peak:.1f} GFLOP/s")
+    modes = [("greedy", False)] if args.quick else [("greedy", False), ("top_p", True)]
+    results = {}
+    for batch in (8, 32):
+        prompts = [rng.randint(3, 32000, PROMPT).tolist() for _ in range(batch)]
+        for name, sample in modes:
+            params = (SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=NEW, seed=1) if sample
+                      else SamplingParams(temperature=0.0, max_new_tokens=NEW))
+            time_ours(sampler, prompts, params)  # compile
+            ours, theirs = [], []
+            for _ in range(reps):
+                ours.append(time_ours(sampler, prompts, params))
+                theirs.append(time_hf(hf, prompts, sample))
+            o, h = min(ours), min(theirs)
+            tps_o, tps_h = batch * NEW / o, batch * NEW / h
+            frac = batch * NEW * flops_per_token(PROMPT + NEW / 2) / o / 1e9 / peak
+            results[(batch, name)] = tps_o
+            print(f"batch {batch:2d} {name:6s}: ours {tps_o:8.1f} tok/s  HF {tps_h:8.1f} tok/s  "
+                  f"ratio {tps_o / tps_h:5.2f}x  ({100 * frac:4.1f}% of matmul peak)")
+    for batch in (8, 32):
+        if (batch, "top_p") in results:
+            print(f"batch {batch:2d} top-p / greedy throughput: "
+                  f"{results[(batch, 'top_p')] / results[(batch, 'greedy')]:.2f}")
+
+    turns = 4 if args.quick else 8
+    eb = 8
+    prompts = [rng.randint(3, 32000, PROMPT).tolist() for _ in range(eb)]
+    ep = Sampler(model, cache_size=PROMPT + turns * (64 + 48))
+    episode(ep, prompts, turns, 64, 48, True, 1)  # compile
+    episode(ep, prompts, turns, 64, 48, False, 1)
+    cont = min(episode(ep, prompts, turns, 64, 48, True, 2 + r) for r in range(reps))
+    full = min(episode(ep, prompts, turns, 64, 48, False, 2 + r) for r in range(reps))
+    print(f"{turns}-turn episode, batch {eb}: continuation {cont:.2f}s  re-prefill {full:.2f}s  "
+          f"speed-up {full / cont:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
