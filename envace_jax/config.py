@@ -244,6 +244,12 @@ def _build(cls: type, value: Any, where: str) -> Any:
     if unknown:
         raise ConfigError(f"{where} has unknown field(s) {unknown}; known: {sorted(names)}")
     kwargs = {k: _convert(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+    # Range rules run before the section's own __post_init__ so the message names the full field.
+    for field, ok, what in _RANGES:
+        full = f"config.{field}"
+        parent, _, leaf = full.rpartition(".")
+        if parent == where and leaf in kwargs and not ok(kwargs[leaf]):
+            raise ConfigError(f"{full} must be {what}, got {kwargs[leaf]!r}")
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as e:  # the section's own __post_init__ checks

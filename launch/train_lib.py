@@ -237,11 +237,10 @@ class Run:
         return out
 
 
-def build_run(cfg: config_lib.ExperimentConfig) -> Run:
+def build_policies(cfg: config_lib.ExperimentConfig, mesh):
+    """(tokenizer, codec, trainers by trained role, policy model, simulator model or None)."""
     from envace_jax.chat import Qwen3ChatCodec
 
-    config_lib.check_runnable(cfg)
-    mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     tok = build_tokenizer(cfg)
     codec = Qwen3ChatCodec(tok, enable_thinking=cfg.tokenizer.enable_thinking,
                            simulator_thinking=cfg.tokenizer.simulator_thinking)
@@ -251,14 +250,21 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
     mk_trainer = lambda model, seed: Trainer(model, cfg.optim, cfg.loss, micro_batch_size=cfg.rl.micro_batch_size,
                                              mesh=mesh, seed=seed)
     trainer = mk_trainer(policy, cfg.seed)
-    simulator_client = None
+    sim_model = None
     if mode in ("simulator", "noshare"):
         # The REHEARSE model starts from the simulator checkpoint (tiny configs: the same init as ACT).
         sim_model = build_model(cfg.model, vocab, mesh, path=cfg.model.simulator_hf_path or cfg.model.hf_path)
-        simulator_client = make_client(sim_model, codec, mesh)
     trainers: dict[str, Trainer] = {r: trainer for r in TRAINED_ROLES[mode]}
     if mode == "noshare":
         trainers[REHEARSE] = mk_trainer(sim_model, cfg.seed + 1)
+    return tok, codec, trainers, policy, sim_model
+
+
+def build_run(cfg: config_lib.ExperimentConfig) -> Run:
+    config_lib.check_runnable(cfg)
+    mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    tok, codec, trainers, policy, sim_model = build_policies(cfg, mesh)
+    simulator_client = None if sim_model is None else make_client(sim_model, codec, mesh)
     engine = RolloutEngine(cfg.rollout, codec, make_client(policy, codec, mesh), build_judge(cfg),
                            simulator=simulator_client, make_env=build_make_env(cfg))
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0

@@ -1,0 +1,84 @@
+"""Export a trained policy from an Orbax checkpoint to a Hugging Face directory.
+
+    python launch/export_hf.py --config=configs/demo_cpu.py --config.run_dir=/tmp/demo \
+        --out_dir=/tmp/demo_hf [--checkpoint_dir=/tmp/demo/checkpoints] [--step=N] [--role=act]
+
+The output (config.json, safetensors, tokenizer files) loads with
+``transformers.AutoModelForCausalLM.from_pretrained(out_dir)``. Without ``--step`` the newest good
+checkpoint is used (a corrupt newest one falls back, as in training). ``--role`` picks the policy of a
+``noshare`` run (act or rehearse); shared runs have one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "the run's ml-collections config file", lock_config=True)
+_CKPT = flags.DEFINE_string("checkpoint_dir", None, "default: <run_dir>/checkpoints")
+_OUT = flags.DEFINE_string("out_dir", None, "Hugging Face directory to write", required=True)
+_STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: newest good)")
+_ROLE = flags.DEFINE_string("role", None, "noshare runs: act or rehearse")
+_SHARD = flags.DEFINE_string("max_shard_size", "5GB", "safetensors shard size")
+
+
+def export(cfg, out_dir: str, *, checkpoint_dir: str | None = None, step: int | None = None,
+           role: str | None = None, max_shard_size: str = "5GB") -> int:
+    """Restores ``step`` (or the newest good step) and writes ``out_dir``; returns the step used."""
+    import train_lib
+    from envace_jax.checkpoint import Checkpointer
+    from envace_jax.models import hf_io
+
+    _, _, trainers, _, _ = train_lib.build_policies(cfg, None)
+    distinct = {}
+    for r, t in trainers.items():
+        if all(t is not o for o in distinct.values()):
+            distinct[r] = t
+    if role is None:
+        if len(distinct) > 1:
+            raise ValueError(f"this run trains {sorted(distinct)} separately; pass --role")
+        role = next(iter(distinct))
+    if role not in trainers:
+        raise ValueError(f"--role={role!r}: this run's checkpoint holds {sorted(distinct)}")
+    target = {"iteration": 0, "trainers": {r: t.state_dict() for r, t in distinct.items()}}
+    ck = Checkpointer(checkpoint_dir or os.path.join(cfg.run_dir, "checkpoints"), async_save=False)
+    if step is None:
+        res = ck.restore_latest_good(target)
+        if res is None:
+            raise FileNotFoundError(f"no checkpoint in {ck.directory}")
+        state, step = res.state, res.step
+    else:
+        state, _ = ck.restore(step, target)
+    ck.close()
+    trainer = trainers[role]
+    trainer.load_state_dict(state["trainers"][[r for r, t in distinct.items() if t is trainer][0]])
+    hf_io.save_hf(trainer.model, out_dir, max_shard_size=max_shard_size)
+    tok_dir = cfg.tokenizer.path or os.path.join(cfg.run_dir, "tokenizer")
+    for name in os.listdir(tok_dir):
+        if name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+            shutil.copy(os.path.join(tok_dir, name), os.path.join(out_dir, name))
+    return int(step)
+
+
+def main(argv):
+    del argv
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    from envace_jax.config import load_config
+
+    cfg = load_config(_CONFIG.value)
+    step = export(cfg, _OUT.value, checkpoint_dir=_CKPT.value, step=_STEP.value, role=_ROLE.value,
+                  max_shard_size=_SHARD.value)
+    print(f"exported step {step} to {_OUT.value}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    app.run(main)

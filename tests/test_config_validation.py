@@ -1,0 +1,112 @@
+"""Config files load into validated dataclasses; bad fields give errors naming them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from envace_jax.config import ConfigError, ExperimentConfig, check_runnable, config_from_file, load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = ["demo_cpu", "envace_qwen3_8b", "ablation_real_env", "ablation_frozen_simulator", "ablation_noshare"]
+
+
+def _cfg(name):
+    return config_from_file(os.path.join(ROOT, "configs", f"{name}.py"))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_config_file_validates(name):
+    cfg = load_config(_cfg(name))
+    assert isinstance(cfg, ExperimentConfig)
+
+
+def test_reference_hyperparameters():
+    c = load_config(_cfg("envace_qwen3_8b"))
+    assert (c.data.prompts_per_step, c.rl.n_rollouts) == (16, 4)
+    assert (c.optim.lr, c.optim.schedule, c.optim.b1, c.optim.b2, c.optim.weight_decay, c.optim.grad_clip) == \
+        (1e-6, "constant", 0.9, 0.999, 0.01, 1.0)
+    assert (c.loss.clip_low, c.loss.clip_high, c.loss.dual_clip) == (0.2, 0.2, 3.0)
+    assert (c.loss.kl_coef, c.loss.kl_type, c.loss.entropy_coef, c.loss.agg) == (0.0, "k3", 0.0, "seq_mean_token_mean")
+    assert (c.rollout.act.temperature, c.rollout.act.top_p) == (1.0, 1.0)
+    assert (c.val_sampling.temperature, c.val_sampling.top_p) == (0.6, 0.95)
+    assert c.rollout.act.max_new_tokens == c.rollout.rehearse.max_new_tokens == 8000
+    assert (c.rollout.max_model_len, c.rollout.max_assistant_turns, c.rollout.max_user_turns,
+            c.rollout.max_steps) == (20000, 30, 30, 200)
+    assert (c.judge.kind, c.judge.http.model, c.judge.http.temperature, c.judge.http.top_p,
+            c.judge.http.max_tokens, c.judge.http.max_attempts, c.judge.http.timeout_s) == \
+        ("http", "Qwen/Qwen3-30B-A3B", 0.6, 0.8, 6000, 5, 120.0)
+    assert (c.model.param_dtype, c.model.dtype) == ("float32", "bfloat16")
+    assert c.tokenizer.enable_thinking and c.tokenizer.simulator_thinking
+    assert (c.rl.baseline, c.rl.normalize_std, c.rl.empty_output_penalty) == ("row_mean", False, 0.1)
+    modes = {n: load_config(_cfg(n)).rollout.mode for n in CONFIGS[2:]}
+    assert modes == {"ablation_real_env": "real", "ablation_frozen_simulator": "simulator",
+                     "ablation_noshare": "noshare"}
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("optim.lr", "fast", "config.optim.lr must be a number"),
+    ("rl.n_rollouts", 2.5, "config.rl.n_rollouts must be an int"),
+    ("rl.n_rollouts", True, "config.rl.n_rollouts must be an int"),
+    ("tokenizer.enable_thinking", "yes", "config.tokenizer.enable_thinking must be a bool"),
+    ("rollout.act.temperature", None, "config.rollout.act.temperature must be a number"),
+    ("data.path", 3, "config.data.path must be a string"),
+])
+def test_wrong_type_names_the_field(field, value, needle):
+    c = _cfg("demo_cpu").to_dict()
+    section, *rest = field.split(".")
+    d = c
+    for part in [section] + rest[:-1]:
+        d = d[part]
+    d[rest[-1]] = value
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        load_config(c)
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("optim.lr", -1e-3, "config.optim.lr must be > 0"),
+    ("optim.b2", 1.0, "config.optim.b2 must be in [0, 1)"),
+    ("loss.clip_low", 1.5, "config.loss.clip_low must be in [0, 1)"),
+    ("loss.dual_clip", 0.5, "config.loss.dual_clip must be > 1 or None"),
+    ("rollout.act.top_p", 0.0, "config.rollout.act.top_p"),
+    ("rollout.mode", "dream", "config.rollout"),
+    ("rl.baseline", "median", "config.rl.baseline must be one of"),
+    ("data.prompts_per_step", 0, "config.data.prompts_per_step must be > 0"),
+    ("checkpoint.every", 0, "config.checkpoint.every must be > 0"),
+])
+def test_out_of_range_names_the_field(field, value, needle):
+    c = _cfg("demo_cpu")
+    with c.ignore_type():
+        section, *rest = field.split(".")
+        d = c
+        for part in [section] + rest[:-1]:
+            d = d[part]
+        d[rest[-1]] = value
+    with pytest.raises(ConfigError) as e:
+        load_config(c)
+    assert needle in str(e.value)
+
+
+def test_unknown_field_and_missing_paths():
+    c = _cfg("demo_cpu").to_dict()
+    c["optim"]["learning_rate"] = 1.0
+    with pytest.raises(ConfigError, match=r"config\.optim has unknown field\(s\) \['learning_rate'\]"):
+        load_config(c)
+    with pytest.raises(ConfigError, match=r"config\.data\.path is required"):
+        check_runnable(load_config(_cfg("envace_qwen3_8b")))
+    c8 = _cfg("envace_qwen3_8b")
+    c8.data.path = "/data/x.jsonl"
+    with pytest.raises(ConfigError, match=r"config\.model\.hf_path is required"):
+        check_runnable(load_config(c8))
+
+
+def test_command_line_override_out_of_range_is_reported_by_train_py():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "train.py"),
+                        f"--config={ROOT}/configs/demo_cpu.py", "--config.optim.lr=-0.5", "--config.run_dir=/nonexistent/x"],
+                       capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+    assert r.returncode == 2
+    assert "config.optim.lr must be > 0, got -0.5" in r.stderr
