@@ -1,0 +1,216 @@
+"""Demo data: task splits through tfds + grain, the demo tokenizer, and SFT rows for both roles.
+
+JSON normal form. A rehearsed response reaches the caller re-serialised by ``parse_simulator_output``
+(``json.dumps`` with default separators), while the demo worlds answer in compact canonical JSON. So
+that a correct rehearsal and the real tool hand the caller the *same tokens*, the demo shows every tool
+response in the parser's normal form: reference conversations are rewritten once at generation time,
+and the real environment is wrapped (``NormalizedEnv``). Content is unchanged; only spacing differs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+from envace_jax.chat import Qwen3ChatCodec, SimulatorPromptOptions, build_demo_tokenizer, load_tokenizer
+from envace_jax.data.demo_tasks import generate_tasks, world_model_examples
+from envace_jax.envs.base import ToolEnvironment, ToolResult
+from envace_jax.envs.demo_worlds import make_env
+from envace_jax.eval.fidelity import caller_raw_text, demo_cases, real_view
+from envace_jax.rl.types import ACT, REHEARSE, Generation
+
+DATASET_NAME = "envace_demo"
+SIM_OPTIONS = SimulatorPromptOptions(few_shot=True, append_think=False, compact=True)
+
+
+def normal_json(content: str) -> str:
+    """The JSON text the simulator parser would hand the caller for the same value."""
+    try:
+        return json.dumps(json.loads(content), ensure_ascii=False)
+    except (TypeError, ValueError):
+        return content
+
+
+def normalize_task(task: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(task))
+    for m in out["reference_messages"]:
+        if m.get("role") == "tool":
+            m["content"] = normal_json(m["content"])
+    return out
+
+
+class NormalizedEnv(ToolEnvironment):
+    """A demo world whose responses are shown in the parser's JSON normal form (module docstring)."""
+
+    def __init__(self, inner: ToolEnvironment):
+        self.inner = inner
+
+    def reset(self, task):
+        self.inner.reset(task)
+
+    @property
+    def tool_schemas(self):
+        return self.inner.tool_schemas
+
+    def execute(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
+        r = self.inner.execute(name, arguments)
+        return ToolResult(normal_json(r.content), r.error)
+
+
+def make_real_env(task: Mapping[str, Any]) -> ToolEnvironment:
+    return NormalizedEnv(make_env(task))
+
+
+# ----------------------------------------------------------------------------- splits
+
+def split_sizes(cfg) -> dict[str, int]:
+    return {"train": cfg.sft_tasks + cfg.rl_tasks, "validation": cfg.validation_tasks, "test": cfg.test_tasks}
+
+
+def generate_splits(cfg) -> dict[str, list[dict[str, Any]]]:
+    return {split: [normalize_task(t) for t in generate_tasks(n, cfg.seed, split)]
+            for split, n in split_sizes(cfg).items()}
+
+
+def write_and_read(splits: Mapping[str, Sequence[Mapping[str, Any]]], data_dir: str) -> dict[str, list[dict]]:
+    """Writes the splits as a tfds array_record dataset, then reads every split back through grain.
+
+    tfds stores examples in hash order, so each split is put back into generation order by uid (the
+    first ``sft_tasks`` train tasks are the demonstrations).
+    """
+    from envace_jax.data.pipeline import PipelineConfig, PromptIterator
+    from envace_jax.data.tfds_builder import dataset_dir, read_split, write_tfds
+
+    if not os.path.exists(os.path.join(dataset_dir(data_dir, DATASET_NAME), "dataset_info.json")):
+        write_tfds(splits, data_dir, DATASET_NAME)
+    out = {}
+    for split, recs in splits.items():
+        raw = read_split(data_dir, DATASET_NAME, split, decode=False)
+        it = PromptIterator(raw, PipelineConfig(batch_size=1, shuffle=False, num_epochs=1, drop_remainder=False,
+                                                shard_index=0, shard_count=1, read_threads=0, prefetch=0))
+        by_uid = {batch[0]["uid"]: batch[0] for batch in it}
+        missing = [r["uid"] for r in recs if r["uid"] not in by_uid]
+        if missing or len(by_uid) != len(recs):
+            raise RuntimeError(f"demo data in {data_dir}: split {split!r} read back {len(by_uid)} records for "
+                               f"{len(recs)} written; missing {missing[:3]} (delete the directory to regenerate)")
+        out[split] = [by_uid[r["uid"]] for r in recs]
+    return out
+
+
+# ----------------------------------------------------------------------------- tokenizer and codec
+
+def make_codec(tok) -> Qwen3ChatCodec:
+    return Qwen3ChatCodec(tok, enable_thinking=False, simulator_thinking=False, simulator_options=SIM_OPTIONS)
+
+
+def build_tokenizer(tasks: Sequence[Mapping[str, Any]], out_dir: str, vocab_size: int):
+    """Trains the demo BPE on ACT transcripts and REHEARSE prompts of ``tasks`` (train split only)."""
+    if os.path.exists(os.path.join(out_dir, "tokenizer.json")):
+        return load_tokenizer(out_dir)
+    from envace_jax.chat import build_simulator_messages, render_chat_text
+
+    texts = []
+    for t in tasks:
+        system = [m for m in t["messages"] if m["role"] == "system"]
+        texts.append(render_chat_text(system + t["reference_messages"], t["tools"], enable_thinking=False))
+        for c in demo_cases([t]):
+            msgs = build_simulator_messages(tools=t["tools"], history=c.history, caller_text=c.caller_text,
+                                            call_name=c.call[1], call_arguments=c.call[2],
+                                            reference_messages=t["reference_messages"], options=SIM_OPTIONS)
+            texts.append(render_chat_text(msgs, None, enable_thinking=False) + rehearse_target(c.real_content, False))
+    tmp = f"{out_dir}.tmp{os.getpid()}"
+    build_demo_tokenizer(texts, tmp, vocab_size=vocab_size)
+    os.replace(tmp, out_dir)
+    return load_tokenizer(out_dir)
+
+
+# ----------------------------------------------------------------------------- SFT rows
+
+def rehearse_target(content: str, error: bool) -> str:
+    """What REHEARSE should emit after its generation prompt for a real response ``content``."""
+    return f"\n<execution_result>\n{json.dumps(real_view(content, error), ensure_ascii=False)}\n</execution_result>"
+
+
+def _row(role: str, prompt: list[int], target: list[int], uid: str, episode: int, turn: int) -> Generation:
+    return Generation(role, list(prompt), list(target), [0.0] * len(target), uid, episode, turn)
+
+
+def act_rows(task: Mapping[str, Any], codec: Qwen3ChatCodec, episode: int = 0) -> list[Generation]:
+    """One row per assistant message of the reference conversation, on the context the rollout engine
+    would have built (initial render, then the engine's incremental pieces)."""
+    r = codec.renderer
+    end = [r.im_end_id]
+    msgs = [dict(m) for m in task["messages"]]
+    ctx = codec.caller_prompt(msgs, task["tools"])
+    ref = task["reference_messages"]
+    # reference_messages starts with the first user message, already in the prompt
+    first_user = next(i for i, m in enumerate(ref) if m["role"] == "user")
+    rows, turn, i = [], 0, first_user + 1
+    while i < len(ref):
+        m = ref[i]
+        if m["role"] == "assistant":
+            target = r.encode(caller_raw_text(m)) + end
+            rows.append(_row(ACT, ctx, target, task["uid"], episode, turn))
+            ctx = ctx + target + codec.close_assistant(target)
+            i += 1
+            tools = []
+            while i < len(ref) and ref[i]["role"] == "tool":
+                tools.append(ref[i])
+                i += 1
+            if tools:
+                ctx = ctx + codec.tool_block(tools)
+        elif m["role"] == "user":
+            turn += 1
+            ctx = ctx + codec.user_block(m)
+            i += 1
+        else:
+            raise ValueError(f"task {task['uid']}: unexpected {m['role']!r} message at reference index {i}")
+    return rows
+
+
+def rehearse_rows(task: Mapping[str, Any], codec: Qwen3ChatCodec, episode: int = 0) -> list[Generation]:
+    """One row per logged call: the real REHEARSE prompt and the real response as the target."""
+    end = [codec.renderer.im_end_id]
+    rows = []
+    for c in demo_cases([task]):
+        prompt = codec.simulator_prompt(c.record, c.history, c.caller_text, c.call)
+        target = codec.renderer.encode(rehearse_target(c.real_content, c.real_error)) + end
+        rows.append(_row(REHEARSE, prompt, target, task["uid"], episode, 0))
+    return rows
+
+
+def world_model_rows(n: int, seed: int, codec: Qwen3ChatCodec, episode0: int = 0) -> list[Generation]:
+    """REHEARSE rows from real executions of varied calls (wrong ones included) on fresh worlds.
+
+    Each call is posed as the task's first assistant step (history = system + first user message).
+    """
+    end = [codec.renderer.im_end_id]
+    rows = []
+    for k, ex in enumerate(world_model_examples(n, seed)):
+        task = normalize_task(ex.task)
+        system = [m for m in task["messages"] if m["role"] == "system"]
+        first_user = next(m for m in task["reference_messages"] if m["role"] == "user")
+        call = {"id": "call_wm", "type": "function", "function": dict(ex.call)}
+        caller = caller_raw_text({"role": "assistant", "content": "", "tool_calls": [call]})
+        prompt = codec.simulator_prompt(task, system + [first_user], caller,
+                                        ("call_wm", ex.call["name"], ex.call["arguments"]))
+        content = normal_json(ex.response)
+        err = isinstance(json.loads(content), dict) and "error" in json.loads(content)
+        target = codec.renderer.encode(rehearse_target(content, err)) + end
+        rows.append(_row(REHEARSE, prompt, target, task["uid"], episode0 + k, 0))
+    return rows
+
+
+def sft_rows(demos: Sequence[Mapping[str, Any]], codec: Qwen3ChatCodec, wm_rows: int, seed: int) -> list[Generation]:
+    rows: list[Generation] = []
+    for e, t in enumerate(demos):
+        rows += act_rows(t, codec, e) + rehearse_rows(t, codec, e)
+    rows += world_model_rows(wm_rows, seed, codec, len(demos))
+    return rows
+
+
+__all__ = ["DATASET_NAME", "NormalizedEnv", "SIM_OPTIONS", "act_rows", "build_tokenizer", "generate_splits",
+           "make_codec", "make_real_env", "normal_json", "normalize_task", "rehearse_rows", "rehearse_target",
+           "sft_rows", "split_sizes", "world_model_rows", "write_and_read"]

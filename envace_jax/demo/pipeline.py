@@ -1,0 +1,188 @@
+"""The demo end to end: data -> tokenizer -> SFT -> eval before -> RL -> eval after -> more-SFT
+baseline -> report. ``run_compare`` runs the same RL budget in modes real, simulator and rehearsal."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from envace_jax.demo import data as demo_data
+from envace_jax.demo import report as rep
+from envace_jax.demo import stages
+from envace_jax.demo.config import DemoConfig
+from envace_jax.rl.types import ROLES
+
+
+def _bar(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, dynamic_ncols=True, disable=not enabled, file=sys.stderr)
+
+
+class Demo:
+    """Holds the shared pieces (data, codec, model, SFT trainer) of one run directory."""
+
+    def __init__(self, cfg: DemoConfig, run_dir: str, progress: bool = True):
+        self.cfg, self.run_dir, self.progress = cfg, run_dir, progress
+        self.timing: dict[str, stages.Clock] = collections.OrderedDict()
+        os.makedirs(run_dir, exist_ok=True)
+
+    def clock(self, name: str) -> stages.Clock:
+        return self.timing.setdefault(name, stages.Clock())
+
+    # ------------------------------------------------------------------ stages
+    def prepare(self) -> None:
+        cfg = self.cfg
+        with self.clock("data+tokenizer"), _bar(3, "data+tokenizer", self.progress) as bar:
+            splits = demo_data.generate_splits(cfg)
+            bar.update(1)
+            self.splits = demo_data.write_and_read(splits, os.path.join(self.run_dir, "data"))
+            bar.update(1)
+            train = self.splits["train"]
+            self.demos, self.rl_tasks = train[:cfg.sft_tasks], train[cfg.sft_tasks:]
+            self.tok = demo_data.build_tokenizer(self.demos + self.rl_tasks, os.path.join(self.run_dir, "tokenizer"),
+                                                 cfg.vocab_size)
+            self.codec = demo_data.make_codec(self.tok)
+            bar.update(1)
+        self.eval_tasks = self.splits[cfg.eval_split]
+        self.model = stages.build_model(cfg, len(self.tok))
+        self.rows = demo_data.sft_rows(self.demos, self.codec, cfg.world_model_rows, cfg.seed)
+        self.max_len = stages.TRAIN_LEN
+
+    def sft(self) -> None:
+        cfg = self.cfg
+        self.sft_trainer = stages.make_trainer(self.model, cfg, cfg.sft_lr, cfg.sft_warmup, cfg.seed)
+        self.sft_stream = stages.sft_batches(self.rows, min(cfg.sft_batch_rows, len(self.rows)), cfg.seed)
+        self.sft_log = []
+        with self.clock("sft"), _bar(cfg.sft_steps, "sft", self.progress) as bar:
+            def on_step(k, m):
+                self.sft_log.append({"step": k, **m})
+                bar.update(1)
+                bar.set_postfix(nll_act=f"{m.get('nll/act', 0):.3f}", nll_reh=f"{m.get('nll/rehearse', 0):.3f}")
+            stages.run_sft(self.sft_trainer, self.sft_stream, self.max_len, steps=cfg.sft_steps, on_step=on_step)
+        self.sft_params = stages.snapshot(self.model)
+        self.sft_state = stages.host_copy(self.sft_trainer.state_dict())
+
+    def evaluate(self, tag: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        cfg = self.cfg
+        with self.clock(f"eval {tag}"), _bar(len(self.eval_tasks), f"eval {tag} (real tools)", self.progress) as bar:
+            res = stages.evaluate_real(cfg, self.model, self.codec, self.eval_tasks, progress=bar.update)
+            fid = stages.evaluate_fidelity(cfg, self.model, self.codec, self.eval_tasks[:cfg.fidelity_tasks])
+        with open(os.path.join(self.run_dir, f"fidelity_{tag}.md"), "w") as f:
+            f.write(fid.to_markdown())
+        return rep.eval_summary(res), rep.fidelity_summary(fid)
+
+    def rl(self, mode: str, tag: str = "rl") -> list[dict[str, Any]]:
+        """RL from the SFT start in ``mode``; the model is left at the RL result."""
+        from envace_jax.data.pipeline import PipelineConfig, PromptIterator
+
+        cfg = self.cfg
+        stages.restore(self.model, self.sft_params)
+        trainer = stages.make_trainer(self.model, cfg, cfg.rl_lr, 0, cfg.seed + 1)
+        sim_model = None
+        if mode == "simulator":  # the frozen simulator is the SFT model
+            sim_model = stages.build_model(cfg, len(self.tok))
+            stages.restore(sim_model, self.sft_params)
+        step, client = stages.make_rl_step(cfg, mode, self.model, self.codec, trainer, sim_model)
+        prompts = PromptIterator(self.rl_tasks, PipelineConfig(batch_size=cfg.prompts_per_step, seed=cfg.seed,
+                                                               shuffle=True, num_epochs=None, shard_index=0,
+                                                               shard_count=1, read_threads=0, prefetch=0),
+                                 decode=None)
+        log = []
+        with self.clock(tag), _bar(cfg.rl_steps, f"RL [{mode}]", self.progress) as bar:
+            for it in range(cfg.rl_steps):
+                res = step(next(prompts), it)
+                client.reset()
+                m = {"step": it + 1, **res.metrics}
+                log.append(m)
+                bar.update(1)
+                bar.set_postfix(act=f"{m.get('act/reward_mean', 0):.3f}", reh=f"{m.get('rehearse/reward_mean', 0):.3f}")
+        with open(os.path.join(self.run_dir, f"metrics_{tag}.jsonl"), "w") as f:
+            for m in log:
+                f.write(json.dumps({k: (v if v == v else None) for k, v in m.items()}) + "\n")
+        return log
+
+    def more_sft(self, seconds: float) -> int:
+        stages.restore(self.model, self.sft_params)
+        self.sft_trainer.load_state_dict(stages.jax.tree.map(
+            lambda x: stages.jnp.asarray(x) if isinstance(x, np.ndarray) else x, self.sft_state))
+        with self.clock("more sft"):
+            out = stages.run_sft(self.sft_trainer, self.sft_stream, self.max_len, seconds=seconds)
+        return len(out)
+
+    # ------------------------------------------------------------------ summary
+    def base_summary(self) -> dict[str, Any]:
+        cfg, mc = self.cfg, self.model.config
+        by_role = collections.Counter(r.role for r in self.rows)
+        return {"config": cfg.__dict__, "eval_split": cfg.eval_split, "rl_mode": cfg.rl_mode,
+                "model": {"params": int(mc.num_params()), "layers": mc.num_layers, "hidden": mc.hidden_size,
+                          "vocab": len(self.tok)},
+                "data": {"sft_tasks": len(self.demos), "rl_tasks": len(self.rl_tasks),
+                         "sft_rows": len(self.rows), "sft_rows_by_role": {r: by_role.get(r, 0) for r in ROLES}},
+                "rl": {"steps": cfg.rl_steps, "prompts_per_step": cfg.prompts_per_step,
+                       "n_rollouts": cfg.n_rollouts, "lr": cfg.rl_lr},
+                "test_episodes": len(self.eval_tasks)}
+
+
+def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[str, Any]:
+    d = Demo(cfg, run_dir, progress)
+    d.prepare()
+    d.sft()
+    ev_b, fid_b = d.evaluate("before")
+    log = d.rl(cfg.rl_mode)
+    ev_a, fid_a = d.evaluate("after")
+    s = d.base_summary()
+    s["eval"] = {"before": ev_b, "after": ev_a}
+    s["fidelity"] = {"before": fid_b, "after": fid_a}
+    s["more_sft_success"], s["more_sft_success_ci"], s["more_sft_steps"] = None, None, 0
+    if cfg.more_sft:
+        s["more_sft_steps"] = d.more_sft(d.timing["rl"].wall)
+        ev_m, fid_m = d.evaluate("more_sft")
+        s["eval"]["more_sft"], s["fidelity"]["more_sft"] = ev_m, fid_m
+        s["more_sft_success"], s["more_sft_success_ci"] = ev_m["success"], ev_m["success_ci"]
+    s.update(real_success_before=ev_b["success"], real_success_after=ev_a["success"],
+             real_success_ci_before=ev_b["success_ci"], real_success_ci_after=ev_a["success_ci"],
+             real_score_before=ev_b["score"], real_score_after=ev_a["score"],
+             fidelity_before=fid_b["overall"]["exact"], fidelity_after=fid_a["overall"]["exact"],
+             fidelity_field_before=fid_b["overall"]["field"], fidelity_field_after=fid_a["overall"]["field"])
+    s["timing"] = {k: v.as_dict() for k, v in d.timing.items()}
+    s["timing"]["total"] = {"wall_s": round(sum(v.wall for v in d.timing.values()), 2),
+                            "cpu_s": round(sum(v.cpu for v in d.timing.values()), 2)}
+    rep.check_summary(s)
+    rep.write_report(run_dir, s, log)
+    return s
+
+
+def run_compare(cfg: DemoConfig, run_dir: str, *, progress: bool = True,
+                modes: tuple[str, ...] = ("real", "simulator", "rehearsal")) -> dict[str, Any]:
+    """The same RL budget from one SFT start in each mode; one comparison table (compare.md/.json)."""
+    d = Demo(cfg, run_dir, progress)
+    d.prepare()
+    d.sft()
+    ev_b, fid_b = d.evaluate("before")
+    rows = [["SFT start", "-", f"{ev_b['success']:.3f}", rep._fmt_ci(ev_b["success_ci"]), f"{ev_b['score']:.3f}",
+             f"{fid_b['overall']['exact']:.3f}", "-"]]
+    out: dict[str, Any] = {"before": {"eval": ev_b, "fidelity": fid_b}, "modes": {}}
+    for mode in modes:
+        log = d.rl(mode, tag=f"rl_{mode}")
+        ev, fid = d.evaluate(f"after_{mode}")
+        wall = d.timing[f"rl_{mode}"].wall
+        out["modes"][mode] = {"eval": ev, "fidelity": fid, "rl_wall_s": wall,
+                              "train_reward_last": log[-1].get("episode/score_mean") if log else None}
+        rows.append([f"RL {mode}", f"{wall:.0f}", f"{ev['success']:.3f}", rep._fmt_ci(ev["success_ci"]),
+                     f"{ev['score']:.3f}", f"{fid['overall']['exact']:.3f}",
+                     "yes" if rep.cis_separate(ev["success_ci"], ev_b["success_ci"]) else "no"])
+    header = ["model", "RL wall s", "real success", "95% CI", "score", "REHEARSE exact", "CI apart from SFT"]
+    text = rep.table(rows, header)
+    with open(os.path.join(run_dir, "compare.md"), "w") as f:
+        f.write(f"# RL modes from one SFT start ({cfg.eval_split} split, {len(d.eval_tasks)} real-tool episodes)\n\n"
+                + text + "\n")
+    with open(os.path.join(run_dir, "compare.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    out["table"] = text
+    return out

@@ -1,0 +1,171 @@
+"""Demo report files: summary.json, report.md, PNG plots, and the table printed at the end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+from envace_jax.rl.rehearsal import wilson_ci
+
+REQUIRED_KEYS = ("real_success_before", "real_success_after", "real_success_ci_before", "real_success_ci_after",
+                 "fidelity_before", "fidelity_after", "test_episodes", "more_sft_success", "more_sft_success_ci")
+
+
+def mean_ci(xs: Sequence[float]) -> list[float]:
+    """Normal-approximation 95% interval of a mean (checklist scores are not binomial)."""
+    n = len(xs)
+    if n < 2:
+        return [float("nan"), float("nan")]
+    m = sum(xs) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    h = 1.96 * sd / math.sqrt(n)
+    return [max(0.0, m - h), min(1.0, m + h)]
+
+
+def eval_summary(res) -> dict[str, Any]:
+    wins = sum(res.successes)
+    n = max(1, res.n)
+    return {"episodes": res.n, "success": wins / n, "success_ci": wilson_ci(wins, res.n),
+            "score": sum(res.scores) / n, "score_ci": mean_ci(res.scores),
+            "success_by_world": {w: sum(s >= 1 - 1e-9 for s in v) / len(v) for w, v in sorted(res.by_world.items())},
+            "terminations": dict(sorted(res.terminations.items())), "tool_calls_mean": res.tool_calls_mean}
+
+
+def fidelity_summary(report) -> dict[str, Any]:
+    s = report.summary()
+    return {"overall": s["overall"], "by_domain": s["by_domain"]}
+
+
+def _fmt_ci(ci: Sequence[float]) -> str:
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def cis_separate(a: Sequence[float], b: Sequence[float]) -> bool:
+    return a[1] < b[0] or b[1] < a[0]
+
+
+def plot_rewards(steps: Sequence[Mapping[str, Any]], out_png: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (("act/reward_mean", "ACT rows"), ("rehearse/reward_mean", "REHEARSE rows"),
+                       ("episode/score_mean", "episode score")):
+        pts = [(m["step"], m[key]) for m in steps if m.get(key) is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("mean reward (training rollouts)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+
+
+def plot_success(bars: Sequence[tuple[str, float, Sequence[float]]], out_png: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = [b[0] for b in bars]
+    vals = [b[1] for b in bars]
+    lo = [max(0.0, b[1] - b[2][0]) for b in bars]
+    hi = [max(0.0, b[2][1] - b[1]) for b in bars]
+    ax.bar(names, vals, yerr=[lo, hi], capsize=6, color=["#888888", "#2a7ab9", "#d9822b", "#5a9e4b"][:len(bars)])
+    for i, v in enumerate(vals):
+        ax.text(i, v + 0.01, f"{v:.3f}", ha="center", va="bottom")
+    ax.set_ylabel("real-environment success (95% Wilson CI)")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+
+
+def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def results_rows(summary: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for name, key in (("SFT warm start", "before"), (f"after RL ({summary['rl_mode']})", "after"),
+                      ("more SFT (equal wall time)", "more_sft")):
+        ev = summary["eval"].get(key)
+        if ev is None:
+            continue
+        fid = summary["fidelity"].get(key, {}).get("overall", {})
+        rows.append([name, f"{ev['success']:.3f}", _fmt_ci(ev["success_ci"]), f"{ev['score']:.3f}",
+                     _fmt_ci(ev["score_ci"]), f"{fid.get('exact', float('nan')):.3f}",
+                     f"{fid.get('field', float('nan')):.3f}"])
+    return rows
+
+
+RESULT_HEADER = ["model", "real success", "95% CI", "checklist score", "95% CI", "REHEARSE exact", "REHEARSE field"]
+
+
+def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mapping[str, Any]]) -> str:
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1, sort_keys=True)
+    plot_rewards(rl_steps, os.path.join(run_dir, "rewards.png"), f"RL ({summary['rl_mode']}) training reward per role")
+    bars = [("SFT", summary["real_success_before"], summary["real_success_ci_before"]),
+            (f"SFT+RL", summary["real_success_after"], summary["real_success_ci_after"])]
+    if summary.get("more_sft_success") is not None:
+        bars.append(("more SFT", summary["more_sft_success"], summary["more_sft_success_ci"]))
+    plot_success(bars, os.path.join(run_dir, "success.png"),
+                 f"{summary['eval_split']} split, {summary['test_episodes']} real-tool episodes")
+    verdict = _verdict(summary)
+    timing = table([[k, f"{v['wall_s']:.1f}", f"{v['cpu_s']:.1f}"] for k, v in summary["timing"].items()],
+                   ["stage", "wall s", "CPU s"])
+    md = [f"# EnvACE demo report ({summary['eval_split']} split)", "",
+          f"Model: {summary['model']['params']:,} parameters ({summary['model']['layers']} layers, hidden "
+          f"{summary['model']['hidden']}), demo tokenizer of {summary['model']['vocab']} tokens, thinking off.",
+          f"Data: {summary['data']['sft_tasks']} demonstration tasks -> {summary['data']['sft_rows']} SFT rows "
+          f"({summary['data']['sft_rows_by_role']}); {summary['data']['rl_tasks']} fresh RL prompts; "
+          f"{summary['test_episodes']} held-out {summary['eval_split']} tasks run against the real tools.",
+          f"RL: mode `{summary['rl_mode']}`, {summary['rl']['steps']} steps x {summary['rl']['prompts_per_step']} "
+          f"prompts x {summary['rl']['n_rollouts']} rollouts, Adam lr {summary['rl']['lr']}, rule judge, role-wise GRPO.",
+          "", "## Results", "", table(results_rows(summary), RESULT_HEADER), "", verdict, "",
+          "Success = every checklist item of every user turn passed, with real tools and greedy decoding. "
+          "Success CIs are 95% Wilson intervals; score CIs are normal-approximation intervals of the mean.",
+          "REHEARSE fidelity is teacher-forced on the held-out tasks' logged calls: `exact` = the rehearsed "
+          "JSON equals the real response; `field` = share of matching leaves.", "",
+          "![reward per role](rewards.png)", "", "![real success](success.png)", "", "## Time", "", timing, "",
+          f"More-SFT baseline: {summary.get('more_sft_steps', 0)} extra SFT steps in the RL stage's wall time.", ""]
+    path = os.path.join(run_dir, "report.md")
+    with open(path, "w") as f:
+        f.write("\n".join(md))
+    return path
+
+
+def _verdict(s: Mapping[str, Any]) -> str:
+    b, a = s["real_success_before"], s["real_success_after"]
+    sep = cis_separate(s["real_success_ci_before"], s["real_success_ci_after"])
+    fb = s["fidelity_before"]
+    fa = s["fidelity_after"]
+    if a > b and sep:
+        head = f"RL raised real success from {b:.3f} to {a:.3f}; the 95% CIs do not overlap."
+    elif a > b:
+        head = f"RL raised real success from {b:.3f} to {a:.3f}, but the 95% CIs overlap: not a significant gain."
+    else:
+        head = f"RL did not raise real success ({b:.3f} -> {a:.3f})."
+    ms = s.get("more_sft_success")
+    tail = "" if ms is None else f" More SFT for the same wall time reached {ms:.3f}."
+    return f"{head} REHEARSE exact fidelity {fb:.3f} before, {fa:.3f} after RL.{tail}"
+
+
+def check_summary(summary: Mapping[str, Any]) -> None:
+    missing = [k for k in REQUIRED_KEYS if k not in summary]
+    if missing:
+        raise KeyError(f"summary.json lacks {missing}")

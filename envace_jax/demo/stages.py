@@ -1,0 +1,219 @@
+"""Demo stages on one live model: SFT warm start, RL iterations, real-tool evaluation, REHEARSE fidelity.
+
+Every stage works on the same ``qwen3.Qwen3`` module; the trainer updates it in place and the sampler
+reads its current parameters, so nothing is copied between training and sampling. ``snapshot`` and
+``restore`` move parameters to and from host memory to branch runs (RL vs. more SFT from one start).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from envace_jax.demo.config import DemoConfig
+from envace_jax.demo.data import make_real_env
+from envace_jax.models import qwen3
+from envace_jax.rl.batch import TrainBatch, build_batch
+from envace_jax.rl.judges import RuleJudge
+from envace_jax.rl.policy_client import SamplerClient
+from envace_jax.rl.reward import ChecklistTurnJudge
+from envace_jax.rl.rollout import RoleSampling, RolloutConfig, RolloutEngine
+from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
+from envace_jax.rl.types import Generation
+from envace_jax.sampling import Sampler
+
+# Every training batch is padded to one length (rows are <= ~900 tokens; longer prompts are left-truncated),
+# and the sampler rounds batch, chunk and window sizes to a few fixed buckets: on a 2-core CPU each
+# compiled program costs seconds, more than the padding it saves.
+TRAIN_LEN = 1024
+SAMPLER_BUCKETS = dict(batch_buckets=(32, 128, 512), length_buckets=(32, 128, 512), window_buckets=(1024, 2048))
+
+
+class Clock:
+    """Wall and process-CPU seconds of a block (CPU time counts every thread of the process)."""
+
+    def __init__(self):
+        self.wall = self.cpu = 0.0
+
+    def __enter__(self):
+        self._w, self._c = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall += time.perf_counter() - self._w
+        self.cpu += time.process_time() - self._c
+
+    def as_dict(self) -> dict[str, float]:
+        return {"wall_s": round(self.wall, 2), "cpu_s": round(self.cpu, 2)}
+
+
+def build_model(cfg: DemoConfig, vocab: int) -> qwen3.Qwen3:
+    mc = qwen3.Qwen3Config(vocab_size=vocab, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                           num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                           head_dim=cfg.head_dim, tie_word_embeddings=True, rope_theta=10000.0,
+                           max_position_embeddings=1 << 14, param_dtype="float32", dtype="float32")
+    return qwen3.init_model(mc, seed=cfg.seed)
+
+
+def snapshot(model: nnx.Module) -> Any:
+    return jax.tree.map(lambda x: np.array(x), nnx.state(model, nnx.Param))
+
+
+def restore(model: nnx.Module, snap: Any) -> None:
+    nnx.update(model, jax.tree.map(jnp.asarray, snap))
+
+
+def host_copy(tree: Any) -> Any:
+    return jax.tree.map(lambda x: np.array(x) if isinstance(x, (jax.Array, np.ndarray)) else x, tree)
+
+
+class PaddedTrainer(Trainer):
+    """A Trainer whose batches are padded (zero-weight rows) to a multiple of the micro-batch size, so a
+    varying number of RL rows never compiles a new program for a short last micro-batch."""
+
+    def _pad(self, batch: TrainBatch) -> TrainBatch:
+        extra = -batch.size % self.micro_batch_size
+        if extra == 0:
+            return batch
+        arrays = {}
+        for k, v in batch.arrays().items():
+            pad = np.zeros((extra,) + v.shape[1:], v.dtype)
+            if k == "group_ids":
+                pad[:] = -1
+            elif k == "temperature":
+                pad[:] = 1.0
+            arrays[k] = np.concatenate([v, pad], 0)
+        return TrainBatch(**arrays, truncated_rows=batch.truncated_rows)
+
+    def compute_logprobs(self, batch: TrainBatch) -> np.ndarray:
+        return super().compute_logprobs(self._pad(batch))[: batch.size]
+
+    def update(self, batch: TrainBatch, kind: str = "rl") -> dict[str, float]:
+        return super().update(self._pad(batch), kind)
+
+
+def make_trainer(model, cfg: DemoConfig, lr: float, warmup: int, seed: int) -> PaddedTrainer:
+    optim = OptimConfig(lr=lr, schedule="constant", warmup_steps=warmup, total_steps=10**6, weight_decay=0.0,
+                        grad_clip=1.0)
+    return PaddedTrainer(model, optim, LossConfig(), micro_batch_size=cfg.micro_batch_size, seed=seed)
+
+
+# ----------------------------------------------------------------------------- SFT
+
+def sft_batches(rows: Sequence[Generation], batch_rows: int, seed: int):
+    """Endless batches of ``batch_rows`` rows, each epoch a fresh permutation (both roles mixed)."""
+    rng = np.random.default_rng([seed, 7])
+    while True:
+        order = rng.permutation(len(rows))
+        for s in range(0, len(order) - batch_rows + 1 if len(order) >= batch_rows else 1, batch_rows):
+            yield [rows[int(i)] for i in order[s:s + batch_rows]]
+
+
+def sft_batch(rows: Sequence[Generation], max_len: int) -> TrainBatch:
+    n = len(rows)
+    return build_batch(rows, np.zeros(n, np.float32), np.zeros(n, np.int32), max_len=max_len, pad_id=0,
+                       length_multiple=TRAIN_LEN)
+
+
+def run_sft(trainer: Trainer, batches, max_len: int, *, steps: int | None = None, seconds: float | None = None,
+            on_step: Callable[[int, dict], None] | None = None) -> list[dict[str, float]]:
+    """SFT for ``steps`` optimizer steps, or until ``seconds`` of wall time have passed."""
+    if (steps is None) == (seconds is None):
+        raise ValueError("run_sft needs exactly one of steps= or seconds=")
+    out, t0, k = [], time.perf_counter(), 0
+    while (steps is not None and k < steps) or (seconds is not None and time.perf_counter() - t0 < seconds):
+        m = trainer.update(sft_batch(next(batches), max_len), kind="sft")
+        out.append(m)
+        k += 1
+        if on_step:
+            on_step(k, m)
+    return out
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+def rollout_config(cfg: DemoConfig, mode: str, greedy: bool) -> RolloutConfig:
+    t = 0.0 if greedy else cfg.temperature
+    return RolloutConfig(mode=mode, max_steps=cfg.max_steps, max_assistant_turns=6, max_user_turns=2,
+                         max_model_len=cfg.max_model_len,
+                         act=RoleSampling(temperature=t, max_new_tokens=cfg.act_max_new_tokens),
+                         rehearse=RoleSampling(temperature=t, max_new_tokens=cfg.rehearse_max_new_tokens),
+                         sequential_simulation=False, seed=cfg.seed)
+
+
+def make_client(model, codec) -> SamplerClient:
+    return SamplerClient(Sampler(model, **SAMPLER_BUCKETS), stop_token_ids=codec.stop_token_ids)
+
+
+def make_engine(cfg: DemoConfig, mode: str, codec, client, *, greedy: bool, simulator=None) -> RolloutEngine:
+    return RolloutEngine(rollout_config(cfg, mode, greedy), codec, client, ChecklistTurnJudge(RuleJudge()),
+                         simulator=simulator, make_env=make_real_env if mode == "real" else None)
+
+
+@dataclasses.dataclass
+class EvalResult:
+    scores: list[float]
+    successes: list[bool]
+    by_world: dict[str, list[float]]
+    terminations: dict[str, int]
+    tool_calls_mean: float
+
+    @property
+    def n(self) -> int:
+        return len(self.scores)
+
+
+def evaluate_real(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, Any]],
+                  progress: Callable[[int], None] | None = None) -> EvalResult:
+    """Greedy episodes of ``tasks`` against the REAL tools (nothing rehearsed); success = every checklist
+    item of every turn passed."""
+    client = make_client(model, codec)
+    engine = make_engine(cfg, "real", codec, client, greedy=True)
+    scores, calls, terms, by_world = [], [], {}, {}
+    for s in range(0, len(tasks), cfg.eval_batch):
+        chunk = list(tasks[s:s + cfg.eval_batch])
+        eps = engine.run(chunk, [t["uid"] for t in chunk])
+        client.reset()
+        for t, e in zip(chunk, eps):
+            scores.append(float(e.score))
+            calls.append(e.tool_calls())
+            terms[e.termination] = terms.get(e.termination, 0) + 1
+            by_world.setdefault(t["env"]["name"], []).append(float(e.score))
+        if progress:
+            progress(len(chunk))
+    return EvalResult(scores, [s >= 1.0 - 1e-9 for s in scores], by_world, terms,
+                      float(np.mean(calls)) if calls else 0.0)
+
+
+def evaluate_fidelity(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, Any]]):
+    """Teacher-forced REHEARSE on the held-out tasks' logged calls (greedy)."""
+    from envace_jax.eval import fidelity
+
+    cases = fidelity.demo_cases(list(tasks))
+    client = make_client(model, codec)
+    rehearser = fidelity.PolicyRehearser(codec, client, RoleSampling(temperature=0.0,
+                                                                     max_new_tokens=cfg.rehearse_max_new_tokens),
+                                         batch_size=cfg.eval_batch)
+    return fidelity.evaluate_fidelity(cases, rehearser)
+
+
+# ----------------------------------------------------------------------------- RL
+
+def make_rl_step(cfg: DemoConfig, mode: str, model, codec, trainer: Trainer, simulator_model=None):
+    from envace_jax.rl.loop import TRAINED_ROLES, RLStep, StepConfig
+
+    client = make_client(model, codec)
+    sim_client = make_client(simulator_model, codec) if simulator_model is not None else None
+    engine = make_engine(cfg, mode, codec, client, greedy=False, simulator=sim_client)
+    step_cfg = StepConfig(n_rollouts=cfg.n_rollouts, baseline="row_mean", normalize_std=False,
+                          empty_output_penalty=0.1, recompute_old_logprobs=True, ppo_epochs=1, mini_batches=1,
+                          max_row_length=TRAIN_LEN,
+                          length_multiple=TRAIN_LEN, pad_id=0, seed=cfg.seed)
+    step = RLStep(step_cfg, engine, {r: trainer for r in TRAINED_ROLES[mode]})
+    return step, client
