@@ -1,0 +1,44 @@
+"""Shared pieces of the GPU scripts: a host list reached over ssh (host 0 is the JAX coordinator)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from typing import Sequence
+
+REPO_DIR = "~/envace-jax"
+LOCAL = ("localhost", "127.0.0.1")
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hosts", required=True, help="comma-separated ssh hosts; the first is the coordinator")
+    p.add_argument("--dry-run", action="store_true", help="print the exact commands instead of running them")
+    return p
+
+
+def host_list(spec: str) -> list[str]:
+    hosts = [h.strip() for h in spec.split(",") if h.strip()]
+    if not hosts:
+        raise SystemExit("--hosts is empty")
+    return hosts
+
+
+def on_host(host: str, remote: str) -> list[str]:
+    """A shell command on ``host`` (localhost runs it here, so one machine can play several hosts)."""
+    if host in LOCAL:
+        return ["bash", "-c", remote]
+    return ["ssh", host, remote]
+
+
+def execute(commands: Sequence[list[str]], dry_run: bool) -> int:
+    for cmd in commands:
+        print(shlex.join(cmd), flush=True)
+        if not dry_run:
+            rc = subprocess.call(cmd)
+            if rc:
+                print(f"command failed with exit code {rc}", file=sys.stderr)
+                return rc
+    return 0

@@ -1,0 +1,43 @@
+"""Shared pieces of the TPU VM scripts: flags, command building, and run-or-print."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from typing import Sequence
+
+REPO_DIR = "~/envace-jax"
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--name", required=True, help="TPU VM (pod slice) name")
+    p.add_argument("--zone", required=True)
+    p.add_argument("--project", default=None)
+    p.add_argument("--dry-run", action="store_true", help="print the exact commands instead of running them")
+    return p
+
+
+def gcloud(args: argparse.Namespace, *words: str) -> list[str]:
+    cmd = ["gcloud", "compute", "tpus", "tpu-vm", *words, f"--zone={args.zone}"]
+    if args.project:
+        cmd.append(f"--project={args.project}")
+    return cmd
+
+
+def ssh_all(args: argparse.Namespace, remote: str) -> list[str]:
+    """The same shell command on every worker of the slice."""
+    return gcloud(args, "ssh", args.name, "--worker=all", f"--command={remote}")
+
+
+def execute(commands: Sequence[list[str]], dry_run: bool) -> int:
+    for cmd in commands:
+        print(shlex.join(cmd), flush=True)
+        if not dry_run:
+            rc = subprocess.call(cmd)
+            if rc:
+                print(f"command failed with exit code {rc}", file=sys.stderr)
+                return rc
+    return 0
