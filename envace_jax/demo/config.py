@@ -17,38 +17,38 @@ class DemoConfig:
     # ---- data: splits are disjoint by construction (demo_tasks hashes task content into a split)
     sft_tasks: int = 64              # the small fixed set of demonstrations (train split, first N)
     rl_tasks: int = 512              # fresh train prompts after the demonstrations; they only ground REHEARSE and the judge
-    world_model_rows: int = 128      # real executions of varied calls (errors included) for REHEARSE's warm start
-    validation_tasks: int = 128
+    world_model_rows: int = 96      # real executions of varied calls (errors included) for REHEARSE's warm start
+    validation_tasks: int = 256
     test_tasks: int = 256
     eval_split: str = "test"         # tune with "validation"; report with "test"
     # ---- tokenizer / model
     vocab_size: int = 1024
     hidden_size: int = 128
-    intermediate_size: int = 384
-    num_layers: int = 4
+    intermediate_size: int = 256
+    num_layers: int = 2
     num_heads: int = 4
     num_kv_heads: int = 2
     head_dim: int = 32
     # ---- SFT warm start
-    sft_steps: int = 60
-    sft_batch_rows: int = 32
+    sft_steps: int = 80
+    sft_batch_rows: int = 16
     sft_lr: float = 2e-3
     sft_warmup: int = 10
     micro_batch_size: int = 16
     # ---- RL (mode "rehearsal" by default)
     rl_mode: str = "rehearsal"
-    rl_steps: int = 30
-    prompts_per_step: int = 8
-    n_rollouts: int = 8
+    rl_steps: int = 20
+    prompts_per_step: int = 4
+    n_rollouts: int = 4
     rl_lr: float = 2e-4
-    act_max_new_tokens: int = 48
-    rehearse_max_new_tokens: int = 40
+    act_max_new_tokens: int = 64
+    rehearse_max_new_tokens: int = 64
     temperature: float = 1.0
     max_model_len: int = 1536
-    max_steps: int = 12              # rollout micro-steps per episode
+    max_steps: int = 10              # rollout micro-steps per episode
     # ---- evaluation
-    eval_batch: int = 256            # episodes per rollout call in the real-tool evaluation
-    fidelity_tasks: int = 128        # held-out tasks whose calls are teacher-forced for REHEARSE fidelity
+    eval_batch: int = 128            # episodes per rollout call in the real-tool evaluation
+    fidelity_tasks: int = 64        # held-out tasks whose calls are teacher-forced for REHEARSE fidelity
     more_sft: bool = True            # the equal-compute baseline
 
     def __post_init__(self):

@@ -1,0 +1,71 @@
+"""A reduced `make demo` end to end in a subprocess: data (tfds + grain), tokenizer, SFT, RL steps,
+real-tool evaluation, fidelity, more-SFT baseline, and report files that parse."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from envace_jax.demo import report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def reduced_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("demo") / "run"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
+               ENVACE_JAX_CACHE=os.path.join(ROOT, "runs", ".jax_cache_test"),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "demo.py"), "--preset=reduced",
+                           f"--run_dir={run_dir}", "--no_progress"], env=env, capture_output=True, text=True,
+                          timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return run_dir, proc.stdout
+
+
+def test_report_files_exist_and_summary_has_required_keys(reduced_run):
+    run_dir, stdout = reduced_run
+    for name in ("summary.json", "report.md", "rewards.png", "success.png", "metrics_rl.jsonl",
+                 "fidelity_before.md", "fidelity_after.md", "tokenizer/tokenizer.json"):
+        assert (run_dir / name).exists(), name
+    s = json.loads((run_dir / "summary.json").read_text())
+    report.check_summary(s)
+    n = s["test_episodes"]
+    assert n == 8 and s["eval_split"] == "test"
+    for key in ("real_success_before", "real_success_after", "more_sft_success", "fidelity_before", "fidelity_after"):
+        assert 0.0 <= s[key] <= 1.0, key
+    for key in ("real_success_ci_before", "real_success_ci_after", "more_sft_success_ci"):
+        lo, hi = s[key]
+        assert 0.0 <= lo <= hi <= 1.0
+    # Wilson interval recomputed from the counts
+    wins = round(s["real_success_after"] * n)
+    assert s["real_success_ci_after"] == pytest.approx(report.wilson_ci(wins, n))
+    assert s["eval"]["before"]["episodes"] == n
+    assert sum(s["eval"]["after"]["terminations"].values()) == n
+    assert s["data"]["sft_rows_by_role"]["act"] > 0 and s["data"]["sft_rows_by_role"]["rehearse"] > 0
+    assert "| model" in stdout and "total:" in stdout
+
+
+def test_rl_steps_logged_with_both_roles(reduced_run):
+    run_dir, _ = reduced_run
+    steps = [json.loads(line) for line in (run_dir / "metrics_rl.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        # every rollout batch of rehearsal mode holds both roles' rows (unless no episode made a call)
+        assert m["act/rows"] > 0
+        assert m["episode/count"] == 4
+        assert "update/loss" in m or "update/skipped_no_rows" in m
+
+
+def test_wilson_and_mean_ci_by_hand():
+    lo, hi = report.wilson_ci(5, 20)
+    # p = 0.25, n = 20, z = 1.96 -> [0.1119, 0.4687] (textbook Wilson interval)
+    assert lo == pytest.approx(0.1119, abs=1e-3) and hi == pytest.approx(0.4687, abs=1e-3)
+    assert report.mean_ci([0.0, 1.0, 0.5, 0.5]) == pytest.approx([0.5 - 1.96 * 0.408248 / 2, 0.5 + 1.96 * 0.408248 / 2],
+                                                                 abs=1e-4)
+    assert report.cis_separate([0.1, 0.2], [0.3, 0.4]) and not report.cis_separate([0.1, 0.35], [0.3, 0.4])
