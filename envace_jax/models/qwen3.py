@@ -370,12 +370,18 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv,
     q = shd.constrain(q, ("batch", "length", "act_heads", None), mesh, rules)
     new_cache = None
     if cache_kv is not None:
-        kc, vc = cache_kv
-        write = jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice(c, u, (i, 0, 0)))
-        kc = write(kc, k.astype(kc.dtype), cache_end)
-        vc = write(vc, v.astype(vc.dtype), cache_end)
-        new_cache = (kc, vc)
-        k, v = kc.astype(dt), vc.astype(dt)
+        # The whole [L, B, S, K, H] cache rides through the layer scan as a carry and only this
+        # chunk's slots of layer `i` are scattered in place: slicing per-layer caches in and
+        # stacking them out again would copy the entire cache at every decode step. Writes past
+        # the cache end are dropped (never clamped onto earlier slots).
+        k_all, v_all, i = cache_kv
+        T = k.shape[1]
+        rows = jnp.arange(k.shape[0], dtype=jnp.int32)[:, None]
+        slots = cache_end[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+        k_all = k_all.at[i, rows, slots].set(k.astype(k_all.dtype), mode="drop")
+        v_all = v_all.at[i, rows, slots].set(v.astype(v_all.dtype), mode="drop")
+        new_cache = (k_all, v_all)
+        k, v = k_all[i].astype(dt), v_all[i].astype(dt)
     attn = _attention(q, k, v, mask)
     x = x + jnp.einsum("btnh,nhd->btd", attn, w["o_proj"])
     x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
@@ -441,22 +447,24 @@ class Qwen3(nnx.Module):
         cache_end = None if cache is None else cache.end
 
         def body(carry, xs):
-            p, kv = xs
-            y, new_kv = _layer(cfg, mesh, rules, p, carry, positions, mask, kv, cache_end)
-            return y, (new_kv, y if collect_hidden else None)
+            y, kv = carry
+            p, i = xs
+            y, new_kv = _layer(cfg, mesh, rules, p, y, positions, mask,
+                               None if kv is None else (*kv, i), cache_end)
+            return (y, new_kv), (y if collect_hidden else None)
 
         body = _remat(body, cfg.remat_policy)
-        kv_in = None if cache is None else (cache.k, cache.v)
+        kv = None if cache is None else (cache.k, cache.v)
+        layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
         if cfg.scan_layers:
-            x, (kv_out, hidden) = jax.lax.scan(body, x, (params, kv_in))
+            (x, kv), hidden = jax.lax.scan(body, (x, kv), (params, layer_ids))
         else:
             outs = []
             for i in range(cfg.num_layers):
-                xs = jax.tree.map(lambda a: a[i], (params, kv_in))
-                x, o = body(x, xs)
-                outs.append(o)
-            kv_out, hidden = jax.tree.map(lambda *a: jnp.stack(a), *outs) if outs else (None, None)
-        return x, kv_out, hidden
+                (x, kv), h = body((x, kv), (jax.tree.map(lambda a: a[i], params), layer_ids[i]))
+                outs.append(h)
+            hidden = jnp.stack(outs) if collect_hidden else None
+        return x, kv, hidden
 
     # -- forward --------------------------------------------------------------------------
     def __call__(
