@@ -20,9 +20,9 @@ Attention masking has two modes:
   ``cache.end[b] + t``. A query at slot ``s`` sees every key slot ``j <= s``.
   Chunks are right-padded per row; the caller advances ``end`` by each row's
   valid length (``chunk_lengths``), so padding written past ``end`` is
-  overwritten by the next chunk and never read by a valid query. The caller
-  must keep ``end + T <= cache_size`` (``dynamic_update_slice`` clamps the start
-  index, which would overwrite earlier slots).
+  overwritten by the next chunk and never read by a valid query. Slots past
+  the cache size are dropped, so a full row never overwrites its earlier slots;
+  the caller reports such a row as ``cache_full``.
 """
 
 from __future__ import annotations
