@@ -18,7 +18,7 @@ class DemoConfig:
     sft_tasks: int = 64              # the small fixed set of demonstrations (train split, first N)
     rl_tasks: int = 512              # fresh train prompts after the demonstrations; they only ground REHEARSE and the judge
     world_model_rows: int = 96      # real executions of varied calls (errors included) for REHEARSE's warm start
-    validation_tasks: int = 256
+    validation_tasks: int = 128
     test_tasks: int = 256
     eval_split: str = "test"         # tune with "validation"; report with "test"
     # ---- tokenizer / model
@@ -30,14 +30,14 @@ class DemoConfig:
     num_kv_heads: int = 2
     head_dim: int = 32
     # ---- SFT warm start
-    sft_steps: int = 80
+    sft_steps: int = 60
     sft_batch_rows: int = 16
     sft_lr: float = 2e-3
     sft_warmup: int = 10
     micro_batch_size: int = 16
     # ---- RL (mode "rehearsal" by default)
     rl_mode: str = "rehearsal"
-    rl_steps: int = 20
+    rl_steps: int = 12
     prompts_per_step: int = 4
     n_rollouts: int = 4
     rl_lr: float = 2e-4
@@ -48,7 +48,7 @@ class DemoConfig:
     max_steps: int = 10              # rollout micro-steps per episode
     # ---- evaluation
     eval_batch: int = 128            # episodes per rollout call in the real-tool evaluation
-    fidelity_tasks: int = 64        # held-out tasks whose calls are teacher-forced for REHEARSE fidelity
+    fidelity_tasks: int = 32        # held-out tasks whose calls are teacher-forced for REHEARSE fidelity
     more_sft: bool = True            # the equal-compute baseline
 
     def __post_init__(self):

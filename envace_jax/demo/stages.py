@@ -28,10 +28,12 @@ from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
 from envace_jax.rl.types import Generation
 from envace_jax.sampling import Sampler
 
-# Every training batch is padded to one length (rows are <= ~900 tokens; longer prompts are left-truncated),
-# and the sampler rounds batch, chunk and window sizes to a few fixed buckets: on a 2-core CPU each
-# compiled program costs seconds, more than the padding it saves.
-TRAIN_LEN = 1024
+# Demo rows are <= ~620 tokens (mean ~400): batches are padded to a multiple of 128 and capped at
+# TRAIN_LEN (longer prompts are left-truncated), which gives two or three update programs; the sampler
+# rounds batch, chunk and window sizes to a few fixed buckets. On a 2-core CPU each compiled program
+# costs seconds, more than the padding it saves.
+TRAIN_LEN = 640
+LENGTH_MULTIPLE = 128
 SAMPLER_BUCKETS = dict(batch_buckets=(32, 128, 512), length_buckets=(32, 128, 512), window_buckets=(1024, 2048))
 
 
@@ -118,7 +120,7 @@ def sft_batches(rows: Sequence[Generation], batch_rows: int, seed: int):
 def sft_batch(rows: Sequence[Generation], max_len: int) -> TrainBatch:
     n = len(rows)
     return build_batch(rows, np.zeros(n, np.float32), np.zeros(n, np.int32), max_len=max_len, pad_id=0,
-                       length_multiple=TRAIN_LEN)
+                       length_multiple=LENGTH_MULTIPLE)
 
 
 def run_sft(trainer: Trainer, batches, max_len: int, *, steps: int | None = None, seconds: float | None = None,
@@ -214,6 +216,6 @@ def make_rl_step(cfg: DemoConfig, mode: str, model, codec, trainer: Trainer, sim
     step_cfg = StepConfig(n_rollouts=cfg.n_rollouts, baseline="row_mean", normalize_std=False,
                           empty_output_penalty=0.1, recompute_old_logprobs=True, ppo_epochs=1, mini_batches=1,
                           max_row_length=TRAIN_LEN,
-                          length_multiple=TRAIN_LEN, pad_id=0, seed=cfg.seed)
+                          length_multiple=LENGTH_MULTIPLE, pad_id=0, seed=cfg.seed)
     step = RLStep(step_cfg, engine, {r: trainer for r in TRAINED_ROLES[mode]})
     return step, client
