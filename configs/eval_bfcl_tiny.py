@@ -14,11 +14,15 @@ def get_config():
     c = bfcl_config()
     c.policy = "model"
     c.model.random_tiny = True
+    # BFCL prompts are 7k-11k demo-tokenizer tokens; attention over them dominates, so the smoke model
+    # is as small as Qwen3's shape allows.
+    c.model.tiny = dict(hidden=32, layers=1, heads=2, kv_heads=1, head_dim=8, vocab_size=4096,
+                        tokenizer_corpus="demo+bfcl")
     c.bfcl.categories = "multi_turn_base"
     c.bfcl.max_steps_per_turn = 2
-    c.bfcl.batch_size = 50
+    c.bfcl.batch_size = 25
     c.sampling.max_new_tokens = 16
     c.sampling.temperature = 1.0
-    c.max_model_len = 16384
+    c.max_model_len = 8192
     c.enable_thinking = False
     return c

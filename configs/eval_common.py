@@ -16,6 +16,9 @@ def base_eval_config(suite: str) -> ml_collections.ConfigDict:
     c.model.tokenizer_path = ""      # default: model_path (random_tiny: a demo tokenizer built into output_dir)
     c.model.random_tiny = False      # CI: a random 2-layer Qwen3 + the offline demo tokenizer
     c.model.dtype = "float32"
+    # random_tiny sizes and its demo tokenizer (corpus "demo" or "demo+bfcl")
+    c.model.tiny = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, vocab_size=480,
+                        tokenizer_corpus="demo")
 
     c.sampling = ml_collections.ConfigDict()
     c.sampling.temperature = 0.0     # greedy

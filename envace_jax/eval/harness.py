@@ -154,6 +154,18 @@ def demo_corpus(num_tasks: int = 48) -> list[str]:
     return texts
 
 
+def bfcl_schema_corpus() -> list[str]:
+    """BFCL's multi-turn tool schemas rendered as Qwen3 system prompts (ten tools per text)."""
+    from envace_jax.chat import render_chat_text
+    from envace_jax.envs import bfcl
+
+    classes = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot",
+               "TravelAPI", "VehicleControlAPI")
+    schemas = [bfcl.function_doc_to_schema(d) for d in bfcl._class_docs(classes)]
+    return [render_chat_text([{"role": "user", "content": "hi"}], schemas[i: i + 10])
+            for i in range(0, len(schemas), 10)]
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """Which policy to load. ``random_tiny`` builds a random 2-layer Qwen3 and the demo tokenizer (CI)."""
@@ -164,7 +176,13 @@ class ModelSpec:
     dtype: str = "float32"
     tiny_hidden: int = 64
     tiny_layers: int = 2
+    tiny_heads: int = 4
+    tiny_kv_heads: int = 2
+    tiny_head_dim: int = 16
     demo_vocab_size: int = 480
+    # "demo+bfcl" also trains the demo tokenizer on BFCL's multi-turn tool schemas, which roughly
+    # halves BFCL prompt lengths (the demo corpus alone splits their text into ~10k tokens).
+    tokenizer_corpus: str = "demo"
     seed: int = 0
 
 
@@ -180,10 +198,16 @@ def load_policy(spec: ModelSpec, work_dir: str):
         if os.path.exists(os.path.join(tok_dir, "tokenizer.json")):
             tok = load_tokenizer(tok_dir)
         else:
-            tok = build_demo_tokenizer(demo_corpus(), tok_dir, vocab_size=spec.demo_vocab_size)
+            corpus = demo_corpus()
+            if spec.tokenizer_corpus == "demo+bfcl":
+                corpus += 3 * bfcl_schema_corpus()
+            elif spec.tokenizer_corpus != "demo":
+                raise ValueError(f"config.model.tokenizer_corpus={spec.tokenizer_corpus!r}; choose demo or demo+bfcl")
+            tok = build_demo_tokenizer(corpus, tok_dir, vocab_size=spec.demo_vocab_size)
         h = spec.tiny_hidden
         cfg = qwen3.Qwen3Config(vocab_size=len(tok), hidden_size=h, intermediate_size=2 * h,
-                                num_layers=spec.tiny_layers, num_heads=4, num_kv_heads=2, head_dim=max(8, h // 4),
+                                num_layers=spec.tiny_layers, num_heads=spec.tiny_heads,
+                                num_kv_heads=spec.tiny_kv_heads, head_dim=spec.tiny_head_dim,
                                 param_dtype=spec.dtype, dtype=spec.dtype, rope_theta=10000.0,
                                 max_position_embeddings=1 << 17)
         return qwen3.init_model(cfg, seed=spec.seed), tok

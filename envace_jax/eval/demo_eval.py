@@ -1,0 +1,119 @@
+"""Demo task suite: real-environment success and checklist score (rule judge), with Wilson intervals.
+
+``policy=oracle`` scores each task's reference conversation (whose tool messages were produced by the
+real demo worlds) with the rule judge. ``policy=model`` plays the tasks with our ``RolloutEngine`` in
+mode ``real`` (tools run in the demo worlds, the rule judge scores every user turn), optionally after
+N private rehearsals (``rl.rehearsal.TestTimeRehearsal``). ``valid`` = every checklist item passed
+(episode score 1); ``score_mean`` is the mean checklist score.
+
+``sweep`` runs N x mode (issue 7 part 4) and reports score and success versus N and extra tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from envace_jax.eval.results import CategoryResult, EntryResult
+from envace_jax.rl.rehearsal import RehearsalConfig, RehearsalRun, TestTimeRehearsal, rehearsal_sweep
+
+_EPS = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoConfig:
+    num_tasks: int = 40
+    seed: int = 0
+    split: str = "test"
+
+    def __post_init__(self):
+        if self.num_tasks < 1:
+            raise ValueError(f"config.demo.num_tasks must be >= 1, got {self.num_tasks}")
+        if self.split not in ("train", "validation", "test"):
+            raise ValueError(f"config.demo.split={self.split!r}; choose train, validation or test")
+
+
+def load_tasks(cfg: DemoConfig) -> list[dict[str, Any]]:
+    from envace_jax.data.demo_tasks import generate_tasks
+    return generate_tasks(cfg.num_tasks, cfg.seed, cfg.split)
+
+
+def _judge():
+    from envace_jax.rl.judges import RuleJudge
+    return RuleJudge()
+
+
+def _category(name: str, uids: Sequence[str], scores: Sequence[float], details: Sequence[dict],
+              extra: dict[str, Any] | None = None) -> CategoryResult:
+    rows = [EntryResult(u, s >= 1.0 - _EPS, None if s >= 1.0 - _EPS else (d.get("termination") or "score_below_1"),
+                        dict(d, score=s)) for u, s, d in zip(uids, scores, details)]
+    n = max(1, len(rows))
+    out = {"score_mean": sum(scores) / n}
+    out.update(extra or {})
+    return CategoryResult(name, rows, out)
+
+
+def evaluate_oracle(tasks: Sequence[dict[str, Any]]) -> CategoryResult:
+    """The reference conversations, judged turn by turn exactly as a rollout's turns are."""
+    from envace_jax.rl.reward import episode_score, score_conversation
+    judge = _judge()
+    scores, details = [], []
+    for t in tasks:
+        system = [m for m in t["messages"] if m.get("role") == "system"]
+        msgs = system + list(t["reference_messages"])
+        rewards = score_conversation(msgs, t["checklist"], judge)
+        scores.append(episode_score(rewards, t["checklist"]))
+        details.append({"turn_rewards": rewards})
+    return _category("demo", [t["uid"] for t in tasks], scores, details)
+
+
+def make_rehearsal_runner(tasks: Sequence[dict[str, Any]], codec, client, rollout_cfg):
+    """``run(RehearsalConfig) -> RehearsalRun`` over ``tasks`` in the real demo worlds (N = 0: act directly)."""
+    from envace_jax.envs import demo_worlds
+    from envace_jax.rl.reward import ChecklistTurnJudge
+
+    def run(rcfg: RehearsalConfig) -> RehearsalRun:
+        client_reset = getattr(client, "reset", None)
+        if client_reset is not None:   # rows cached by an earlier setting belong to other episodes
+            client_reset()
+        ttr = TestTimeRehearsal(rcfg, rollout_cfg, codec, client, ChecklistTurnJudge(_judge()), demo_worlds.make_env)
+        return ttr.run(list(tasks))
+    return run
+
+
+def _from_run(name: str, run: RehearsalRun) -> CategoryResult:
+    n = max(1, len(run.committed))
+    details = [dict(e.metrics(), extra_generated_tokens=o.generated_tokens, extra_prompt_tokens=o.prompt_tokens)
+               for e, o in zip(run.committed, run.rehearsals)]
+    extra = {"extra_generated_tokens_mean": sum(o.generated_tokens for o in run.rehearsals) / n,
+             "extra_prompt_tokens_mean": sum(o.prompt_tokens for o in run.rehearsals) / n,
+             "memory_chars_mean": sum(len(o.memory) for o in run.rehearsals) / n}
+    return _category(name, [e.uid for e in run.committed], run.scores, details, extra)
+
+
+def evaluate_model(tasks: Sequence[dict[str, Any]], codec, client, rollout_cfg,
+                   rehearsal: RehearsalConfig = RehearsalConfig()) -> CategoryResult:
+    run = make_rehearsal_runner(tasks, codec, client, rollout_cfg)(rehearsal)
+    name = "demo" if rehearsal.n == 0 else f"demo_rehearsal_{rehearsal.mode}_n{rehearsal.n}"
+    return _from_run(name, run)
+
+
+def sweep(tasks: Sequence[dict[str, Any]], codec, client, rollout_cfg, base: RehearsalConfig,
+          ns: Sequence[int], modes: Sequence[str]):
+    """Score/success versus N and mode: (``rl.rehearsal.SweepResult``, one results category per cell).
+
+    N = 0 does not depend on the mode: it runs once and is reported under every mode.
+    """
+    runner = make_rehearsal_runner(tasks, codec, client, rollout_cfg)
+    runs: dict[tuple[str, int], RehearsalRun] = {}
+
+    def run(rcfg: RehearsalConfig) -> RehearsalRun:
+        runs[(rcfg.mode, rcfg.n)] = out = runner(rcfg)
+        return out
+
+    result = rehearsal_sweep(run, base, ns, modes)
+    cats = []
+    for row in result.rows:
+        r = runs.get((row["mode"], row["n"])) or next(v for (m, k), v in runs.items() if k == row["n"])
+        cats.append(_from_run(f"{row['mode']}_n{row['n']}", r))
+    return result, cats

@@ -1,0 +1,44 @@
+"""Benchmark evaluation from an ml-collections config file.
+
+    python launch/eval.py --config=configs/eval_bfcl.py --config.output_dir=/tmp/bfcl
+    python launch/eval.py --config=configs/eval_tau2.py --config.policy=model --config.model.model_path=... \
+        --config.output_dir=/tmp/tau2
+    python launch/eval.py --config=configs/eval_rehearsal_sweep.py --config.model.model_path=... \
+        --config.output_dir=/tmp/sweep
+
+Writes DIR/results.json (per category: count, valid, accuracy, its 95% interval, failure counts) and
+DIR/results.md. Benchmark packages come from `make eval-deps`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "eval config file (configs/eval_*.py)", lock_config=True)
+
+
+def main(argv):
+    del argv
+    if _CONFIG.value is None:
+        raise app.UsageError("--config=configs/eval_<suite>.py is required")
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from envace_jax.eval.results import to_markdown
+    from envace_jax.eval.runner import run_eval
+
+    try:
+        res = run_eval(_CONFIG.value)
+    except (ValueError, ImportError) as e:
+        print(f"eval error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(to_markdown(res), flush=True)
+    print(f"wrote {os.path.join(_CONFIG.value.output_dir, 'results.json')}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    app.run(main)
