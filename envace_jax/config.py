@@ -89,6 +89,9 @@ class RLSection:
     max_row_length: int = 20000     # prompt + response tokens of one row (prompts left-truncated)
     length_multiple: int = 64
     adjust_batch_multiple: int = 0  # faithful: duplicate random rows up to a multiple (reference 128); 0 = off
+    # rows longer than max_row_length: drop (default; the trainer never scores a context the sampler did
+    # not see) or truncate (left-truncate the prompt, as the reference's row padding does)
+    overlong_rows: str = "drop"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +170,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("rl.mini_batches", _POS, "> 0"), ("rl.micro_batch_size", _POS, "> 0"),
     ("rl.max_row_length", lambda v: v > 1, "> 1"), ("rl.length_multiple", _POS, "> 0"),
     ("rl.adjust_batch_multiple", _NONNEG, ">= 0"),
+    ("rl.overlong_rows", lambda v: v in ("drop", "truncate"), "drop or truncate"),
     ("optim.lr", _POS, "> 0"), ("optim.schedule", lambda v: v in ("constant", "cosine", "linear"),
                                 "constant, cosine or linear"),
     ("optim.warmup_steps", _NONNEG, ">= 0"), ("optim.b1", lambda v: 0 <= v < 1, "in [0, 1)"),

@@ -24,7 +24,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config
 _COORD = flags.DEFINE_string("coordinator", None, "host:port of process 0 (multi-process runs)")
 _NPROC = flags.DEFINE_integer("num_processes", None, "number of JAX processes")
 _PID = flags.DEFINE_integer("process_id", None, "this process's index")
-_DUMP = flags.DEFINE_string("dump_params", None, "write the final parameters to this .npz (tests, debugging)")
+_DUMP = flags.DEFINE_string("dump_params", None, "write the final parameters to this .npz (tests, debugging); "
+                            "\"{process}\" in it is replaced by the process index and every process writes")
 
 
 def main(argv):

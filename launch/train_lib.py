@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -23,7 +23,7 @@ from envace_jax.checkpoint import Checkpointer, PreemptionGuard
 from envace_jax.metrics import MetricsWriter, plot_rewards
 from envace_jax.models import hf_io, qwen3
 from envace_jax.rl.loop import TRAINED_ROLES, RLStep, StepConfig
-from envace_jax.rl.rollout import GenOutput, GenRequest, RolloutEngine
+from envace_jax.rl.rollout import RolloutEngine
 from envace_jax.rl.trainer import Trainer
 from envace_jax.rl.types import ACT, REHEARSE
 
@@ -113,34 +113,39 @@ def build_model(m: config_lib.ModelSection, vocab: int, mesh, path: str | None =
 
 # ----------------------------------------------------------------------------- sampler client
 
-class SamplerPolicyClient:
-    """PolicyClient over ``envace_jax.sampling.Sampler``: one batched ``generate`` per engine call.
-
-    Each request carries its own seed (the engine derives it from the run seed, iteration, episode
-    and micro-step), so a step's samples do not depend on anything but the config and the weights.
-    """
-
-    def __init__(self, model: qwen3.Qwen3, stop_token_ids: Sequence[int], mesh=None):
-        from envace_jax.sampling import Sampler
-
-        self.sampler = Sampler(model, mesh=mesh)
-        self.stop = tuple(int(t) for t in stop_token_ids)
-
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenOutput]:
-        from envace_jax.sampling import SamplingParams
-
-        params = [SamplingParams(temperature=r.sampling.temperature, top_p=r.sampling.top_p, top_k=r.sampling.top_k,
-                                 max_new_tokens=r.sampling.max_new_tokens, stop_token_ids=self.stop, seed=r.seed)
-                  for r in requests]
-        out = self.sampler.generate([r.prompt_ids for r in requests], params)
-        return [GenOutput(list(t), list(lp), fr) for t, lp, fr in zip(out.tokens, out.logprobs, out.finish_reasons)]
-
-    def release(self, cache_keys: Sequence[str]) -> None:
-        del cache_keys  # no cache is kept between calls
-
-
 def make_client(model, codec, mesh):
-    return SamplerPolicyClient(model, codec.stop_token_ids, mesh)
+    """``SamplerClient`` (one sampler call per engine step, KV-cache continuation across turns).
+
+    The cache is sized per call (``cache_size=None``): a row that would not fit falls back to a fresh
+    prefill of the whole call, never to a truncated prompt. ``RLStep`` resets the client after every
+    update, since cached keys/values were computed with the old weights.
+    """
+    from envace_jax.rl.policy_client import SamplerClient
+    from envace_jax.sampling import Sampler
+
+    return SamplerClient(Sampler(model, mesh=mesh), codec.stop_token_ids)
+
+
+def rollout_copy(model: qwen3.Qwen3, local_mesh) -> tuple[qwen3.Qwen3, Any]:
+    """(model the sampler reads, refresh function) for a multi-process run.
+
+    Training parameters are global arrays sharded over every process's devices, but each process
+    samples ITS OWN prompts, which a program over the global mesh cannot do (all processes would
+    have to run the same batch). So each process samples from a full copy of the weights on its own
+    devices, refreshed from the global parameters after every update (a collective).
+    """
+    from flax import nnx
+    from jax.experimental import multihost_utils
+
+    local = qwen3.init_model(model.config, seed=0, mesh=local_mesh)
+
+    def refresh() -> None:
+        host = multihost_utils.process_allgather(nnx.state(model, nnx.Param), tiled=True)
+        cur = nnx.state(local, nnx.Param)
+        nnx.update(local, jax.tree.map(lambda h, c: jax.device_put(np.asarray(h), c.sharding), host, cur))
+
+    refresh()
+    return local, refresh
 
 
 # ----------------------------------------------------------------------------- data and judge
@@ -229,10 +234,16 @@ class Run:
             t.load_state_dict(state["trainers"][r])
 
     def params(self) -> dict[str, np.ndarray]:
-        """Flat host copies of every trainer's parameters (``<role>/<path>``)."""
+        """Flat host copies of every trainer's parameters (``<role>/<path>``); a collective with
+        several processes (every process must call it)."""
         out = {}
         for r, t in self.distinct_trainers().items():
-            for path, leaf in jax.tree_util.tree_flatten_with_path(t.params)[0]:
+            params = t.params
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+
+                params = multihost_utils.process_allgather(params, tiled=True)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
                 out[f"{r}{jax.tree_util.keystr(path)}"] = np.asarray(jax.device_get(leaf))
         return out
 
@@ -264,8 +275,16 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
     config_lib.check_runnable(cfg)
     mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     tok, codec, trainers, policy, sim_model = build_policies(cfg, mesh)
-    simulator_client = None if sim_model is None else make_client(sim_model, codec, mesh)
-    engine = RolloutEngine(cfg.rollout, codec, make_client(policy, codec, mesh), build_judge(cfg),
+    sample_mesh, refreshers = mesh, []
+    if jax.process_count() > 1:
+        sample_mesh = shd.make_mesh(1, -1, cfg.mesh.tensor, devices=jax.local_devices())
+        policy, refresh = rollout_copy(policy, sample_mesh)
+        refreshers.append(refresh)
+        if sim_model is not None:
+            sim_model, refresh = rollout_copy(sim_model, sample_mesh)
+            refreshers.append(refresh)
+    simulator_client = None if sim_model is None else make_client(sim_model, codec, sample_mesh)
+    engine = RolloutEngine(cfg.rollout, codec, make_client(policy, codec, sample_mesh), build_judge(cfg),
                            simulator=simulator_client, make_env=build_make_env(cfg))
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     r = cfg.rl
@@ -273,8 +292,9 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
                           empty_output_penalty=r.empty_output_penalty, recompute_old_logprobs=r.recompute_old_logprobs,
                           ppo_epochs=r.ppo_epochs, mini_batches=r.mini_batches, max_row_length=r.max_row_length,
                           length_multiple=r.length_multiple, adjust_batch_multiple=r.adjust_batch_multiple,
-                          pad_id=int(pad), seed=cfg.seed)
-    step_fn = RLStep(step_cfg, engine, trainers)
+                          overlong_rows=r.overlong_rows, pad_id=int(pad), seed=cfg.seed)
+    step_fn = RLStep(step_cfg, engine, trainers,
+                     after_update=(lambda: [f() for f in refreshers]) if refreshers else None)
     data = build_data(cfg, codec)
     ckpt = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"), max_to_keep=cfg.checkpoint.keep,
                         save_interval_steps=cfg.checkpoint.every, async_save=cfg.checkpoint.async_save,
@@ -293,6 +313,7 @@ def resume(run: Run) -> int | None:
               file=sys.stderr, flush=True)
     run.load(restored.state)
     run.data.set_state(restored.data_state)
+    run.step_fn.weights_changed()
     return restored.step
 
 
@@ -341,6 +362,9 @@ def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -
         bar.close()
     if not preempted and cfg.log.plot and jax.process_index() == 0 and os.path.exists(run.writer.path):
         plot_rewards(run.writer.path, os.path.join(cfg.run_dir, "rewards.png"), title=cfg.name)
-    if dump_params and jax.process_index() == 0:
-        np.savez(dump_params, **run.params())
+    if dump_params:
+        params = run.params()  # a collective: every process gathers
+        # "{process}" in the path: every process writes its own copy (tests compare them).
+        if "{process}" in dump_params or jax.process_index() == 0:
+            np.savez(dump_params.replace("{process}", str(jax.process_index())), **params)
     return {"iteration": run.iteration, "resumed_from": resumed, "preempted": preempted}

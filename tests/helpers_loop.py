@@ -59,7 +59,7 @@ def tiny_overrides(run_dir: str, steps: int, **extra) -> list[str]:
     """Command-line overrides for a fast, deterministic demo run (one ACT call per episode)."""
     kv = {"run_dir": run_dir, "total_steps": steps, "tokenizer.path": tokenizer_dir(),
           "data.source": "jsonl", "data.path": os.path.join(shared_dir(), "tasks.jsonl"),
-          "data.prompts_per_step": 2, "rl.n_rollouts": 4, "rl.max_row_length": 256, "rl.length_multiple": 256,
+          "data.prompts_per_step": 2, "rl.n_rollouts": 4, "rl.max_row_length": 320, "rl.length_multiple": 64,
           "rl.micro_batch_size": 8, "rollout.max_steps": 1, "rollout.max_assistant_turns": 1,
           "rollout.max_user_turns": 1, "rollout.act.max_new_tokens": 16, "rollout.rehearse.max_new_tokens": 16,
           "optim.lr": 0.01, "checkpoint.every": 1, "checkpoint.keep": 2, "checkpoint.async_save": True,

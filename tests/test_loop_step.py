@@ -71,7 +71,7 @@ def test_one_iteration_advantages_match_hand_computation(tmp_path):
                                 "prompts_per_step": 2},
                        "rollout": {"max_steps": 1, "max_assistant_turns": 1, "max_user_turns": 1,
                                    "act": {"max_new_tokens": 12}, "rehearse": {"max_new_tokens": 12}},
-                       "rl": {"n_rollouts": 4, "max_row_length": 256, "length_multiple": 256, "micro_batch_size": 8},
+                       "rl": {"n_rollouts": 4, "max_row_length": 320, "length_multiple": 64, "micro_batch_size": 8},
                        "optim": {"lr": 0.01}, "log": {"tensorboard": False}})
     run = train_lib.build_run(cfg)
     seen = {}
@@ -92,7 +92,8 @@ def test_one_iteration_advantages_match_hand_computation(tmp_path):
     np.testing.assert_allclose(seen["batch"].advantages, want, atol=1e-6)
     # old log-probs were recomputed by the trainer: the first PPO step starts at ratio 1
     assert res.metrics["update/ratio"] == pytest.approx(1.0, abs=1e-5)
-    # Sampler log-probs vs the trainer's full forward: small but not zero (reported, see the loop metrics).
-    assert 0 <= res.metrics["act/logp_mismatch_sampler"] < 0.05
+    # Rows fit max_row_length (none dropped or truncated): the sampler's log-probs are the trainer's.
+    assert res.metrics["update/overlong_rows_dropped"] == 0 and res.metrics["update/truncated_prompt_rows"] == 0
+    assert res.metrics["act/logp_mismatch_sampler_max"] < 1e-5
     assert res.metrics["act/rows"] == 8 and res.metrics["rehearse/rows"] == 0
     assert sum(v for k, v in res.metrics.items() if k.startswith("termination/")) == pytest.approx(1.0)

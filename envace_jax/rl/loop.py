@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -58,6 +58,10 @@ class StepConfig:
     max_row_length: int = 20000
     length_multiple: int = 64
     adjust_batch_multiple: int = 0   # faithful switch: duplicate random rows up to a multiple (0 = off)
+    # Rows longer than max_row_length: "drop" leaves them out of the update (default); "truncate" keeps
+    # them with the prompt left-truncated. A truncated row is scored under a context the sampler never
+    # saw (and from position 0), so its log-probs and ratio are not those of the sampled policy.
+    overlong_rows: str = "drop"
     pad_id: int = 0
     seed: int = 0
 
@@ -66,6 +70,8 @@ class StepConfig:
             raise ValueError(f"rl.n_rollouts must be >= 1, got {self.n_rollouts}")
         if self.baseline not in BASELINES:
             raise ValueError(f"rl.baseline={self.baseline!r}; choose one of {BASELINES}")
+        if self.overlong_rows not in ("drop", "truncate"):
+            raise ValueError(f"rl.overlong_rows={self.overlong_rows!r}; choose 'drop' or 'truncate'")
         if self.adjust_batch_multiple < 0:
             raise ValueError(f"rl.adjust_batch_multiple must be >= 0, got {self.adjust_batch_multiple}")
 
@@ -156,6 +162,17 @@ def logprob_mismatch(batch: TrainBatch, recomputed: np.ndarray) -> dict[str, flo
     return out
 
 
+def _rows_all_processes(n: int) -> int:
+    """``n`` summed over JAX processes (the update is a collective: all take it or none)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return n
+    from jax.experimental import multihost_utils
+
+    return int(np.asarray(multihost_utils.process_allgather(np.asarray(n, np.int64))).sum())
+
+
 @dataclasses.dataclass
 class StepResult:
     metrics: dict[str, float]
@@ -170,7 +187,8 @@ class RLStep:
     to the same object (one optimizer step on the combined rows).
     """
 
-    def __init__(self, cfg: StepConfig, engine: RolloutEngine, trainers: Mapping[str, Trainer]):
+    def __init__(self, cfg: StepConfig, engine: RolloutEngine, trainers: Mapping[str, Trainer],
+                 after_update: Callable[[], None] | None = None):
         mode = engine.cfg.mode
         roles = TRAINED_ROLES[mode]
         missing = [r for r in roles if r not in trainers]
@@ -184,6 +202,17 @@ class RLStep:
         self.roles = roles
         self.trainers = {r: trainers[r] for r in roles}
         self._base_rollout = engine.cfg
+        self.after_update = after_update
+
+    def weights_changed(self) -> None:
+        """Called after every update (and by the launcher after a restore): KV rows a client cached
+        were computed with the old weights, so clients forget them; then ``after_update`` (e.g. the
+        multi-process launcher's refresh of the sampler's parameter copy)."""
+        if self.after_update is not None:
+            self.after_update()
+        for client in (self.engine.policy, getattr(self.engine, "simulator", None)):
+            if client is not None and hasattr(client, "reset"):
+                client.reset()
 
     def _temperature(self, role: str) -> float:
         rc: RolloutConfig = self.engine.cfg
@@ -204,16 +233,20 @@ class RLStep:
         gens = adjust_batch_copy(gens, cfg.adjust_batch_multiple, rng)
         scores = row_scores(gens, cfg.empty_output_penalty)
         metrics = rollout_metrics(episodes, gens, scores)
-        if not gens:
+        if _rows_all_processes(len(gens)) == 0:
             metrics["update/skipped_no_rows"] = 1.0
             return StepResult(metrics, episodes, 0)
 
+        # Advantages are per process: the n rollouts of a prompt (its GRPO group) never leave the
+        # process that sampled them.
         group_ids = _group_ids([g.uid for g in gens])
         role_ids = np.asarray([g.role_id for g in gens], np.int32)
         episode_ids = np.asarray([g.episode for g in gens], np.int32)
-        adv = np.asarray(role_wise_advantages(scores, group_ids, role_ids, baseline=cfg.baseline,
-                                              normalize_std=cfg.normalize_std, episode_ids=episode_ids))
-        metrics.update(advantage_stats(adv, scores, group_ids, role_ids, role_names=ROLE_NAMES))
+        adv = np.zeros((0,), np.float32)
+        if gens:
+            adv = np.asarray(role_wise_advantages(scores, group_ids, role_ids, baseline=cfg.baseline,
+                                                  normalize_std=cfg.normalize_std, episode_ids=episode_ids))
+            metrics.update(advantage_stats(adv, scores, group_ids, role_ids, role_names=ROLE_NAMES))
 
         # One update per distinct Trainer, on the rows of the roles it trains.
         by_trainer: dict[int, tuple[Trainer, list[str]]] = {}
@@ -224,13 +257,21 @@ class RLStep:
         for trainer, roles in by_trainer.values():
             idx = [i for i, g in enumerate(gens) if g.role in roles]
             tag = "update" if len(by_trainer) == 1 else f"update_{'+'.join(roles)}"
-            if not idx:
+            if cfg.overlong_rows == "drop":
+                keep = [i for i in idx if len(gens[i].prompt_ids) + len(gens[i].gen_ids) <= cfg.max_row_length]
+                metrics[f"{tag}/overlong_rows_dropped"] = float(len(idx) - len(keep))
+                idx = keep
+            if _rows_all_processes(len(idx)) == 0:
                 metrics[f"{tag}/skipped_no_rows"] = 1.0
                 continue
             rows += len(idx)
-            batch = build_batch([gens[i] for i in idx], adv[idx], group_ids[idx], max_len=cfg.max_row_length,
-                                temperatures=[self._temperature(gens[i].role) for i in idx], pad_id=cfg.pad_id,
-                                length_multiple=cfg.length_multiple)
+            if idx:
+                batch = build_batch([gens[i] for i in idx], adv[idx], group_ids[idx], max_len=cfg.max_row_length,
+                                    temperatures=[self._temperature(gens[i].role) for i in idx], pad_id=cfg.pad_id,
+                                    length_multiple=cfg.length_multiple)
+            else:  # other processes have rows: take part in the collective update with a zero-weight row
+                batch = build_batch([Generation(roles[0], [cfg.pad_id], [], [], "", -1, 0)], [0.0], [0],
+                                    max_len=cfg.max_row_length, pad_id=cfg.pad_id, length_multiple=cfg.length_multiple)
             metrics[f"{tag}/rows"] = float(len(idx))
             metrics[f"{tag}/truncated_prompt_rows"] = float(batch.truncated_rows)
             metrics[f"{tag}/seq_len"] = float(batch.tokens.shape[1])
@@ -245,4 +286,5 @@ class RLStep:
                 vals = [o[k] for o in outs if k in o]
                 metrics[f"{tag}/{k}"] = float(np.mean(vals))
             metrics[f"{tag}/optimizer_steps"] = float(len(outs))
+        self.weights_changed()
         return StepResult(metrics, episodes, rows)

@@ -188,24 +188,79 @@ class Trainer:
 
     # ------------------------------------------------------------------ update
     def _device_batch(self, arrays: dict[str, np.ndarray]):
+        """Host rows -> device arrays sharded over the batch axes of the mesh.
+
+        With several processes each one passes ITS OWN rows (same shapes on every process, see
+        ``_local_micro_batches``) and the global array is their concatenation in process order, so
+        every sum the jitted code takes is over all processes' rows.
+        """
         if self.mesh is None:
             return {k: jnp.asarray(v) for k, v in arrays.items()}
+        multi = jax.process_count() > 1
         out = {}
         for k, v in arrays.items():
-            spec = shd.logical_to_spec(("batch",) + (None,) * (v.ndim - 1), shd.TRAIN_RULES, self.mesh, v.shape)
-            out[k] = jax.device_put(v, NamedSharding(self.mesh, spec))
+            gshape = (v.shape[0] * jax.process_count(),) + v.shape[1:] if multi else v.shape
+            spec = shd.logical_to_spec(("batch",) + (None,) * (v.ndim - 1), shd.TRAIN_RULES, self.mesh, gshape)
+            sharding = NamedSharding(self.mesh, spec)
+            if multi:
+                out[k] = jax.make_array_from_process_local_data(sharding, v, gshape)
+            else:
+                out[k] = jax.device_put(v, sharding)
         return out
 
+    def _local_micro_batches(self, batch: TrainBatch) -> list[dict[str, np.ndarray]]:
+        """This process's rows cut into micro-batches of ``micro_batch_size`` rows.
+
+        Single process: plain slices. Several processes: every process must feed the same number of
+        micro-batches of the same shape, so lengths are padded to the longest row width of any
+        process and every micro-batch is filled up to ``micro_batch_size`` (rounded up to this
+        process's device count) with zero-weight padding rows (segment id 0, weight 0: they add
+        nothing to any loss sum or count).
+        """
+        arrays = batch.arrays()
+        mbs = self.micro_batch_size
+        if jax.process_count() == 1:
+            return [{k: v[s:s + mbs] for k, v in arrays.items()} for s in range(0, batch.size, mbs)]
+        from jax.experimental import multihost_utils
+
+        shapes = np.asarray(multihost_utils.process_allgather(np.asarray(batch.tokens.shape, np.int64)))
+        rows, width = int(shapes[:, 0].max()), int(shapes[:, 1].max())
+        mbs = -(-mbs // jax.local_device_count()) * jax.local_device_count()
+        n_mb = max(1, -(-rows // mbs))
+        out = []
+        for m in range(n_mb):
+            mb = {}
+            for k, v in arrays.items():
+                part = v[m * mbs:(m + 1) * mbs]
+                pad = [(0, mbs - part.shape[0])] + [(0, width - part.shape[1])] * (v.ndim - 1)
+                fill = 1.0 if k == "temperature" else (-1 if k == "group_ids" else 0)
+                mb[k] = np.pad(part, pad, constant_values=np.asarray(fill, v.dtype))
+            out.append(mb)
+        return out
+
+    def _host_rows(self, x: jax.Array) -> np.ndarray:
+        """This process's rows of a batch-sharded device array (all rows with one process)."""
+        if jax.process_count() == 1:
+            return np.asarray(x)
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.global_array_to_host_local_array(x, self.mesh, x.sharding.spec))
+
     def compute_logprobs(self, batch: TrainBatch) -> np.ndarray:
-        """Current-policy log-probs ``[B, L]`` (the reference's ``old_log_probs`` recomputation)."""
+        """Current-policy log-probs ``[B, L]`` (the reference's ``old_log_probs`` recomputation).
+
+        Rows and width are this process's ``batch``; with several processes every process must call
+        this (it is a collective).
+        """
         fn = self._grad_fns.get("logp")
         if fn is None:
             fn = self._grad_fns["logp"] = jax.jit(self._forward_logp)
         outs = []
-        for s in range(0, batch.size, self.micro_batch_size):
-            mb = self._device_batch({k: v[s:s + self.micro_batch_size] for k, v in batch.arrays().items()})
-            outs.append(np.asarray(fn(self.params, mb)))
-        return np.concatenate(outs, 0) * batch.loss_weights
+        for mb in self._local_micro_batches(batch):
+            n = len(mb["tokens"])
+            outs.append(self._host_rows(fn(self.params, self._device_batch(mb)))[:n])
+        B, L = batch.tokens.shape
+        return np.concatenate(outs, 0)[:B, :L] * batch.loss_weights
 
     def accumulate(self, batch: TrainBatch, kind: str = "rl"):
         """Gradient sums and metric (sum, count) pairs over all micro-batches of ``batch``."""
@@ -214,14 +269,18 @@ class Trainer:
         grad_fn = self._grad_fn(kind)
         params = self.params
         grads, sums = None, None
-        arrays = batch.arrays()
         extra = {}
         if kind == "rl" and self.loss_cfg.role_balanced:
-            # Role weights must see the whole optimizer batch, not one micro-batch.
-            extra["role_counts"] = loss_lib.role_unit_counts(
-                jnp.asarray(batch.loss_weights), jnp.asarray(batch.role_ids), self.loss_cfg.agg)
-        for s in range(0, batch.size, self.micro_batch_size):
-            mb = self._device_batch({k: v[s:s + self.micro_batch_size] for k, v in arrays.items()})
+            # Role weights must see the whole optimizer batch (all processes), not one micro-batch.
+            counts = np.asarray(loss_lib.role_unit_counts(
+                jnp.asarray(batch.loss_weights), jnp.asarray(batch.role_ids), self.loss_cfg.agg))
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+
+                counts = np.asarray(multihost_utils.process_allgather(counts)).sum(0)
+            extra["role_counts"] = counts.astype(np.float32)
+        for host_mb in self._local_micro_batches(batch):
+            mb = self._device_batch(host_mb)
             mb.update(extra)
             g, aux = grad_fn(params, mb, self.ref_params)
             grads = g if grads is None else _tree_add(grads, g)
@@ -258,6 +317,8 @@ class Trainer:
             if shuffle and mini_batches > 1:
                 order = np.random.default_rng(self.step * 7919 + ep).permutation(n)
             for part in np.array_split(order, mini_batches):
-                if len(part):
+                # Every process must take the same number of steps (each is a collective); a process
+                # with no rows in this part contributes zero-weight padding rows.
+                if len(part) or jax.process_count() > 1:
                     out.append(self.update(batch.take(np.sort(part))))
         return out
