@@ -75,6 +75,10 @@ class Demo:
             fid = stages.evaluate_fidelity(cfg, self.model, self.codec, self.eval_tasks[:cfg.fidelity_tasks])
         with open(os.path.join(self.run_dir, f"fidelity_{tag}.md"), "w") as f:
             f.write(fid.to_markdown())
+        with open(os.path.join(self.run_dir, f"fidelity_{tag}.json"), "w") as f:
+            f.write(fid.to_json(with_calls=True))
+        with open(os.path.join(self.run_dir, f"eval_{tag}_samples.json"), "w") as f:
+            json.dump(res.samples, f, indent=1, ensure_ascii=False, default=str)
         return rep.eval_summary(res), rep.fidelity_summary(fid)
 
     def rl(self, mode: str, tag: str = "rl") -> list[dict[str, Any]]:
@@ -129,6 +133,19 @@ class Demo:
                 "test_episodes": len(self.eval_tasks)}
 
 
+def rl_train_stats(log: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means over RL steps of what the training rollouts looked like (why a reward did or did not vary)."""
+    if not log:
+        return {}
+    keys = sorted({k for m in log for k in m if k.startswith("termination/")} |
+                  {"episode/score_mean", "act/rows", "rehearse/rows", "act/reward_mean", "rehearse/reward_mean"})
+    out = {k: float(np.mean([m.get(k) or 0.0 for m in log])) for k in keys}
+    half = max(1, len(log) // 2)
+    out["score_first_half"] = float(np.mean([m.get("episode/score_mean", 0.0) for m in log[:half]]))
+    out["score_second_half"] = float(np.mean([m.get("episode/score_mean", 0.0) for m in log[half:]] or [0.0]))
+    return out
+
+
 def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[str, Any]:
     d = Demo(cfg, run_dir, progress)
     d.prepare()
@@ -150,6 +167,7 @@ def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[st
              real_score_before=ev_b["score"], real_score_after=ev_a["score"],
              fidelity_before=fid_b["overall"]["exact"], fidelity_after=fid_a["overall"]["exact"],
              fidelity_field_before=fid_b["overall"]["field"], fidelity_field_after=fid_a["overall"]["field"])
+    s["rl"]["train"] = rl_train_stats(log)
     s["timing"] = {k: v.as_dict() for k, v in d.timing.items()}
     s["timing"]["total"] = {"wall_s": round(sum(v.wall for v in d.timing.values()), 2),
                             "cpu_s": round(sum(v.cpu for v in d.timing.values()), 2)}

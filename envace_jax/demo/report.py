@@ -141,12 +141,22 @@ def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mappi
           "Success CIs are 95% Wilson intervals; score CIs are normal-approximation intervals of the mean.",
           "REHEARSE fidelity is teacher-forced on the held-out tasks' logged calls: `exact` = the rehearsed "
           "JSON equals the real response; `field` = share of matching leaves.", "",
-          "![reward per role](rewards.png)", "", "![real success](success.png)", "", "## Time", "", timing, "",
+          _train_line(summary["rl"].get("train", {})),
+          "", "![reward per role](rewards.png)", "", "![real success](success.png)", "", "## Time", "", timing, "",
           f"More-SFT baseline: {summary.get('more_sft_steps', 0)} extra SFT steps in the RL stage's wall time.", ""]
     path = os.path.join(run_dir, "report.md")
     with open(path, "w") as f:
         f.write("\n".join(md))
     return path
+
+
+def _train_line(t: Mapping[str, Any]) -> str:
+    if not t:
+        return ""
+    terms = ", ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in t.items() if k.startswith("termination/"))
+    return (f"RL training rollouts (means over steps): episode score {t.get('episode/score_mean', 0):.3f} "
+            f"(first half {t['score_first_half']:.3f}, second half {t['score_second_half']:.3f}); rows per step "
+            f"ACT {t.get('act/rows', 0):.1f}, REHEARSE {t.get('rehearse/rows', 0):.1f}; episode endings: {terms}.")
 
 
 def _verdict(s: Mapping[str, Any]) -> str:

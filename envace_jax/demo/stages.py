@@ -165,6 +165,7 @@ class EvalResult:
     by_world: dict[str, list[float]]
     terminations: dict[str, int]
     tool_calls_mean: float
+    samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # a few transcripts, for diagnosis
 
     @property
     def n(self) -> int:
@@ -177,7 +178,7 @@ def evaluate_real(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, An
     item of every turn passed."""
     client = make_client(model, codec)
     engine = make_engine(cfg, "real", codec, client, greedy=True)
-    scores, calls, terms, by_world = [], [], {}, {}
+    scores, calls, terms, by_world, samples = [], [], {}, {}, []
     for s in range(0, len(tasks), cfg.eval_batch):
         chunk = list(tasks[s:s + cfg.eval_batch])
         eps = engine.run(chunk, [t["uid"] for t in chunk])
@@ -187,10 +188,13 @@ def evaluate_real(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, An
             calls.append(e.tool_calls())
             terms[e.termination] = terms.get(e.termination, 0) + 1
             by_world.setdefault(t["env"]["name"], []).append(float(e.score))
+            if len(samples) < 8:
+                samples.append({"uid": t["uid"], "score": float(e.score), "termination": e.termination,
+                                "messages": e.messages[len(t["messages"]) - 1:]})
         if progress:
             progress(len(chunk))
     return EvalResult(scores, [s >= 1.0 - 1e-9 for s in scores], by_world, terms,
-                      float(np.mean(calls)) if calls else 0.0)
+                      float(np.mean(calls)) if calls else 0.0, samples)
 
 
 def evaluate_fidelity(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, Any]]):
