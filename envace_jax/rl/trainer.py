@@ -128,7 +128,8 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         return {"params": self.params, "opt_state": self.opt_state, "step": self.step,
-                "rng": jax.random.key_data(self.rng)}
+                # host numpy: a single-device array cannot be saved by a multi-process checkpoint
+                "rng": np.asarray(jax.random.key_data(self.rng))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         nnx.update(self.model, state["params"])
@@ -232,7 +233,7 @@ class Trainer:
             mb = {}
             for k, v in arrays.items():
                 part = v[m * mbs:(m + 1) * mbs]
-                pad = [(0, mbs - part.shape[0])] + [(0, width - part.shape[1])] * (v.ndim - 1)
+                pad = [(0, mbs - part.shape[0])] + [(0, width - d) for d in part.shape[1:]]
                 fill = 1.0 if k == "temperature" else (-1 if k == "group_ids" else 0)
                 mb[k] = np.pad(part, pad, constant_values=np.asarray(fill, v.dtype))
             out.append(mb)

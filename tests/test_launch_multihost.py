@@ -1,0 +1,72 @@
+"""A real 2-process run of launch/train.py on localhost (jax.distributed over 127.0.0.1, 2 fake CPU devices
+per process): both processes finish, hold identical parameters that did change, and the checkpoints and
+metrics are written once, not once per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+
+import numpy as np
+import pytest
+
+import helpers_loop as h
+
+STEPS = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _params(path: str) -> dict[str, np.ndarray]:
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.mark.slow
+def test_two_process_train_same_params_one_checkpoint(tmp_path):
+    run_dir = str(tmp_path / "run")
+    port = _free_port()
+    env = dict(h.env(), XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    procs = []
+    for pid in range(2):
+        cmd = h.train_cmd(run_dir, STEPS, f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
+                          f"--process_id={pid}", f"--dump_params={tmp_path}/params_{{process}}.npz")
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    errs = []
+    try:
+        for p in procs:
+            errs.append(p.communicate(timeout=900)[1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for pid, (p, err) in enumerate(zip(procs, errs)):
+        assert p.returncode == 0, f"process {pid}:\n{err[-4000:]}"
+        assert "done: {'iteration': 2" in err, err[-2000:]
+
+    # Identical parameters on both processes, and training moved them.
+    p0, p1 = _params(f"{tmp_path}/params_0.npz"), _params(f"{tmp_path}/params_1.npz")
+    assert sorted(p0) == sorted(p1) and p0
+    for k in p0:
+        assert np.array_equal(p0[k], p1[k]), f"parameter {k} differs between processes"
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        lines = [json.loads(x) for x in f if x.strip()]
+    # Metrics written by process 0 only: one line per step.
+    assert [x["step"] for x in lines] == list(range(1, STEPS + 1))
+    assert all(x["update/grad_norm"] > 0 for x in lines if x.get("adv/act/nonzero_frac", 0) > 0)
+XX
+    assert all(x["update/rows"] == 8 for x in lines)
+
+    # One checkpoint per saved step (keep=2), each with one manifest, no leftovers of a second writer.
+    ck = os.path.join(run_dir, "checkpoints")
+    entries = sorted(os.listdir(ck))
+    assert entries == [str(s) for s in range(1, STEPS + 1)], entries
+    for s in entries:
+        assert os.path.exists(os.path.join(ck, s, "envace_manifest.json"))
