@@ -1,5 +1,5 @@
 """A real 2-process run of launch/train.py on localhost (jax.distributed over 127.0.0.1, 2 fake CPU devices
-per process): both processes finish, hold identical parameters that did change, and the checkpoints and
+per process): both processes finish, take the same optimizer steps and hold identical parameters, and the checkpoints and
 metrics are written once, not once per process."""
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def test_two_process_train_same_params_one_checkpoint(tmp_path):
         lines = [json.loads(x) for x in f if x.strip()]
     # Metrics written by process 0 only: one line per step.
     assert [x["step"] for x in lines] == list(range(1, STEPS + 1))
+    assert all(x["update/optimizer_steps"] == 1 for x in lines)
     assert all(x["update/grad_norm"] > 0 for x in lines if x.get("adv/act/nonzero_frac", 0) > 0)
 XX
     assert all(x["update/rows"] == 8 for x in lines)
