@@ -74,6 +74,10 @@ def get_config():
     c.rl.mini_batches = 1
     c.rl.micro_batch_size = 1
     c.rl.max_row_length = 20000
+    # Rows past max_row_length: "drop" (ours; the trainer never scores a context the sampler did not
+    # see). The reference left-truncates prompts to 12000 tokens BEFORE sampling, so its rows stay
+    # consistent; "truncate" cuts only at training time and is kept for comparison.
+    c.rl.overlong_rows = "drop"
     c.rl.adjust_batch_multiple = 0          # 128 reproduces the reference's random row duplication
 
     c.optim.lr = 1e-6

@@ -303,6 +303,33 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
     return Run(cfg, trainers, step_fn, data, ckpt, writer)
 
 
+_SUMMED = ("/rows", "episode/count", "/overlong_rows_dropped", "/truncated_prompt_rows")
+
+
+def global_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Several processes: each metric over all processes (a collective). Counts (row counts, episode
+    counts) are summed; everything else is averaged over the processes that report it. The trainer's
+    metrics are already global (its sums run over the global batch), so averaging leaves them as
+    they are."""
+    if jax.process_count() == 1:
+        return metrics
+    import json
+
+    from jax.experimental import multihost_utils
+
+    blob = np.frombuffer(json.dumps(metrics, sort_keys=True).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray(len(blob), np.int64))).reshape(-1)
+    padded = np.zeros((int(sizes.max()),), np.uint8)
+    padded[: len(blob)] = blob
+    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    each = [json.loads(bytes(r[:n]).decode()) for r, n in zip(rows, sizes)]
+    out = {}
+    for k in sorted({k for m in each for k in m}):
+        vals = [float(m[k]) for m in each if k in m]
+        out[k] = float(np.sum(vals)) if k.endswith(_SUMMED) else float(np.mean(vals))
+    return out
+
+
 def resume(run: Run) -> int | None:
     """Restores the newest good checkpoint (params, optimizer, step, rng, data position)."""
     restored = run.ckpt.restore_latest_good(run.state())
@@ -341,7 +368,7 @@ def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -
             t0 = time.time()
             result = run.step_fn(records, run.iteration)
             run.iteration += 1
-            metrics = dict(result.metrics, **{"time/step_s": time.time() - t0})
+            metrics = global_metrics(dict(result.metrics, **{"time/step_s": time.time() - t0}))
             if run.iteration % cfg.log.every == 0 or run.iteration == cfg.total_steps:
                 run.writer.write(run.iteration, metrics)
             if bar is not None:

@@ -55,8 +55,7 @@ def tokenizer_dir() -> str:
     return os.path.join(out, "tokenizer")
 
 
-def tiny_overrides(run_dir: str, steps: int, **extra) -> list[str]:
-    """Command-line overrides for a fast, deterministic demo run (one ACT call per episode)."""
+def _tiny_kv(run_dir: str, steps: int, **extra) -> dict:
     kv = {"run_dir": run_dir, "total_steps": steps, "tokenizer.path": tokenizer_dir(),
           "data.source": "jsonl", "data.path": os.path.join(shared_dir(), "tasks.jsonl"),
           "data.prompts_per_step": 2, "rl.n_rollouts": 4, "rl.max_row_length": 320, "rl.length_multiple": 64,
@@ -65,7 +64,36 @@ def tiny_overrides(run_dir: str, steps: int, **extra) -> list[str]:
           "optim.lr": 0.01, "checkpoint.every": 1, "checkpoint.keep": 2, "checkpoint.async_save": True,
           "log.progress_bar": False, "log.plot": False, "log.tensorboard": False}
     kv.update(extra)
-    return [f"--config.{k}={v}" for k, v in kv.items()]
+    return kv
+
+
+def tiny_overrides(run_dir: str, steps: int, **extra) -> list[str]:
+    """Command-line overrides for a fast, deterministic demo run (one ACT call per episode)."""
+    return [f"--config.{k}={v}" for k, v in _tiny_kv(run_dir, steps, **extra).items()]
+
+
+def tiny_config(run_dir: str, steps: int, **extra):
+    """The ``ExperimentConfig`` that ``train_cmd(run_dir, steps, **extra)`` runs, for in-process tests.
+    Same shapes as the subprocess runs, so with ``use_compile_cache()`` they share compiled programs."""
+    from envace_jax.config import config_from_file, load_config
+
+    c = config_from_file(os.path.join(ROOT, "configs", "demo_cpu.py"))
+    for k, v in _tiny_kv(run_dir, steps, **extra).items():
+        *head, last = k.split(".")
+        node = c
+        for part in head:
+            node = node[part]
+        node[last] = v
+    return load_config(c)
+
+
+def use_compile_cache() -> None:
+    """Points this process's JAX persistent compilation cache at the directory the subprocesses use."""
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", os.path.join(shared_dir(), "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def train_cmd(run_dir: str, steps: int, *extra_flags: str, **overrides) -> list[str]:

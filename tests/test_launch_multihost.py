@@ -62,8 +62,8 @@ def test_two_process_train_same_params_one_checkpoint(tmp_path):
     assert [x["step"] for x in lines] == list(range(1, STEPS + 1))
     assert all(x["update/optimizer_steps"] == 1 for x in lines)
     assert all(x["update/grad_norm"] > 0 for x in lines if x.get("adv/act/nonzero_frac", 0) > 0)
-XX
-    assert all(x["update/rows"] == 8 for x in lines)
+    # Metrics are global: each process trains on its own 2 prompts x 4 rollouts (one ACT row each).
+    assert all(x["update/rows"] == 16 and x["episode/count"] == 16 for x in lines)
 
     # One checkpoint per saved step (keep=2), each with one manifest, no leftovers of a second writer.
     ck = os.path.join(run_dir, "checkpoints")

@@ -63,16 +63,10 @@ def test_trainer_routing_is_checked_per_mode():
 
 def test_one_iteration_advantages_match_hand_computation(tmp_path):
     import train_lib
-    from envace_jax.config import load_config
 
-    cfg = load_config({"run_dir": str(tmp_path), "tokenizer": {"path": h.tokenizer_dir()},
-                       "model": {"hidden_size": 32, "intermediate_size": 48, "head_dim": 8},
-                       "data": {"source": "jsonl", "path": os.path.join(h.shared_dir(), "tasks.jsonl"),
-                                "prompts_per_step": 2},
-                       "rollout": {"max_steps": 1, "max_assistant_turns": 1, "max_user_turns": 1,
-                                   "act": {"max_new_tokens": 12}, "rehearse": {"max_new_tokens": 12}},
-                       "rl": {"n_rollouts": 4, "max_row_length": 320, "length_multiple": 64, "micro_batch_size": 8},
-                       "optim": {"lr": 0.01}, "log": {"tensorboard": False}})
+    # The resume and multi-host tests' config and shapes: their subprocesses reuse these programs.
+    h.use_compile_cache()
+    cfg = h.tiny_config(str(tmp_path), 1)
     run = train_lib.build_run(cfg)
     seen = {}
     real_update = run.trainers[ACT].ppo_update
