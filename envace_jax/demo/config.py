@@ -30,9 +30,9 @@ class DemoConfig:
     num_kv_heads: int = 2
     head_dim: int = 32
     # ---- SFT warm start
-    sft_steps: int = 60
+    sft_steps: int = 100
     sft_batch_rows: int = 16
-    sft_lr: float = 2e-3
+    sft_lr: float = 3e-3
     sft_warmup: int = 10
     micro_batch_size: int = 16
     # ---- RL (mode "rehearsal" by default)
