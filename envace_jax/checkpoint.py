@@ -296,6 +296,12 @@ class Checkpointer:
             log.warning("checkpoint step %d in %s is corrupt or partial: %s; %s", step, self.directory, reason,
                         f"falling back to step {nxt}" if nxt is not None else "no earlier step to fall back to")
             skipped.append((step, reason))
+        unfinished = f"no {MANIFEST} (the save never completed)"
+        if skipped and self.quarantine_bad and all(r == unfinished for _, r in skipped):
+            # Only saves killed before they completed (e.g. SIGKILL during the first save): nothing was
+            # ever checkpointed, so a fresh start loses nothing; a wrong target would fail differently.
+            self._quarantine([s for s, _ in skipped])
+            return None
         if skipped:
             listing = "; ".join(f"step {s}: {r}" for s, r in skipped)
             raise RuntimeError(f"no usable checkpoint in {self.directory} ({listing}). If the restore target "

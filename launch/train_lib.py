@@ -303,6 +303,38 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
     return Run(cfg, trainers, step_fn, data, ckpt, writer)
 
 
+def gather_json(obj: Any) -> list[Any]:
+    """Every process's JSON-serialisable ``obj``, in process order (a collective)."""
+    import json
+
+    from jax.experimental import multihost_utils
+
+    blob = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray(len(blob), np.int64))).reshape(-1)
+    padded = np.zeros((int(sizes.max()),), np.uint8)
+    padded[: len(blob)] = blob
+    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    return [json.loads(bytes(r[:n]).decode()) for r, n in zip(rows, sizes)]
+
+
+def data_state(run: "Run") -> Any:
+    """The data position to checkpoint. Several processes read disjoint shards, each with its own
+    position, and the checkpoint's JSON is written by process 0: it holds all of them."""
+    if jax.process_count() == 1:
+        return run.data.get_state()
+    return {"per_process": gather_json(run.data.get_state())}
+
+
+def _own_data_state(state: Any) -> Any:
+    if isinstance(state, dict) and "per_process" in state:
+        states = state["per_process"]
+        if len(states) != jax.process_count():
+            raise ValueError(f"checkpoint holds data positions of {len(states)} processes; this run has "
+                             f"{jax.process_count()} (resume with the same process count)")
+        return states[jax.process_index()]
+    return state
+
+
 _SUMMED = ("/rows", "episode/count", "/overlong_rows_dropped", "/truncated_prompt_rows")
 
 
@@ -313,16 +345,7 @@ def global_metrics(metrics: dict[str, float]) -> dict[str, float]:
     they are."""
     if jax.process_count() == 1:
         return metrics
-    import json
-
-    from jax.experimental import multihost_utils
-
-    blob = np.frombuffer(json.dumps(metrics, sort_keys=True).encode(), np.uint8)
-    sizes = np.asarray(multihost_utils.process_allgather(np.asarray(len(blob), np.int64))).reshape(-1)
-    padded = np.zeros((int(sizes.max()),), np.uint8)
-    padded[: len(blob)] = blob
-    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
-    each = [json.loads(bytes(r[:n]).decode()) for r, n in zip(rows, sizes)]
+    each = gather_json(metrics)
     out = {}
     for k in sorted({k for m in each for k in m}):
         vals = [float(m[k]) for m in each if k in m]
@@ -339,7 +362,7 @@ def resume(run: Run) -> int | None:
         print(f"checkpoint step {step} is unusable ({reason}); fell back to step {restored.step}",
               file=sys.stderr, flush=True)
     run.load(restored.state)
-    run.data.set_state(restored.data_state)
+    run.data.set_state(_own_data_state(restored.data_state))
     run.step_fn.weights_changed()
     return restored.step
 
@@ -377,7 +400,7 @@ def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -
                                 reh=f"{metrics.get('rehearse/reward_mean', 0):.3f}")
             stop = guard.check()
             last = run.iteration == cfg.total_steps
-            run.ckpt.maybe_save(run.iteration, run.state(), run.data.get_state(), force=stop or last)
+            run.ckpt.maybe_save(run.iteration, run.state(), data_state(run), force=stop or last)
             if stop:
                 preempted = True
                 print(f"preempted (signal {guard.signal_received}): saved step {run.iteration}",

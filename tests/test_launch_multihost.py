@@ -28,15 +28,14 @@ def _params(path: str) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files}
 
 
-@pytest.mark.slow
-def test_two_process_train_same_params_one_checkpoint(tmp_path):
-    run_dir = str(tmp_path / "run")
+def _launch(run_dir: str, steps: int, dump: str) -> list[str]:
+    """Starts launch/train.py as processes 0 and 1 of one JAX job; returns their stderr once both exit 0."""
     port = _free_port()
     env = dict(h.env(), XLA_FLAGS="--xla_force_host_platform_device_count=2")
     procs = []
     for pid in range(2):
-        cmd = h.train_cmd(run_dir, STEPS, f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
-                          f"--process_id={pid}", f"--dump_params={tmp_path}/params_{{process}}.npz")
+        cmd = h.train_cmd(run_dir, steps, f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
+                          f"--process_id={pid}", f"--dump_params={dump}")
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     errs = []
     try:
@@ -49,13 +48,24 @@ def test_two_process_train_same_params_one_checkpoint(tmp_path):
                 p.wait()
     for pid, (p, err) in enumerate(zip(procs, errs)):
         assert p.returncode == 0, f"process {pid}:\n{err[-4000:]}"
-        assert "done: {'iteration': 2" in err, err[-2000:]
+        assert f"done: {{'iteration': {steps}" in err, err[-2000:]
+    return errs
 
-    # Identical parameters on both processes, and training moved them.
-    p0, p1 = _params(f"{tmp_path}/params_0.npz"), _params(f"{tmp_path}/params_1.npz")
+
+def _same_params(prefix: str) -> dict[str, np.ndarray]:
+    p0, p1 = _params(f"{prefix}_0.npz"), _params(f"{prefix}_1.npz")
     assert sorted(p0) == sorted(p1) and p0
     for k in p0:
         assert np.array_equal(p0[k], p1[k]), f"parameter {k} differs between processes"
+    return p0
+
+
+@pytest.mark.slow
+def test_two_process_train_same_params_one_checkpoint(tmp_path):
+    run_dir = str(tmp_path / "run")
+    _launch(run_dir, STEPS, f"{tmp_path}/a_{{process}}.npz")
+    # Identical parameters on both processes.
+    first = _same_params(f"{tmp_path}/a")
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         lines = [json.loads(x) for x in f if x.strip()]
     # Metrics written by process 0 only: one line per step.
@@ -71,3 +81,12 @@ def test_two_process_train_same_params_one_checkpoint(tmp_path):
     assert entries == [str(s) for s in range(1, STEPS + 1)], entries
     for s in entries:
         assert os.path.exists(os.path.join(ck, s, "envace_manifest.json"))
+
+    # A second launch with one more step resumes both processes from the shared checkpoint (each with its
+    # own data position) and they still end identical, with weights that moved.
+    errs = _launch(run_dir, STEPS + 1, f"{tmp_path}/b_{{process}}.npz")
+    assert all(f"resumed from checkpoint step {STEPS}" in e for e in errs), errs[0][-2000:]
+    second = _same_params(f"{tmp_path}/b")
+    assert any(not np.array_equal(first[k], second[k]) for k in first)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        assert [json.loads(x)["step"] for x in f if x.strip()] == list(range(1, STEPS + 2))

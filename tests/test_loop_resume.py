@@ -102,3 +102,21 @@ def test_sigkill_sigterm_corrupt_checkpoint_resume_bit_identical(tmp_path):
     for x in ref_lines:
         for key in ("act/reward_mean", "update/grad_norm", "update/loss"):
             assert last[x["step"]][key] == x[key], (x["step"], key)
+
+
+def test_first_save_killed_before_completion_starts_fresh(tmp_path):
+    """A SIGKILL during the very first save leaves a step without its manifest and nothing older: the
+    rerun starts from scratch (moving the step aside) instead of refusing to start."""
+    import jax.numpy as jnp
+
+    from envace_jax.checkpoint import MANIFEST, Checkpointer
+
+    state = {"w": jnp.arange(4.0)}
+    with Checkpointer(str(tmp_path), async_save=False) as ck:
+        ck.save(1, state, {"at": 1})
+    os.remove(os.path.join(tmp_path, "1", MANIFEST))
+    ck = Checkpointer(str(tmp_path), async_save=False)
+    assert ck.restore_latest_good(state) is None
+    assert os.path.isdir(tmp_path / "1.corrupt") and ck.all_steps() == []
+    assert ck.save(1, state, {"at": 1})
+    ck.close()
