@@ -123,3 +123,46 @@ def test_tiny_random_model_runs_every_multi_turn_base_entry(tmp_path):
     assert row["count"] == 200 and 0 <= row["valid"] <= 200
     assert row["generated_tokens_mean"] > 0          # the model really generated
     assert load_results(str(tmp_path))["categories"]["multi_turn_base"]["count"] == 200
+
+
+def test_line_level_tokenizer_shrinks_bfcl_prompts_and_round_trips(tmp_path):
+    from envace_jax.chat import build_demo_tokenizer, render_chat_text
+    from envace_jax.eval.harness import bfcl_corpus, demo_corpus
+
+    corpus = demo_corpus(8) + bfcl_corpus()
+    word = build_demo_tokenizer(corpus, tmp_path / "qwen", vocab_size=4096)
+    line = build_demo_tokenizer(corpus, tmp_path / "lines", vocab_size=4096, pre_split="lines", max_token_chars=64)
+    entries = bfcl.load_entries("multi_turn_base")[::40]
+    for e in entries:
+        text = render_chat_text([dict(m) for m in e["question"][0]], bfcl.BfclMultiTurnEnv(e).tool_schemas,
+                                enable_thinking=False)
+        ids = line.encode(text, add_special_tokens=False)
+        assert line.decode(ids) == text
+        assert 3 * len(ids) < len(word.encode(text, add_special_tokens=False)), e["id"]
+        assert max(len(line.decode([i])) for i in ids) <= 64
+    with pytest.raises(ValueError, match="pre_split"):
+        build_demo_tokenizer(corpus, tmp_path / "bad", pre_split="words")
+
+
+def test_rolling_batch_keeps_every_slot_busy_and_entry_order():
+    entries = bfcl.load_entries("multi_turn_base")[:7]
+    gts = bfcl.load_ground_truth("multi_turn_base")
+    oracle = B.BfclMultiTurnOracle(entries, gts)
+    sizes = []
+
+    class Counting:
+        def act(self, convs):
+            sizes.append(len(convs))
+            return oracle.act(convs)
+
+        def release(self, keys):
+            pass
+
+    eps = B.play_multi_turn(entries, Counting(), B.BfclConfig(batch_size=3))
+    assert [ep.entry["id"] for ep in eps] == [e["id"] for e in entries]
+    assert all(bfcl.check_multi_turn(ep.trajectory, ep.entry, gts[ep.entry["id"]])["valid"] for ep in eps)
+    # 3 live entries until the queue runs dry: one agent call per oracle step of the busiest slot.
+    steps = [sum(len(t) + 1 for t in gts[e["id"]]) for e in entries]
+    assert sum(sizes) == sum(steps)
+    first_short = sizes.index(next(s for s in sizes if s < 3))
+    assert all(s == 3 for s in sizes[:first_short]) and first_short >= min(steps)

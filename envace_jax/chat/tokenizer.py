@@ -13,6 +13,10 @@ from envace_jax.chat.template import CONTROL_TOKENS, ENDOFTEXT, IM_END, MARKUP_T
 # spaces) so the demo tokenizer cuts text where a real Qwen3 tokenizer does.
 _SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Whole lines (newline included): merges may then span words, so text repeated verbatim in every
+# prompt (benchmark tool schemas) shrinks to a few long tokens. Meant for tiny CI models only.
+_LINE_PATTERN = r"[^\n]*\n|[^\n]+"
+_PRE_SPLITS = {"qwen": _SPLIT_PATTERN, "lines": _LINE_PATTERN}
 
 
 def load_tokenizer(path: str | os.PathLike, *, use_our_template: bool = False):
@@ -39,7 +43,7 @@ def load_tokenizer(path: str | os.PathLike, *, use_our_template: bool = False):
 
 
 def build_demo_tokenizer(corpus_texts: Iterable[str], out_dir: str | os.PathLike, *, vocab_size: int = 1024,
-                         min_frequency: int = 2):
+                         min_frequency: int = 2, pre_split: str = "qwen", max_token_chars: int | None = None):
     """Trains a byte-level BPE on ``corpus_texts`` and saves a Hugging Face tokenizer directory.
 
     Ids 0..8 are the Qwen3 special tokens in ``QWEN3_SPECIAL_TOKENS`` order (``<|endoftext|>`` = 0,
@@ -47,6 +51,9 @@ def build_demo_tokenizer(corpus_texts: Iterable[str], out_dir: str | os.PathLike
     special (dropped by ``skip_special_tokens``); the markup tokens are added but not special, as in
     Qwen3, so decoded text keeps ``<think>`` and ``<tool_call>``. eos = ``<|im_end|>``, pad =
     ``<|endoftext|>``; the chat template is ours. Returns the loaded tokenizer.
+
+    ``pre_split``: "qwen" cuts text where Qwen3's tokenizer does; "lines" only at newlines, so one
+    token may cover several words (up to ``max_token_chars`` characters, default unlimited).
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -55,19 +62,24 @@ def build_demo_tokenizer(corpus_texts: Iterable[str], out_dir: str | os.PathLike
     if vocab_size < min_vocab:
         raise ValueError(f"vocab_size={vocab_size} is below {min_vocab} (256 bytes + {len(QWEN3_SPECIAL_TOKENS)} "
                          f"special tokens)")
+    if pre_split not in _PRE_SPLITS:
+        raise ValueError(f"pre_split={pre_split!r}; choose one of {sorted(_PRE_SPLITS)}")
+    if max_token_chars is not None and max_token_chars < 1:
+        raise ValueError(f"max_token_chars={max_token_chars} must be >= 1 (or None)")
     texts = [t for t in corpus_texts]
     if not texts or not all(isinstance(t, str) for t in texts):
         raise ValueError("corpus_texts must be a non-empty iterable of strings")
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(_PRE_SPLITS[pre_split]), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                   special_tokens=list(QWEN3_SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+                                  max_token_length=max_token_chars)
     tok.train_from_iterator(texts, trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CONTROL_TOKENS])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])

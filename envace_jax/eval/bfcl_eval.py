@@ -136,31 +136,40 @@ def _end_turn(ep: _Episode) -> None:
         _open_turn(ep)
 
 
+def _start(e: Mapping[str, Any]) -> _Episode:
+    env = bfcl.BfclMultiTurnEnv(e)
+    ep = _Episode(dict(e), env, Conversation(key=f"bfcl/{e['id']}", messages=[], tools=env.tool_schemas,
+                                             info={"entry_id": e["id"]}))
+    _open_turn(ep)
+    return ep
+
+
 def play_multi_turn(entries: Sequence[Mapping[str, Any]], agent: Agent, cfg: BfclConfig) -> list[_Episode]:
-    """Plays every entry to its end (or force-quit); returns the episodes with their trajectories."""
-    finished: list[_Episode] = []
-    for lo in range(0, len(entries), cfg.batch_size):
-        group = []
-        for e in entries[lo: lo + cfg.batch_size]:
-            env = bfcl.BfclMultiTurnEnv(e)
-            ep = _Episode(dict(e), env, Conversation(key=f"bfcl/{e['id']}", messages=[], tools=env.tool_schemas,
-                                                     info={"entry_id": e["id"]}))
-            _open_turn(ep)
-            group.append(ep)
-        while True:
-            live = [ep for ep in group if not ep.done]
-            if not live:
-                break
-            turns = agent.act([ep.conv for ep in live])
-            ended = []
-            for ep, out in zip(live, turns):
-                _advance(ep, out, cfg)
-                if ep.done:
-                    ended.append(ep.conv.key)
-            if ended:
-                agent.release(ended)
-        finished.extend(group)
-    return finished
+    """Plays every entry to its end (or force-quit); returns the episodes in entry order.
+
+    At most ``cfg.batch_size`` entries are live at once, and an entry that ends hands its slot to the
+    next one at once: entries differ a lot in turns and steps, so fixed groups would spend most agent
+    calls on a shrinking tail of each group.
+    """
+    episodes: list[_Episode | None] = [None] * len(entries)
+    todo = iter(range(len(entries)))
+    live: list[int] = []
+    while True:
+        while len(live) < cfg.batch_size and (j := next(todo, None)) is not None:
+            episodes[j] = _start(entries[j])
+            live.append(j)
+        if not live:
+            break
+        turns = agent.act([episodes[j].conv for j in live])
+        ended = []
+        for j, out in zip(live, turns):
+            _advance(episodes[j], out, cfg)
+            if episodes[j].done:
+                ended.append(episodes[j].conv.key)
+        if ended:
+            agent.release(ended)
+        live = [j for j in live if not episodes[j].done]
+    return episodes  # type: ignore[return-value]
 
 
 def _advance(ep: _Episode, out: AgentTurn, cfg: BfclConfig) -> None:

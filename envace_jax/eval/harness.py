@@ -154,16 +154,28 @@ def demo_corpus(num_tasks: int = 48) -> list[str]:
     return texts
 
 
-def bfcl_schema_corpus() -> list[str]:
-    """BFCL's multi-turn tool schemas rendered as Qwen3 system prompts (ten tools per text)."""
+def bfcl_corpus(repeat: int = 3) -> list[str]:
+    """BFCL multi-turn texts as the policy sees them: every tool schema of multi_turn_base (with the
+    note BFCL appends to each description) in Qwen3 system prompts, ten per text, ``repeat`` times so
+    each line clears the BPE frequency floor; then every user question, rendered as a user turn."""
     from envace_jax.chat import render_chat_text
+    from envace_jax.chat.template import user_turn
     from envace_jax.envs import bfcl
 
-    classes = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot",
-               "TravelAPI", "VehicleControlAPI")
-    schemas = [bfcl.function_doc_to_schema(d) for d in bfcl._class_docs(classes)]
-    return [render_chat_text([{"role": "user", "content": "hi"}], schemas[i: i + 10])
-            for i in range(0, len(schemas), 10)]
+    docs: dict[str, dict] = {}
+    questions = []
+    for e in bfcl.load_entries("multi_turn_base"):
+        for d in e["function"]:
+            docs.setdefault(d["name"], d)
+        questions += [m["content"] for turn in e["question"] for m in turn if m.get("role") == "user"]
+    schemas = [bfcl.function_doc_to_schema(d) for _, d in sorted(docs.items())]
+    texts = [render_chat_text([{"role": "user", "content": "hi"}], schemas[i: i + 10])
+             for i in range(0, len(schemas), 10)]
+    return repeat * texts + [user_turn(q) for q in questions]
+
+
+TOKENIZER_CORPORA = ("demo", "demo+bfcl")
+PRE_SPLITS = ("qwen", "lines")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,10 +192,26 @@ class ModelSpec:
     tiny_kv_heads: int = 2
     tiny_head_dim: int = 16
     demo_vocab_size: int = 480
-    # "demo+bfcl" also trains the demo tokenizer on BFCL's multi-turn tool schemas, which roughly
-    # halves BFCL prompt lengths (the demo corpus alone splits their text into ~10k tokens).
+    # "demo+bfcl" also trains the demo tokenizer on BFCL's multi-turn tool schemas and questions.
+    # BFCL prompts (~17k characters, ~30 tool schemas) are ~10k tokens with the "demo" corpus and
+    # ~4k with "demo+bfcl" (the floor of Qwen3's word-level pre-split); with pre_split="lines" and a
+    # large vocabulary, merges span words and a prompt shrinks to a few hundred tokens.
     tokenizer_corpus: str = "demo"
+    tokenizer_pre_split: str = "qwen"
+    tokenizer_max_token_chars: int = 0       # 0 = unlimited
     seed: int = 0
+
+
+def _init_tiny(cfg, seed: int):
+    """``qwen3.init_model(cfg, seed=seed)`` as ONE compiled program: the eager path compiles a
+    random-normal program per parameter shape, ~1 s each on a busy 2-core CI box."""
+    import jax
+    from flax import nnx
+    from envace_jax.models import qwen3
+
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed))))
+    state = jax.jit(lambda: nnx.state(qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed))))()
+    return nnx.merge(graphdef, state)
 
 
 def load_policy(spec: ModelSpec, work_dir: str):
@@ -198,19 +226,24 @@ def load_policy(spec: ModelSpec, work_dir: str):
         if os.path.exists(os.path.join(tok_dir, "tokenizer.json")):
             tok = load_tokenizer(tok_dir)
         else:
-            corpus = demo_corpus()
-            if spec.tokenizer_corpus == "demo+bfcl":
-                corpus += 3 * bfcl_schema_corpus()
-            elif spec.tokenizer_corpus != "demo":
-                raise ValueError(f"config.model.tokenizer_corpus={spec.tokenizer_corpus!r}; choose demo or demo+bfcl")
-            tok = build_demo_tokenizer(corpus, tok_dir, vocab_size=spec.demo_vocab_size)
+            if spec.tokenizer_corpus not in TOKENIZER_CORPORA:
+                raise ValueError(f"config.model.tiny.tokenizer_corpus={spec.tokenizer_corpus!r}; "
+                                 f"choose one of {TOKENIZER_CORPORA}")
+            if spec.tokenizer_pre_split not in PRE_SPLITS:
+                raise ValueError(f"config.model.tiny.pre_split={spec.tokenizer_pre_split!r}; choose one of {PRE_SPLITS}")
+            if spec.tokenizer_max_token_chars < 0:
+                raise ValueError(f"config.model.tiny.max_token_chars={spec.tokenizer_max_token_chars} must be >= 0")
+            corpus = demo_corpus() + (bfcl_corpus() if spec.tokenizer_corpus == "demo+bfcl" else [])
+            tok = build_demo_tokenizer(corpus, tok_dir, vocab_size=spec.demo_vocab_size,
+                                       pre_split=spec.tokenizer_pre_split,
+                                       max_token_chars=spec.tokenizer_max_token_chars or None)
         h = spec.tiny_hidden
         cfg = qwen3.Qwen3Config(vocab_size=len(tok), hidden_size=h, intermediate_size=2 * h,
                                 num_layers=spec.tiny_layers, num_heads=spec.tiny_heads,
                                 num_kv_heads=spec.tiny_kv_heads, head_dim=spec.tiny_head_dim,
                                 param_dtype=spec.dtype, dtype=spec.dtype, rope_theta=10000.0,
                                 max_position_embeddings=1 << 17)
-        return qwen3.init_model(cfg, seed=spec.seed), tok
+        return _init_tiny(cfg, spec.seed), tok
     if not spec.model_path:
         raise ValueError("config.model.model_path is empty: give a local Qwen3 checkpoint directory "
                          "(or set config.model.random_tiny=True for a CI smoke run)")
@@ -223,8 +256,30 @@ def load_policy(spec: ModelSpec, work_dir: str):
     return model, tok
 
 
+@dataclasses.dataclass(frozen=True)
+class SamplerShapes:
+    """Shape buckets for the eval sampler (``Sampler`` keywords; empty = the sampler's defaults).
+
+    Each new (batch, chunk length, cache window) bucket compiles a prefill and a decode program,
+    seconds each on CPU. A run whose every call fits one batch and one window (set ``window`` to
+    ``max_model_len + max_chunk``, the most the sampler allocates) compiles a handful of programs.
+    """
+
+    batch: tuple[int, ...] = ()
+    length: tuple[int, ...] = ()
+    window: tuple[int, ...] = ()
+    max_chunk: int = 512
+
+    def __post_init__(self):
+        for name in ("batch", "length", "window"):
+            if any(int(b) < 1 for b in getattr(self, name)):
+                raise ValueError(f"config.sampler.{name}_buckets must be positive, got {getattr(self, name)}")
+        if self.max_chunk < 1:
+            raise ValueError(f"config.sampler.max_chunk must be >= 1, got {self.max_chunk}")
+
+
 def build_model_agent(spec: ModelSpec, sampling: RoleSampling, *, max_model_len: int, work_dir: str,
-                      enable_thinking: bool = True, seed: int = 0):
+                      enable_thinking: bool = True, seed: int = 0, shapes: SamplerShapes = SamplerShapes()):
     """(agent, codec, client) for a model policy; the client keeps KV caches across turns."""
     from envace_jax.chat import Qwen3ChatCodec
     from envace_jax.rl.policy_client import SamplerClient
@@ -232,5 +287,8 @@ def build_model_agent(spec: ModelSpec, sampling: RoleSampling, *, max_model_len:
 
     model, tok = load_policy(spec, work_dir)
     codec = Qwen3ChatCodec(tok, enable_thinking=enable_thinking, simulator_thinking=enable_thinking)
-    client = SamplerClient(Sampler(model, cache_size=max_model_len), codec.stop_token_ids)
+    sampler = Sampler(model, cache_size=max_model_len, max_chunk=shapes.max_chunk,
+                      batch_buckets=shapes.batch or None, length_buckets=shapes.length or None,
+                      window_buckets=shapes.window or None)
+    client = SamplerClient(sampler, codec.stop_token_ids)
     return ModelAgent(codec, client, sampling, max_model_len=max_model_len, seed=seed), codec, client

@@ -2,7 +2,9 @@
 
 Config fields (see configs/eval_*.py): ``suite`` (bfcl | tau2 | demo | rehearsal_sweep), ``policy``
 (oracle | model), ``output_dir``, ``model`` (model_path, tokenizer_path, random_tiny, dtype),
-``sampling`` (temperature, top_p, top_k, max_new_tokens), ``max_model_len``, ``enable_thinking``, and
+``sampling`` (temperature, top_p, top_k, max_new_tokens), optional ``sampler`` shape buckets
+(batch_buckets, length_buckets, window_buckets, max_chunk; see ``harness.SamplerShapes``),
+``max_model_len``, ``enable_thinking``, and
 one section per suite. List-valued fields are comma-separated strings so they override cleanly from
 the command line (``--config.bfcl.categories=multi_turn_base,simple_python``).
 """
@@ -15,7 +17,7 @@ import time
 from typing import Any, Mapping
 
 from envace_jax.eval import results as R
-from envace_jax.eval.harness import ModelSpec, build_model_agent
+from envace_jax.eval.harness import ModelSpec, SamplerShapes, build_model_agent
 from envace_jax.rl.rollout import RoleSampling
 
 SUITES = ("bfcl", "tau2", "demo", "rehearsal_sweep")
@@ -61,13 +63,31 @@ def _model_spec(cfg: Any, path_field: str = "model.model_path") -> ModelSpec:
                      tiny_heads=int(_get(cfg, "model.tiny.heads", 4)), tiny_kv_heads=int(_get(cfg, "model.tiny.kv_heads", 2)),
                      tiny_head_dim=int(_get(cfg, "model.tiny.head_dim", 16)),
                      demo_vocab_size=int(_get(cfg, "model.tiny.vocab_size", 480)),
-                     tokenizer_corpus=str(_get(cfg, "model.tiny.tokenizer_corpus", "demo")), seed=int(_get(cfg, "seed", 0)))
+                     tokenizer_corpus=str(_get(cfg, "model.tiny.tokenizer_corpus", "demo")),
+                     tokenizer_pre_split=str(_get(cfg, "model.tiny.pre_split", "qwen")),
+                     tokenizer_max_token_chars=int(_get(cfg, "model.tiny.max_token_chars", 0)),
+                     seed=int(_get(cfg, "seed", 0)))
+
+
+def _ints(cfg: Any, field: str) -> tuple[int, ...]:
+    value = _get(cfg, field, "")
+    items = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        return tuple(int(v) for v in items if str(v).strip())
+    except ValueError:
+        raise ValueError(f"config.{field} must be comma-separated ints, got {value!r}") from None
+
+
+def _shapes(cfg: Any) -> SamplerShapes:
+    return SamplerShapes(batch=_ints(cfg, "sampler.batch_buckets"), length=_ints(cfg, "sampler.length_buckets"),
+                         window=_ints(cfg, "sampler.window_buckets"),
+                         max_chunk=int(_get(cfg, "sampler.max_chunk", 512)))
 
 
 def _agent(cfg: Any, out_dir: str, path_field: str = "model.model_path"):
     return build_model_agent(_model_spec(cfg, path_field), _sampling(cfg), max_model_len=int(_get(cfg, "max_model_len", 16384)),
                              work_dir=out_dir, enable_thinking=bool(_get(cfg, "enable_thinking", True)),
-                             seed=int(_get(cfg, "seed", 0)))
+                             seed=int(_get(cfg, "seed", 0)), shapes=_shapes(cfg))
 
 
 def _rollout_cfg(cfg: Any):
