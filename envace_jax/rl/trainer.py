@@ -133,7 +133,15 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         nnx.update(self.model, state["params"])
-        self.opt_state = state["opt_state"]
+
+        # A restored leaf may come back on one local device (Orbax restores scalars that way); put it
+        # where the live optimizer state lives, or the jitted update sees mixed device sets.
+        def place(new, cur):
+            if isinstance(cur, jax.Array) and getattr(new, "sharding", None) != cur.sharding:
+                return jax.device_put(np.asarray(new), cur.sharding)
+            return new
+
+        self.opt_state = jax.tree.map(place, state["opt_state"], self.opt_state)
         self.step = int(state["step"])
         self.rng = jax.random.wrap_key_data(jnp.asarray(state["rng"]))
 
