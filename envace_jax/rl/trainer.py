@@ -109,7 +109,7 @@ class Trainer:
         self.mesh = mesh
         self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
         self.tx = make_optimizer(optim)
-        self.opt_state = jax.jit(self.tx.init)(params)
+        self.opt_state = self._on_mesh(jax.jit(self.tx.init)(params))
         self.step = 0
         self.rng = jax.random.key(seed)
         self.ref_params = None
@@ -131,6 +131,25 @@ class Trainer:
                 # host numpy: a single-device array cannot be saved by a multi-process checkpoint
                 "rng": np.asarray(jax.random.key_data(self.rng))}
 
+    def _on_mesh(self, tree):
+        """Optimizer leaves that do not depend on the params (step counters, non-finite counts) come
+        out of ``tx.init`` or a restore on one local device; with a mesh, replicate them over it so
+        the jitted update never sees mixed device sets (across processes too)."""
+        if self.mesh is None:
+            return tree
+        devices = set(self.mesh.devices.flat)
+        rep = NamedSharding(self.mesh, PartitionSpec())
+
+        def one(x):
+            if not isinstance(x, jax.Array) or set(x.sharding.device_set) == devices:
+                return x
+            host = np.asarray(x)
+            if jax.process_count() > 1:
+                return jax.make_array_from_process_local_data(rep, host, host.shape)
+            return jax.device_put(host, rep)
+
+        return jax.tree.map(one, tree)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         nnx.update(self.model, state["params"])
 
@@ -141,7 +160,7 @@ class Trainer:
                 return jax.device_put(np.asarray(new), cur.sharding)
             return new
 
-        self.opt_state = jax.tree.map(place, state["opt_state"], self.opt_state)
+        self.opt_state = self._on_mesh(jax.tree.map(place, state["opt_state"], self.opt_state))
         self.step = int(state["step"])
         self.rng = jax.random.wrap_key_data(jnp.asarray(state["rng"]))
 
