@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import shlex
-import subprocess
+import os
 import sys
-from typing import Sequence
+
+# One print-then-run helper serves the TPU and GPU scripts; it lives in launch/.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from command_runner import execute  # noqa: E402,F401  (re-exported to the scripts)
 
 REPO_DIR = "~/envace-jax"
 LOCAL = ("localhost", "127.0.0.1")
@@ -31,14 +33,3 @@ def on_host(host: str, remote: str) -> list[str]:
     if host in LOCAL:
         return ["bash", "-c", remote]
     return ["ssh", host, remote]
-
-
-def execute(commands: Sequence[list[str]], dry_run: bool) -> int:
-    for cmd in commands:
-        print(shlex.join(cmd), flush=True)
-        if not dry_run:
-            rc = subprocess.call(cmd)
-            if rc:
-                print(f"command failed with exit code {rc}", file=sys.stderr)
-                return rc
-    return 0

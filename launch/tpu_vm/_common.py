@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import shlex
-import subprocess
+import os
 import sys
-from typing import Sequence
+
+# One print-then-run helper serves the TPU and GPU scripts; it lives in launch/.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from command_runner import execute  # noqa: E402,F401  (re-exported to the scripts)
 
 REPO_DIR = "~/envace-jax"
 
@@ -30,14 +32,3 @@ def gcloud(args: argparse.Namespace, *words: str) -> list[str]:
 def ssh_all(args: argparse.Namespace, remote: str) -> list[str]:
     """The same shell command on every worker of the slice."""
     return gcloud(args, "ssh", args.name, "--worker=all", f"--command={remote}")
-
-
-def execute(commands: Sequence[list[str]], dry_run: bool) -> int:
-    for cmd in commands:
-        print(shlex.join(cmd), flush=True)
-        if not dry_run:
-            rc = subprocess.call(cmd)
-            if rc:
-                print(f"command failed with exit code {rc}", file=sys.stderr)
-                return rc
-    return 0
