@@ -95,3 +95,20 @@ def test_bpe_learns_merges_from_the_corpus(tmp_path):
     # Frequent words become few tokens; an unseen word falls back to (more) byte-level pieces.
     assert len(tok.encode(" transfer", add_special_tokens=False)) == 1
     assert len(tok.encode(" qzxv", add_special_tokens=False)) >= 2
+
+
+def test_lines_digits_split_merges_across_words_but_keeps_digits_single(tmp_path):
+    line = '{"name": "check_stock", "arguments": {"item": "pen"}} -> {"price": 17, "stock": 305}\n'
+    corpus = [line * 30, "Balance of acct 4920 is 118.\n" * 30]
+    tok = build_demo_tokenizer(corpus, tmp_path / "t", vocab_size=400, pre_split="lines_digits")
+    ids = tok.encode('{"name": "check_stock", "arguments": {"item": "pen"}} -> {"price": 98}\n',
+                     add_special_tokens=False)
+    pieces = [tok.decode([i]) for i in ids]
+    # A frequent multi-word run is one token, which the Qwen-style split can never produce.
+    assert any(" " in p and len(p) > 12 for p in pieces), pieces
+    # Every digit is a token of its own, also for numbers never seen in the corpus.
+    assert "9" in pieces and "8" in pieces
+    assert all(not (any(c.isdigit() for c in p) and len(p) > 1) for p in pieces), pieces
+    assert tok.decode(ids) == '{"name": "check_stock", "arguments": {"item": "pen"}} -> {"price": 98}\n'
+    qwen = build_demo_tokenizer(corpus, tmp_path / "q", vocab_size=400, pre_split="qwen")
+    assert len(qwen.encode(line, add_special_tokens=False)) > 2 * len(tok.encode(line, add_special_tokens=False))

@@ -16,7 +16,10 @@ _SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|
 # Whole lines (newline included): merges may then span words, so text repeated verbatim in every
 # prompt (benchmark tool schemas) shrinks to a few long tokens. Meant for tiny CI models only.
 _LINE_PATTERN = r"[^\n]*\n|[^\n]+"
-_PRE_SPLITS = {"qwen": _SPLIT_PATTERN, "lines": _LINE_PATTERN}
+# As "lines", but every digit is its own piece: numbers stay digit by digit, so copying a number out of a
+# tool response is the same task whatever its neighbours (the demo's small models learn it much faster).
+_LINE_DIGIT_PATTERN = r"\p{N}|[^\n\p{N}]*\n|[^\n\p{N}]+"
+_PRE_SPLITS = {"qwen": _SPLIT_PATTERN, "lines": _LINE_PATTERN, "lines_digits": _LINE_DIGIT_PATTERN}
 
 
 def load_tokenizer(path: str | os.PathLike, *, use_our_template: bool = False):
@@ -53,7 +56,8 @@ def build_demo_tokenizer(corpus_texts: Iterable[str], out_dir: str | os.PathLike
     ``<|endoftext|>``; the chat template is ours. Returns the loaded tokenizer.
 
     ``pre_split``: "qwen" cuts text where Qwen3's tokenizer does; "lines" only at newlines, so one
-    token may cover several words (up to ``max_token_chars`` characters, default unlimited).
+    token may cover several words (up to ``max_token_chars`` characters, default unlimited);
+    "lines_digits" as "lines" with every digit a token of its own.
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
