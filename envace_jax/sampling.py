@@ -131,6 +131,18 @@ def quarter_octave_bucket(n: int, minimum: int = 64) -> int:
     return -(-n // step) * step
 
 
+def _resize(x: jax.Array, axis: int, size: int) -> jax.Array:
+    """Truncates or zero-pads ``x`` along ``axis`` to ``size``."""
+    n = x.shape[axis]
+    if size < n:
+        return jax.lax.slice_in_dim(x, 0, size, axis=axis)
+    if size > n:
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, size - n)
+        return jnp.pad(x, pad)
+    return x
+
+
 def _bucket(n: int, buckets: Sequence[int] | None, minimum: int) -> int:
     if buckets is None:
         return pow2_bucket(n, minimum)
@@ -192,38 +204,35 @@ class Sampler:
         self._decode = jax.jit(self._decode_impl, static_argnames=("budget",), donate_argnums=(1, 2))
 
     # ---------------------------------------------------------------- jitted programs
-    def _cache_constrain(self, x):
-        return shd.constrain(x, qwen3.CACHE_AXES, self.mesh, self.rules)
+    def _cache_constrain(self, k, v):
+        return (shd.constrain(k, qwen3.CACHE_K_AXES, self.mesh, self.rules),
+                shd.constrain(v, qwen3.CACHE_V_AXES, self.mesh, self.rules))
 
     def _prefill_impl(self, params, k, v, src, end, tokens, lens, *, size: int, gather: bool):
         """Writes one chunk per row into the (gathered, resized) cache.
 
-        Shapes: params: model state; k/v ``[L, B_old, S_old, K, H]``; src int32 ``[B]`` rows of the
+        Shapes: params: model state; k ``[L, B_old, K, H, S_old]``, v ``[L, B_old, K, S_old, H]``; src int32 ``[B]`` rows of the
         old cache to keep (only if ``gather``); end int32 ``[B]`` tokens already held; tokens int32
         ``[B, T]`` right-padded; lens int32 ``[B]`` valid tokens (0 = write nothing).
-        Returns (logits float32 ``[B, V]`` at each row's last valid token, k, v ``[L, B, size, K, H]``,
-        new end ``[B]``).
+        Returns (logits float32 ``[B, V]`` at each row's last valid token, k ``[L, B, K, H, size]``,
+        v ``[L, B, K, size, H]``, new end ``[B]``).
         """
         self.num_compilations += 1
         if gather:
             k, v = k[:, src], v[:, src]
-        s_old = k.shape[2]
-        if size < s_old:
-            k, v = k[:, :, :size], v[:, :, :size]
-        elif size > s_old:
-            pad = ((0, 0), (0, 0), (0, size - s_old), (0, 0), (0, 0))
-            k, v = jnp.pad(k, pad), jnp.pad(v, pad)
-        k, v = self._cache_constrain(k), self._cache_constrain(v)
+        k = _resize(k, qwen3.CACHE_K_SLOT_AXIS, size)
+        v = _resize(v, qwen3.CACHE_V_SLOT_AXIS, size)
+        k, v = self._cache_constrain(k, v)
         model = nnx.merge(self._graphdef, params)
         logits, cache = model(tokens, cache=qwen3.KVCache(k, v, end), chunk_lengths=lens,
                               logits_at=jnp.maximum(lens - 1, 0))
-        return logits, self._cache_constrain(cache.k), self._cache_constrain(cache.v), cache.end
+        return logits, *self._cache_constrain(cache.k, cache.v), cache.end
 
     def _decode_impl(self, params, k, v, end, logits, keys, draws, temperature, top_p, top_k, n_max,
                      cap_reason, stop_ids, *, budget: int):
         """On-device decode loop.
 
-        Shapes: k/v ``[L, B, S, K, H]``; end int32 ``[B]``; logits float32 ``[B, V]`` (next-token
+        Shapes: k ``[L, B, K, H, S]``, v ``[L, B, K, S, H]`` (see ``qwen3.KVCache``); end int32 ``[B]``; logits float32 ``[B, V]`` (next-token
         logits after the prefill); keys uint32 ``[B, 2]``; draws int32 ``[B]`` draws already made by
         each row; temperature/top_p float32 ``[B]``; top_k, n_max (tokens this row may generate),
         cap_reason (reason when n_max is reached) int32 ``[B]``; stop_ids int32 ``[B, S_max]``
@@ -268,7 +277,7 @@ class Sampler:
 
         _, k, v, end, _, c = jax.lax.while_loop(cond, body, (jnp.int32(0), k, v, end, logits, c0))
         tokens, lps, n, _, reason = c
-        return tokens, lps, n, reason, self._cache_constrain(k), self._cache_constrain(v), end
+        return tokens, lps, n, reason, *self._cache_constrain(k, v), end
 
     # ---------------------------------------------------------------- host side
     def _params(self):
@@ -415,10 +424,10 @@ class Sampler:
             k, v = self._spare
             gather = False
         else:
-            shape = (self.cfg.num_layers, B, size, self.cfg.num_kv_heads, self.cfg.head_dim)
+            k_shape, v_shape = qwen3.KVCache.shapes(self.cfg, B, size)
             dt = qwen3.as_dtype(self.cfg.dtype)
-            k = self._put(np.zeros(shape, dt), qwen3.CACHE_AXES)
-            v = self._put(np.zeros(shape, dt), qwen3.CACHE_AXES)
+            k = self._put(np.zeros(k_shape, dt), qwen3.CACHE_K_AXES)
+            v = self._put(np.zeros(v_shape, dt), qwen3.CACHE_V_AXES)
             gather = False
         self._spare = None
 

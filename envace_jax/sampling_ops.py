@@ -174,27 +174,32 @@ def sample_tokens(logits, keys, counters, temperature, top_p, top_k, *, k_max: i
     lse = jax.nn.logsumexp(scaled, axis=-1)
     k_eff = jnp.where((top_k > 0) & (top_k < V), top_k, V).astype(jnp.int32)
 
-    vals, idx = lax.top_k(scaled, k_max)
-    pc = jnp.exp(vals - lse[:, None])
-    cum = _cumsum(pc)
-    in_k = jnp.arange(k_max)[None, :] < k_eff[:, None]
-    # The top-k mass: summed over the candidates when top-k lies within them, else the whole (=1);
-    # rows with k_max < top_k < V never use the candidates (cand_ok below).
-    mass_k = jnp.where(k_eff <= k_max, jnp.sum(jnp.where(in_k, pc, 0.0), axis=-1), 1.0)
-    keep = in_k & ((top_p[:, None] >= 1.0) | ((cum - pc) < (top_p * mass_k)[:, None]))
-    cand_ok = (k_eff <= k_max) | ((k_eff >= V) & (top_p < 1.0) & (cum[:, -1] >= top_p))
-    w = jnp.where(keep, pc, 0.0)
-    cw = _cumsum(w)
-    u = _row_uniform(keys, counters, 0)
-    pick = jnp.minimum(jnp.sum(cw <= (u * cw[:, -1])[:, None], axis=-1), _last_positive(w))
-    tok_c = jnp.take_along_axis(idx, pick[:, None], axis=1)[:, 0]
+    def sampled_rows():
+        vals, idx = lax.top_k(scaled, k_max)
+        pc = jnp.exp(vals - lse[:, None])
+        cum = _cumsum(pc)
+        in_k = jnp.arange(k_max)[None, :] < k_eff[:, None]
+        # The top-k mass: summed over the candidates when top-k lies within them, else the whole (=1);
+        # rows with k_max < top_k < V never use the candidates (cand_ok below).
+        mass_k = jnp.where(k_eff <= k_max, jnp.sum(jnp.where(in_k, pc, 0.0), axis=-1), 1.0)
+        keep = in_k & ((top_p[:, None] >= 1.0) | ((cum - pc) < (top_p * mass_k)[:, None]))
+        cand_ok = (k_eff <= k_max) | ((k_eff >= V) & (top_p < 1.0) & (cum[:, -1] >= top_p))
+        w = jnp.where(keep, pc, 0.0)
+        cw = _cumsum(w)
+        u = _row_uniform(keys, counters, 0)
+        pick = jnp.minimum(jnp.sum(cw <= (u * cw[:, -1])[:, None], axis=-1), _last_positive(w))
+        tok_c = jnp.take_along_axis(idx, pick[:, None], axis=1)[:, 0]
 
-    full_rows = ~greedy & ~cand_ok
-    tok_f = lax.cond(
-        jnp.any(full_rows),
-        lambda: _full_vocab_sample(scaled, lse, k_eff, top_p, keys, counters, full_rows),
-        lambda: jnp.zeros((B,), jnp.int32),
-    )
-    tok = jnp.where(greedy, jnp.argmax(logits, axis=-1).astype(jnp.int32), jnp.where(cand_ok, tok_c, tok_f))
+        full_rows = ~greedy & ~cand_ok
+        tok_f = lax.cond(
+            jnp.any(full_rows),
+            lambda: _full_vocab_sample(scaled, lse, k_eff, top_p, keys, counters, full_rows),
+            lambda: jnp.zeros((B,), jnp.int32),
+        )
+        return jnp.where(cand_ok, tok_c, tok_f).astype(jnp.int32)
+
+    # An all-greedy batch (the common evaluation case) skips the candidate pass over the vocabulary.
+    tok_s = lax.cond(jnp.all(greedy), lambda: jnp.zeros((B,), jnp.int32), sampled_rows)
+    tok = jnp.where(greedy, jnp.argmax(logits, axis=-1).astype(jnp.int32), tok_s)
     lp = jnp.take_along_axis(scaled, tok[:, None], axis=1)[:, 0] - lse
     return tok.astype(jnp.int32), lp

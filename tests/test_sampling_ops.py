@@ -92,3 +92,19 @@ def test_inverse_cdf_never_picks_zero_weight():
     idx = np.asarray(jax.jit(inverse_cdf)(jnp.asarray(q), jnp.asarray(r)))
     np.testing.assert_array_equal(idx, [599, 300, 511, 599])
     assert (q[np.arange(4), idx] > 0).all()
+
+
+def test_mixed_batch_greedy_rows_argmax_and_sampled_rows_unchanged():
+    # The all-greedy shortcut (a lax.cond) must not touch a batch with any sampled row: its sampled
+    # rows draw exactly what they draw in an all-sampled batch, its greedy rows take the argmax.
+    rng = np.random.RandomState(2)
+    logits = jnp.asarray(rng.randn(4, V).astype(np.float32) * 3)
+    keys = jnp.asarray(rng.randint(0, 2**31, (4, 2)), jnp.uint32)
+    ctr = jnp.arange(4, dtype=jnp.int32)
+    top_p, top_k = jnp.asarray([1.0, 0.9, 1.0, 0.8]), jnp.asarray([0, 0, 5, 0])
+    f = jax.jit(sample_tokens)
+    mixed, _ = f(logits, keys, ctr, jnp.asarray([0.0, 1.0, 0.0, 0.7]), top_p, top_k)
+    sampled, _ = f(logits, keys, ctr, jnp.asarray([0.5, 1.0, 0.5, 0.7]), top_p, top_k)
+    mixed, sampled = np.asarray(mixed), np.asarray(sampled)
+    np.testing.assert_array_equal(mixed[[0, 2]], np.asarray(logits)[[0, 2]].argmax(-1))
+    np.testing.assert_array_equal(mixed[[1, 3]], sampled[[1, 3]])

@@ -23,6 +23,15 @@ Attention masking has two modes:
   overwritten by the next chunk and never read by a valid query. Slots past
   the cache size are dropped, so a full row never overwrites its earlier slots;
   the caller reports such a row as ``cache_full``.
+
+How the cache path runs (why, measured on CPU where decoding is memory-bound):
+the cache is *read-only* inside the layer scan. Each layer attends to the cached
+slots ``j < end[b]`` and, separately, causally within the chunk's own fresh
+keys/values; the two score blocks share one softmax. All layers' fresh keys and
+values leave the scan as its outputs and are written with one scatter after it.
+Writing per layer inside the scan instead made XLA carry, slice and re-layout
+the whole cache at every layer. Keys are stored ``[.., H, S]`` (slots last) so
+the score product reads them without a transpose; values ``[.., S, H]``.
 """
 
 from __future__ import annotations
@@ -256,7 +265,8 @@ class Qwen3Config:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-    """Per-row KV cache. ``k``/``v``: ``[L, B, S, K, H]``; ``end``: ``[B]`` int32 filled slots."""
+    """Per-row KV cache. ``k``: ``[L, B, K, H, S]`` (slots last), ``v``: ``[L, B, K, S, H]``;
+    ``end``: ``[B]`` int32 filled slots."""
 
     k: jax.Array
     v: jax.Array
@@ -264,16 +274,26 @@ class KVCache:
 
     @property
     def size(self) -> int:
-        return self.k.shape[2]
+        return self.v.shape[3]
+
+    @staticmethod
+    def shapes(cfg: Qwen3Config, batch: int, size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of ``k`` and ``v`` for ``batch`` rows of ``size`` slots."""
+        L, K, H = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+        return (L, batch, K, H, size), (L, batch, K, size, H)
 
     @classmethod
     def init(cls, cfg: Qwen3Config, batch: int, size: int, dtype: Any = None) -> "KVCache":
         dt = as_dtype(dtype or cfg.dtype)
-        shape = (cfg.num_layers, batch, size, cfg.num_kv_heads, cfg.head_dim)
-        return cls(jnp.zeros(shape, dt), jnp.zeros(shape, dt), jnp.zeros((batch,), jnp.int32))
+        ks, vs = cls.shapes(cfg, batch, size)
+        return cls(jnp.zeros(ks, dt), jnp.zeros(vs, dt), jnp.zeros((batch,), jnp.int32))
 
 
-CACHE_AXES = ("layers", "batch", "cache_length", "act_kv_heads", None)
+# Logical axes of KVCache.k and KVCache.v (their layouts differ: see the module docstring).
+CACHE_K_AXES = ("layers", "batch", "act_kv_heads", None, "cache_length")
+CACHE_V_AXES = ("layers", "batch", "act_kv_heads", "cache_length", None)
+# Axis of the slots in KVCache.k / KVCache.v.
+CACHE_K_SLOT_AXIS, CACHE_V_SLOT_AXIS = 4, 3
 
 
 # ------------------------------------------------------------------------------------------
@@ -355,8 +375,35 @@ def _attention(q, k, v, mask):
     return out.reshape(B, T, N, H)
 
 
-def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv, cache_end):
-    """One decoder layer. Returns (x, (k_cache, v_cache) or None)."""
+def _cached_attention(q, k_new, v_new, k_cache, v_cache, cached):
+    """Chunk attention over read-only cached slots plus the chunk's own keys (causal).
+
+    q ``[B,T,N,H]``; k_new/v_new ``[B,T,K,H]`` (this chunk); k_cache ``[B,K,H,S]``, v_cache
+    ``[B,K,S,H]``; cached ``[B,S]`` bool (slot holds a key every chunk query may see) ->
+    ``[B,T,N,H]``. The two score blocks share one softmax, normalised after the value products
+    (on ``[B,K,G,T,H]`` rather than on the ``S``-long probabilities).
+    """
+    B, T, N, H = q.shape
+    K = k_new.shape[2]
+    qg = (q * jnp.asarray(H ** -0.5, q.dtype)).reshape(B, T, K, N // K, H)
+    s_old = jnp.einsum("btkgh,bkhs->bkgts", qg, k_cache, preferred_element_type=jnp.float32)
+    s_old = jnp.where(cached[:, None, None, None, :], s_old, _MASK_VALUE)
+    s_new = jnp.einsum("btkgh,bukh->bkgtu", qg, k_new, preferred_element_type=jnp.float32)
+    causal = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]
+    s_new = jnp.where(causal, s_new, _MASK_VALUE)
+    m = jnp.maximum(s_old.max(-1, keepdims=True), s_new.max(-1, keepdims=True))
+    e_old, e_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
+    den = e_old.sum(-1) + e_new.sum(-1)  # [B,K,G,T]
+    dt = v_new.dtype
+    out = (jnp.einsum("bkgts,bksh->bkgth", e_old.astype(dt), v_cache, preferred_element_type=jnp.float32)
+           + jnp.einsum("bkgtu,bukh->bkgth", e_new.astype(dt), v_new, preferred_element_type=jnp.float32))
+    out = (out / den[..., None]).astype(dt)
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, N, H)
+
+
+def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv):
+    """One decoder layer. ``cache_kv``: None, or this layer's read-only ``(k_cache, v_cache)``
+    (then ``mask`` is the ``[B, S]`` cached-slot mask). Returns (x, this chunk's (k, v) or None)."""
     dt = as_dtype(cfg.dtype)
     w = {k: v.astype(dt) if k not in ("input_norm", "post_norm", "q_norm", "k_norm") else v
          for k, v in p.items()}
@@ -368,21 +415,13 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv,
     q = rotary(rms_norm(q, w["q_norm"], eps), positions, cfg.rope_theta)
     k = rotary(rms_norm(k, w["k_norm"], eps), positions, cfg.rope_theta)
     q = shd.constrain(q, ("batch", "length", "act_heads", None), mesh, rules)
-    new_cache = None
-    if cache_kv is not None:
-        # The whole [L, B, S, K, H] cache rides through the layer scan as a carry and only this
-        # chunk's slots of layer `i` are scattered in place: slicing per-layer caches in and
-        # stacking them out again would copy the entire cache at every decode step. Writes past
-        # the cache end are dropped (never clamped onto earlier slots).
-        k_all, v_all, i = cache_kv
-        T = k.shape[1]
-        rows = jnp.arange(k.shape[0], dtype=jnp.int32)[:, None]
-        slots = cache_end[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-        k_all = k_all.at[i, rows, slots].set(k.astype(k_all.dtype), mode="drop")
-        v_all = v_all.at[i, rows, slots].set(v.astype(v_all.dtype), mode="drop")
-        new_cache = (k_all, v_all)
-        k, v = k_all[i].astype(dt), v_all[i].astype(dt)
-    attn = _attention(q, k, v, mask)
+    if cache_kv is None:
+        new_kv = None
+        attn = _attention(q, k, v, mask)
+    else:
+        k_cache, v_cache = cache_kv
+        new_kv = (k, v)
+        attn = _cached_attention(q, k, v, k_cache.astype(dt), v_cache.astype(dt), mask)
     x = x + jnp.einsum("btnh,nhd->btd", attn, w["o_proj"])
     x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
     h = rms_norm(x, w["post_norm"], eps)
@@ -391,7 +430,24 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv,
     act = shd.constrain(jax.nn.silu(g) * u, ("batch", "length", "act_mlp"), mesh, rules)
     x = x + jnp.einsum("btf,fd->btd", act, w["down_proj"])
     x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
-    return x, new_cache
+    return x, new_kv
+
+
+def write_chunk(cache: KVCache, k_new: jax.Array, v_new: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Scatters every layer's chunk keys/values at slots ``cache.end[b] + t`` (one scatter each).
+
+    k_new/v_new ``[L, B, T, K, H]``. Returns the new ``k`` ``[L, B, K, H, S]`` and ``v``
+    ``[L, B, K, S, H]``. Slots past the cache size are dropped, never clamped onto earlier slots.
+    """
+    B, T = k_new.shape[1], k_new.shape[2]
+    rows = jnp.arange(B, dtype=jnp.int32)[:, None]
+    slots = cache.end[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    # Advanced indices split by slices put the (B, T) index dims first: updates are [B, T, L, K, H].
+    upd_k = jnp.transpose(k_new, (1, 2, 0, 3, 4)).astype(cache.k.dtype)
+    upd_v = jnp.transpose(v_new, (1, 2, 0, 3, 4)).astype(cache.v.dtype)
+    k = cache.k.at[:, rows, :, :, slots].set(upd_k, mode="drop")
+    v = cache.v.at[:, rows, :, slots, :].set(upd_v, mode="drop")
+    return k, v
 
 
 def _remat(fn, policy: str):
@@ -444,27 +500,28 @@ class Qwen3(nnx.Module):
     def _run_layers(self, x, positions, mask, cache: KVCache | None, collect_hidden: bool):
         cfg, mesh, rules = self.config, self.mesh, self.rules
         params = self.layers.arrays()
-        cache_end = None if cache is None else cache.end
 
-        def body(carry, xs):
-            y, kv = carry
+        def body(y, xs):
             p, i = xs
-            y, new_kv = _layer(cfg, mesh, rules, p, y, positions, mask,
-                               None if kv is None else (*kv, i), cache_end)
-            return (y, new_kv), (y if collect_hidden else None)
+            kv = None
+            if cache is not None:
+                # Indexed inside the body (not scanned over as xs) so the cache stays one buffer.
+                kv = (jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False),
+                      jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False))
+            y, new_kv = _layer(cfg, mesh, rules, p, y, positions, mask, kv)
+            return y, (y if collect_hidden else None, new_kv)
 
         body = _remat(body, cfg.remat_policy)
-        kv = None if cache is None else (cache.k, cache.v)
         layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
         if cfg.scan_layers:
-            (x, kv), hidden = jax.lax.scan(body, (x, kv), (params, layer_ids))
+            x, (hidden, new_kv) = jax.lax.scan(body, x, (params, layer_ids))
         else:
             outs = []
             for i in range(cfg.num_layers):
-                (x, kv), h = body((x, kv), (jax.tree.map(lambda a: a[i], params), layer_ids[i]))
-                outs.append(h)
-            hidden = jnp.stack(outs) if collect_hidden else None
-        return x, kv, hidden
+                x, o = body(x, (jax.tree.map(lambda a: a[i], params), layer_ids[i]))
+                outs.append(o)
+            hidden, new_kv = jax.tree.map(lambda *a: jnp.stack(a), *outs) if outs else (None, None)
+        return x, new_kv, hidden
 
     # -- forward --------------------------------------------------------------------------
     def __call__(
@@ -508,11 +565,10 @@ class Qwen3(nnx.Module):
         else:
             if segment_ids is not None:
                 raise ValueError("segment_ids are not used with a KV cache; right-pad chunks and pass chunk_lengths")
-            S = cache.size
-            q_slot = cache.end[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
             if positions is None:
-                positions = q_slot
-            mask = jnp.arange(S, dtype=jnp.int32)[None, None, :] <= q_slot[:, :, None]
+                positions = cache.end[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+            # Built once per call, shared by every layer: the slots written before this chunk.
+            mask = jnp.arange(cache.size, dtype=jnp.int32)[None, :] < cache.end[:, None]
         x = self.embed_tokens(input_ids)
         x, kv_out, hidden = self._run_layers(x, positions, mask, cache, return_hidden_states)
         if logits_at is not None:
@@ -521,7 +577,8 @@ class Qwen3(nnx.Module):
         out: tuple = (logits,)
         if cache is not None:
             lengths = jnp.full((B,), T, jnp.int32) if chunk_lengths is None else chunk_lengths.astype(jnp.int32)
-            out += (KVCache(kv_out[0], kv_out[1], cache.end + lengths),)
+            k_all, v_all = write_chunk(cache, *kv_out)
+            out += (KVCache(k_all, v_all, cache.end + lengths),)
         if return_hidden_states:
             emb = self.embed_tokens(input_ids)
             out += (jnp.concatenate([emb[None], hidden], axis=0),)
