@@ -110,8 +110,9 @@ def test_append_think_flag_and_compact_variant():
     system_f, user_f = build()
     assert len(system_c["content"]) < len(system_f["content"]) / 3
     assert len(user_c["content"]) < len(user_f["content"])
-    assert 'get_balance({"account":"A1"}) -> {"balance": 120}' in user_c["content"]
-    assert 'Call: get_balance({"account":"A1"})' in user_c["content"]
+    # Logged call and call to answer are identical whole lines; the logged result is the next line.
+    assert '\nget_balance({"account":"A1"})\n{"balance": 120}\n' in user_c["content"]
+    assert user_c["content"].rstrip("/think \n").endswith('Call:\nget_balance({"account":"A1"})')
     assert "Tool[get_balance]" in user_c["content"]
 
 

@@ -106,3 +106,32 @@ def test_normalized_env_matches_parser_form(tasks):
     assert json.loads(real) == {"account": acct, "balance": t["env"]["state"]["accounts"][acct]}
     bad = env.execute("get_balance", {"account": "nobody"})
     assert bad.error and "error" in json.loads(bad.content)
+
+
+def test_world_model_rows_never_show_an_excluded_task(codec):
+    pool = generate_tasks(40, 0 + demo_data.WORLD_MODEL_TASK_SEED_OFFSET, "train")
+    excluded = {t["uid"] for t in pool[:30]}
+    rows = demo_data.world_model_rows(40, 0, codec, exclude_uids=excluded)
+    assert len(rows) == 40 and all(r.role == REHEARSE for r in rows)
+    assert not {r.uid for r in rows} & excluded
+    # The same call without the exclusion does draw from those worlds (the exclusion is what removes them).
+    assert {r.uid for r in demo_data.world_model_rows(40, 0, codec)} & excluded
+
+
+def test_sft_batches_give_each_role_half_of_every_batch(tasks, codec):
+    from envace_jax.demo.stages import sft_batches
+
+    rows = demo_data.sft_rows(tasks[:3], codec, 60, 0)
+    n_act = sum(r.role == ACT for r in rows)
+    assert 0 < n_act < 30  # far fewer ACT rows than REHEARSE rows
+    stream = sft_batches(rows, 9, seed=1)
+    seen_act = []
+    for _ in range(6):
+        batch = next(stream)
+        roles = [r.role for r in batch]
+        assert len(batch) == 9 and roles.count(ACT) == 5 and roles.count(REHEARSE) == 4
+        seen_act += [id(r) for r in batch if r.role == ACT]
+    # ACT rows cycle through full permutations: the first n_act draws hold every ACT row once.
+    assert len(set(seen_act[:n_act])) == n_act
+    only = sft_batches([r for r in rows if r.role == REHEARSE], 8, seed=1)
+    assert all(r.role == REHEARSE for r in next(only))

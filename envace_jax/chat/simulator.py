@@ -210,12 +210,15 @@ def build_simulator_messages(*, tools: Sequence[Mapping[str, Any]], history: Seq
             _dump({"name": _function(t).get("name"), "parameters": _function(t).get("parameters", {})}, True)
             for t in tools)
         sections.append(f"Tools:\n{tool_lines}")
+        # Each logged call and the call to answer sit on lines of their own, written the same way,
+        # and each logged result is a line of its own: a matching call's result is then a copy of
+        # whole lines that tokenise exactly as the expected output does (easy for tiny models).
         if options.few_shot:
-            shots = "\n".join(f"{n}({_dump(a, True)}) -> {r}" for n, a, r in examples) or UNAVAILABLE
+            shots = "\n".join(f"{n}({_dump(a, True)})\n{r}" for n, a, r in examples) or UNAVAILABLE
             sections.append(f"Logged calls:\n{shots}")
         sections.append(f"History:\n{serialize_history(history)}")
         sections.append(f"Latest assistant message:\n{caller_text}")
-        sections.append(f"Call: {call_name}({_dump(call_arguments, True)})")
+        sections.append(f"Call:\n{call_name}({_dump(call_arguments, True)})")
     else:
         tools_json = json.dumps(list(tools), ensure_ascii=False, indent=0)
         sections.append(f"Candidate tools (the only tools available in this task):\n{tools_json}")

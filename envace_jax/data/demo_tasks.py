@@ -549,18 +549,24 @@ def _wm_call(kind: str, rng: random.Random, task: dict[str, Any], env: DemoWorld
     return name, args
 
 
-def world_model_examples(n: int, seed: int) -> list[WorldModelExample]:
+def world_model_examples(n: int, seed: int, *, task_seed: int | None = None,
+                         exclude_uids: frozenset[str] | set[str] = frozenset()) -> list[WorldModelExample]:
     """``n`` real executions of varied calls, each the first call on a fresh world of a train task.
 
     Calls mix the task's own reference calls, other valid calls, unknown ids, bad values,
     missing/extra/mistyped arguments and tools of another world. A call that the task's
     reference conversation logs with a *different* response (state changed earlier in the
     conversation) is re-drawn, so a row never contradicts the few-shot block it is shown with.
+
+    The worlds come from the train tasks of ``task_seed`` (default ``seed``), minus ``exclude_uids``:
+    a caller that keeps other train tasks for RL passes another seed and excludes them, so these
+    rows never show an RL prompt's reference conversation.
     """
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
     rng = random.Random(f"envace-demo/world-model/{seed}")
-    tasks = generate_tasks(max(1, n // 4), seed, "train")
+    pool = generate_tasks(max(1, n // 4) + len(exclude_uids), seed if task_seed is None else task_seed, "train")
+    tasks = [t for t in pool if t["uid"] not in exclude_uids][: max(1, n // 4)]  # never empty: the pool is padded
     out: list[WorldModelExample] = []
     budget = 50 * n + 100
     while len(out) < n:
