@@ -23,6 +23,10 @@ from envace_jax.rl.types import ACT, REHEARSE, Generation
 
 DATASET_NAME = "envace_demo"
 SIM_OPTIONS = SimulatorPromptOptions(few_shot=True, append_think=False, compact=True)
+# Merges may span words (the tool-schema block and the prompts' fixed wording shrink to a few tokens,
+# rows are ~4x shorter than with Qwen3's split) while digits stay single tokens, so reading a number
+# out of a tool response is a copy the tiny model learns quickly.
+PRE_SPLIT = "lines_digits"
 
 
 def normal_json(content: str) -> str:
@@ -121,7 +125,7 @@ def build_tokenizer(tasks: Sequence[Mapping[str, Any]], out_dir: str, vocab_size
                                             reference_messages=t["reference_messages"], options=SIM_OPTIONS)
             texts.append(render_chat_text(msgs, None, enable_thinking=False) + rehearse_target(c.real_content, False))
     tmp = f"{out_dir}.tmp{os.getpid()}"
-    build_demo_tokenizer(texts, tmp, vocab_size=vocab_size)
+    build_demo_tokenizer(texts, tmp, vocab_size=vocab_size, pre_split=PRE_SPLIT)
     os.replace(tmp, out_dir)
     return load_tokenizer(out_dir)
 
@@ -181,14 +185,21 @@ def rehearse_rows(task: Mapping[str, Any], codec: Qwen3ChatCodec, episode: int =
     return rows
 
 
-def world_model_rows(n: int, seed: int, codec: Qwen3ChatCodec, episode0: int = 0) -> list[Generation]:
+# World-model rows come from their own stream of train worlds (not the demonstrations, not the RL prompts).
+WORLD_MODEL_TASK_SEED_OFFSET = 7919
+
+
+def world_model_rows(n: int, seed: int, codec: Qwen3ChatCodec, episode0: int = 0,
+                     exclude_uids: frozenset[str] | set[str] = frozenset()) -> list[Generation]:
     """REHEARSE rows from real executions of varied calls (wrong ones included) on fresh worlds.
 
     Each call is posed as the task's first assistant step (history = system + first user message).
+    The worlds are train tasks of a separate seed stream with ``exclude_uids`` removed.
     """
     end = [codec.renderer.im_end_id]
     rows = []
-    for k, ex in enumerate(world_model_examples(n, seed)):
+    examples = world_model_examples(n, seed, task_seed=seed + WORLD_MODEL_TASK_SEED_OFFSET, exclude_uids=exclude_uids)
+    for k, ex in enumerate(examples):
         task = normalize_task(ex.task)
         system = [m for m in task["messages"] if m["role"] == "system"]
         first_user = next(m for m in task["reference_messages"] if m["role"] == "user")
@@ -203,11 +214,15 @@ def world_model_rows(n: int, seed: int, codec: Qwen3ChatCodec, episode0: int = 0
     return rows
 
 
-def sft_rows(demos: Sequence[Mapping[str, Any]], codec: Qwen3ChatCodec, wm_rows: int, seed: int) -> list[Generation]:
+def sft_rows(demos: Sequence[Mapping[str, Any]], codec: Qwen3ChatCodec, wm_rows: int, seed: int,
+             exclude_uids: frozenset[str] | set[str] = frozenset()) -> list[Generation]:
+    """Both roles' rows of the demonstrations, plus ``wm_rows`` world-model rows on worlds outside
+    ``exclude_uids`` (pass the RL prompts' uids)."""
     rows: list[Generation] = []
     for e, t in enumerate(demos):
         rows += act_rows(t, codec, e) + rehearse_rows(t, codec, e)
-    rows += world_model_rows(wm_rows, seed, codec, len(demos))
+    exclude = set(exclude_uids) | {t["uid"] for t in demos}
+    rows += world_model_rows(wm_rows, seed, codec, len(demos), exclude_uids=exclude)
     return rows
 
 

@@ -51,7 +51,8 @@ class Demo:
             bar.update(1)
         self.eval_tasks = self.splits[cfg.eval_split]
         self.model = stages.build_model(cfg, len(self.tok))
-        self.rows = demo_data.sft_rows(self.demos, self.codec, cfg.world_model_rows, cfg.seed)
+        self.rows = demo_data.sft_rows(self.demos, self.codec, cfg.world_model_rows, cfg.seed,
+                                       exclude_uids={t['uid'] for t in self.rl_tasks})
         self.max_len = stages.TRAIN_LEN
 
     def sft(self) -> None:

@@ -28,13 +28,13 @@ from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
 from envace_jax.rl.types import Generation
 from envace_jax.sampling import Sampler
 
-# Demo rows are <= ~620 tokens (mean ~400): batches are padded to a multiple of 128 and capped at
-# TRAIN_LEN (longer prompts are left-truncated), which gives two or three update programs; the sampler
-# rounds batch, chunk and window sizes to a few fixed buckets. On a 2-core CPU each compiled program
-# costs seconds, more than the padding it saves.
-TRAIN_LEN = 640
-LENGTH_MULTIPLE = 128
-SAMPLER_BUCKETS = dict(batch_buckets=(32, 128, 512), length_buckets=(32, 128, 512), window_buckets=(1024, 2048))
+# Demo rows are ~100-250 tokens with the demo tokenizer: batches are padded to a multiple of 64 and
+# capped at TRAIN_LEN (longer prompts are left-truncated), which gives a few update programs; the
+# sampler rounds batch, chunk and window sizes to a few fixed buckets. On a 2-core CPU each compiled
+# program costs seconds, more than the padding it saves.
+TRAIN_LEN = 384
+LENGTH_MULTIPLE = 64
+SAMPLER_BUCKETS = dict(batch_buckets=(32, 128, 512), length_buckets=(32, 128, 256), window_buckets=(256, 512, 1024))
 
 
 class Clock:
@@ -108,13 +108,30 @@ def make_trainer(model, cfg: DemoConfig, lr: float, warmup: int, seed: int) -> P
 
 # ----------------------------------------------------------------------------- SFT
 
-def sft_batches(rows: Sequence[Generation], batch_rows: int, seed: int):
-    """Endless batches of ``batch_rows`` rows, each epoch a fresh permutation (both roles mixed)."""
-    rng = np.random.default_rng([seed, 7])
+def _epochs(items: Sequence[Generation], rng: np.random.Generator):
+    """Endless stream of ``items``, each pass a fresh permutation."""
     while True:
-        order = rng.permutation(len(rows))
-        for s in range(0, len(order) - batch_rows + 1 if len(order) >= batch_rows else 1, batch_rows):
-            yield [rows[int(i)] for i in order[s:s + batch_rows]]
+        for i in rng.permutation(len(items)):
+            yield items[int(i)]
+
+
+def sft_batches(rows: Sequence[Generation], batch_rows: int, seed: int):
+    """Endless batches of ``batch_rows`` rows, half of each role (ACT, REHEARSE) when both exist.
+
+    Each role cycles through its own rows in fresh permutations, so the many cheap world-model rows
+    never crowd the scarce ACT demonstrations out of a batch.
+    """
+    rng = np.random.default_rng([seed, 7])
+    by_role: dict[str, list[Generation]] = {}
+    for r in rows:
+        by_role.setdefault(r.role, []).append(r)
+    roles = sorted(by_role)
+    if not roles:
+        raise ValueError("sft_batches: no rows")
+    streams = {role: _epochs(by_role[role], rng) for role in roles}
+    shares = [batch_rows // len(roles) + (k < batch_rows % len(roles)) for k in range(len(roles))]
+    while True:
+        yield [next(streams[role]) for role, n in zip(roles, shares) for _ in range(n)]
 
 
 def sft_batch(rows: Sequence[Generation], max_len: int) -> TrainBatch:
