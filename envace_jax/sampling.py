@@ -24,10 +24,10 @@ reached). Per-row sampling values are arrays, so changing them never recompiles;
 ``Sampler.num_compilations`` counts traces of both.
 
 Cache sizing (why the cache has ``headroom``): the model writes a padded chunk at ``end[b] + t``
-with ``dynamic_update_slice``, which clamps a start that would run past the end of the cache and
-would overwrite earlier slots. A row may hold at most ``capacity`` tokens; the device cache may grow
-to ``capacity + headroom`` slots and every chunk is at most ``headroom`` long, so no write ever
-clamps, even for rows that are full or finished (their writes land past ``end`` and are never read).
+and drops slots past the cache (see ``qwen3``). A row may hold at most ``capacity`` tokens; the
+device cache may grow to ``capacity + headroom`` slots and every chunk is at most ``headroom`` long,
+so every valid token of a chunk has a slot, even in the largest window; rows that are full or
+finished write padding past ``end``, which is never read.
 The device cache itself is sized per call to the bucket of what the batch needs, so attention in the
 decode loop runs over the live window rather than the whole capacity.
 
