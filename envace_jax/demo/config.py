@@ -17,12 +17,12 @@ class DemoConfig:
     # ---- data: splits are disjoint by construction (demo_tasks hashes task content into a split)
     sft_tasks: int = 64              # the small fixed set of demonstrations (train split, first N)
     rl_tasks: int = 512              # fresh train prompts after the demonstrations; they only ground REHEARSE and the judge
-    world_model_rows: int = 96      # real executions of varied calls (errors included) for REHEARSE's warm start
+    world_model_rows: int = 1536    # real executions of varied calls (errors included) on other worlds: REHEARSE's warm start
     validation_tasks: int = 128
     test_tasks: int = 256
     eval_split: str = "test"         # tune with "validation"; report with "test"
     # ---- tokenizer / model
-    vocab_size: int = 1024
+    vocab_size: int = 2048           # lines_digits BPE: prompts ~110 tokens, digits single tokens
     hidden_size: int = 128
     intermediate_size: int = 256
     num_layers: int = 2
@@ -30,21 +30,21 @@ class DemoConfig:
     num_kv_heads: int = 2
     head_dim: int = 32
     # ---- SFT warm start
-    sft_steps: int = 100
-    sft_batch_rows: int = 16
+    sft_steps: int = 450
+    sft_batch_rows: int = 32         # half ACT, half REHEARSE rows
     sft_lr: float = 3e-3
     sft_warmup: int = 10
     micro_batch_size: int = 16
     # ---- RL (mode "rehearsal" by default)
     rl_mode: str = "rehearsal"
-    rl_steps: int = 12
-    prompts_per_step: int = 4
+    rl_steps: int = 24
+    prompts_per_step: int = 8
     n_rollouts: int = 4
     rl_lr: float = 2e-4
     act_max_new_tokens: int = 64
     rehearse_max_new_tokens: int = 64
     temperature: float = 1.0
-    max_model_len: int = 1536
+    max_model_len: int = 768
     max_steps: int = 10              # rollout micro-steps per episode
     # ---- evaluation
     eval_batch: int = 128            # episodes per rollout call in the real-tool evaluation
