@@ -4,6 +4,7 @@
     python launch/demo.py --run_dir=runs/val --eval_split=validation   # how the config was chosen
     python launch/demo.py --run_dir=runs/cmp --compare        # RL modes real / simulator / rehearsal
     python launch/demo.py --set rl_steps=10 --set rl_lr=1e-4  # any DemoConfig field
+    python launch/demo.py --run_dir=runs/demo --rehearsal_sweep   # test-time rehearsal table, after a run
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="default", choices=["default", "reduced"])
     p.add_argument("--eval_split", default=None, choices=["validation", "test"])
     p.add_argument("--compare", action="store_true", help="RL in modes real, simulator and rehearsal")
+    p.add_argument("--rehearsal_sweep", action="store_true",
+                   help="after a demo run in --run_dir: test-time rehearsal N=0,1,2 (parallel, sequential) "
+                        "with its exported model, into rehearsal_sweep.md")
+    p.add_argument("--sweep_tasks", type=int, default=0, help="tasks for --rehearsal_sweep (0: the whole split)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--no_progress", action="store_true")
     args = p.parse_args(argv)
@@ -60,6 +65,13 @@ def main(argv=None) -> int:
     if args.eval_split:
         cfg = cfg.replace(eval_split=args.eval_split)
     cfg = _parse_set(args.set, cfg)
+    if args.rehearsal_sweep:
+        from envace_jax.demo.rehearsal_table import run_rehearsal_table
+
+        out = run_rehearsal_table(cfg, args.run_dir, num_tasks=args.sweep_tasks or None)
+        print(out["markdown"])
+        print(f"wrote {os.path.join(args.run_dir, 'rehearsal_sweep.md')}")
+        return 0
     if args.compare:
         out = pipeline.run_compare(cfg, args.run_dir, progress=not args.no_progress)
         print(out["table"])

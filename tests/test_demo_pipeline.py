@@ -69,3 +69,30 @@ def test_wilson_and_mean_ci_by_hand():
     assert report.mean_ci([0.0, 1.0, 0.5, 0.5]) == pytest.approx([0.5 - 1.96 * 0.408248 / 2, 0.5 + 1.96 * 0.408248 / 2],
                                                                  abs=1e-4)
     assert report.cis_separate([0.1, 0.2], [0.3, 0.4]) and not report.cis_separate([0.1, 0.35], [0.3, 0.4])
+
+
+def test_exported_model_runs_the_rehearsal_sweep(reduced_run):
+    """The demo's exported model is a real HF checkpoint (transformers loads it with the same
+    logits) and drives the test-time rehearsal table end to end."""
+    import numpy as np
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from envace_jax.demo.config import reduced
+    from envace_jax.demo.rehearsal_table import run_rehearsal_table
+    from envace_jax.models import hf_io
+
+    run_dir, _ = reduced_run
+    ids = np.arange(3, 19, dtype=np.int32)[None]
+    ours = np.asarray(hf_io.load_hf(str(run_dir / "model"))(ids))
+    with torch.no_grad():
+        theirs = Qwen3ForCausalLM.from_pretrained(str(run_dir / "model")).eval()(torch.tensor(ids).long()).logits
+    np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-4)
+
+    out = run_rehearsal_table(reduced(), str(run_dir), ns=(0, 1), modes=("parallel",), num_tasks=3)
+    assert [(r["mode"], r["n"], r["tasks"]) for r in out["rows"]] == [("parallel", 0, 3), ("parallel", 1, 3)]
+    assert out["rows"][0]["extra_generated_tokens"] == 0 and out["rows"][1]["extra_generated_tokens"] > 0
+    for r in out["rows"]:
+        lo, hi = r["success_ci95"]
+        assert 0.0 <= lo <= r["success"] <= hi <= 1.0
+    assert (run_dir / "rehearsal_sweep.md").read_text().count("| parallel |") == 2

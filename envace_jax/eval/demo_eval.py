@@ -67,16 +67,21 @@ def evaluate_oracle(tasks: Sequence[dict[str, Any]]) -> CategoryResult:
     return _category("demo", [t["uid"] for t in tasks], scores, details)
 
 
-def make_rehearsal_runner(tasks: Sequence[dict[str, Any]], codec, client, rollout_cfg):
-    """``run(RehearsalConfig) -> RehearsalRun`` over ``tasks`` in the real demo worlds (N = 0: act directly)."""
+def make_rehearsal_runner(tasks: Sequence[dict[str, Any]], codec, client, rollout_cfg, make_env=None):
+    """``run(RehearsalConfig) -> RehearsalRun`` over ``tasks`` in the real demo worlds (N = 0: act directly).
+
+    ``make_env(task)`` builds the real environment (default: ``demo_worlds.make_env``; the demo
+    pipeline passes its JSON-normalising wrapper)."""
     from envace_jax.envs import demo_worlds
     from envace_jax.rl.reward import ChecklistTurnJudge
+
+    make_env = make_env or demo_worlds.make_env
 
     def run(rcfg: RehearsalConfig) -> RehearsalRun:
         client_reset = getattr(client, "reset", None)
         if client_reset is not None:   # rows cached by an earlier setting belong to other episodes
             client_reset()
-        ttr = TestTimeRehearsal(rcfg, rollout_cfg, codec, client, ChecklistTurnJudge(_judge()), demo_worlds.make_env)
+        ttr = TestTimeRehearsal(rcfg, rollout_cfg, codec, client, ChecklistTurnJudge(_judge()), make_env)
         return ttr.run(list(tasks))
     return run
 
@@ -99,12 +104,12 @@ def evaluate_model(tasks: Sequence[dict[str, Any]], codec, client, rollout_cfg,
 
 
 def sweep(tasks: Sequence[dict[str, Any]], codec, client, rollout_cfg, base: RehearsalConfig,
-          ns: Sequence[int], modes: Sequence[str]):
+          ns: Sequence[int], modes: Sequence[str], make_env=None):
     """Score/success versus N and mode: (``rl.rehearsal.SweepResult``, one results category per cell).
 
     N = 0 does not depend on the mode: it runs once and is reported under every mode.
     """
-    runner = make_rehearsal_runner(tasks, codec, client, rollout_cfg)
+    runner = make_rehearsal_runner(tasks, codec, client, rollout_cfg, make_env)
     runs: dict[tuple[str, int], RehearsalRun] = {}
 
     def run(rcfg: RehearsalConfig) -> RehearsalRun:

@@ -1,0 +1,61 @@
+"""Test-time private rehearsal on the demo suite with the demo-trained model (issue 7's demo table).
+
+Loads the model the demo exported (``run_dir/model``, Hugging Face format) and the demo tokenizer,
+then runs the held-out tasks against the real (JSON-normalised) demo worlds with N imagined episodes
+before the real one, for each N and mode; writes ``rehearsal_sweep.md`` / ``.json`` with 95% CIs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Sequence
+
+from envace_jax.demo import data as demo_data
+from envace_jax.demo import stages
+from envace_jax.demo.config import DemoConfig
+
+MODEL_DIR = "model"
+
+
+def export_model(model, run_dir: str) -> str:
+    """Writes the live model to ``run_dir/model`` (safetensors + config) next to the demo tokenizer."""
+    from envace_jax.models import hf_io
+
+    out = os.path.join(run_dir, MODEL_DIR)
+    hf_io.save_hf(model, out)
+    return out
+
+
+def run_rehearsal_table(cfg: DemoConfig, run_dir: str, *, ns: Sequence[int] = (0, 1, 2),
+                        modes: Sequence[str] = ("parallel", "sequential"), num_tasks: int | None = None,
+                        model_dir: str | None = None) -> dict[str, Any]:
+    from envace_jax.chat import load_tokenizer
+    from envace_jax.data.demo_tasks import generate_tasks
+    from envace_jax.eval import demo_eval
+    from envace_jax.models import hf_io
+    from envace_jax.rl.rehearsal import RehearsalConfig
+
+    model_dir = model_dir or os.path.join(run_dir, MODEL_DIR)
+    tok_dir = os.path.join(run_dir, "tokenizer")
+    for path, what in ((model_dir, "the exported demo model (run `make demo` first)"), (tok_dir, "the demo tokenizer")):
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"{path}: missing {what}")
+    codec = demo_data.make_codec(load_tokenizer(tok_dir))
+    model = hf_io.load_hf(model_dir)
+    n = num_tasks or (cfg.test_tasks if cfg.eval_split == "test" else cfg.validation_tasks)
+    tasks = [demo_data.normalize_task(t) for t in generate_tasks(n, cfg.seed, cfg.eval_split)]
+    # The rehearsal memory goes into the system prompt: leave room for it.
+    rollout = stages.rollout_config(cfg, "real", greedy=True)
+    rollout = dataclasses.replace(rollout, max_model_len=max(cfg.max_model_len, 1536))
+    base = RehearsalConfig(n=0, max_tokens_per_rehearsal=1024, seed=cfg.seed)
+    result, _ = demo_eval.sweep(tasks, codec, stages.make_client(model, codec), rollout, base, ns, modes,
+                                make_env=demo_data.make_real_env)
+    header = (f"# Test-time rehearsal on the demo suite ({cfg.eval_split} split, {len(tasks)} tasks, real tools, "
+              f"greedy)\n\nModel: {model_dir}. N imagined episodes (REHEARSE plays the tools, no logged results) "
+              f"are condensed into a memory in the system prompt before the one real episode.\n\n")
+    with open(os.path.join(run_dir, "rehearsal_sweep.md"), "w", encoding="utf-8") as f:
+        f.write(header + result.to_markdown())
+    with open(os.path.join(run_dir, "rehearsal_sweep.json"), "w", encoding="utf-8") as f:
+        f.write(result.to_json())
+    return {"rows": result.rows, "markdown": result.to_markdown()}
