@@ -615,7 +615,7 @@ def param_shardings(model: nnx.Module, mesh: Mesh, rules: shd.Rules):
 
     def one(var):
         axes = getattr(var, "logical_axes", None)
-        shape = var.value.shape
+        shape = var.get_value().shape
         if axes is None:
             return shd.replicated(mesh)
         return shd.named_sharding(mesh, axes, rules, shape)
