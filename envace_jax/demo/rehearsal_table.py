@@ -31,7 +31,6 @@ def run_rehearsal_table(cfg: DemoConfig, run_dir: str, *, ns: Sequence[int] = (0
                         modes: Sequence[str] = ("parallel", "sequential"), num_tasks: int | None = None,
                         model_dir: str | None = None) -> dict[str, Any]:
     from envace_jax.chat import load_tokenizer
-    from envace_jax.data.demo_tasks import generate_tasks
     from envace_jax.eval import demo_eval
     from envace_jax.models import hf_io
     from envace_jax.rl.rehearsal import RehearsalConfig
@@ -43,8 +42,10 @@ def run_rehearsal_table(cfg: DemoConfig, run_dir: str, *, ns: Sequence[int] = (0
             raise FileNotFoundError(f"{path}: missing {what}")
     codec = demo_data.make_codec(load_tokenizer(tok_dir))
     model = hf_io.load_hf(model_dir)
-    n = num_tasks or (cfg.test_tasks if cfg.eval_split == "test" else cfg.validation_tasks)
-    tasks = [demo_data.normalize_task(t) for t in generate_tasks(n, cfg.seed, cfg.eval_split)]
+    # The tasks go through the same tfds + grain path as in the demo run (reused from run_dir/data when it
+    # exists): the records come back with sorted JSON keys, which is the prompt text the model learned.
+    tasks = demo_data.write_and_read(demo_data.generate_splits(cfg), os.path.join(run_dir, "data"))[cfg.eval_split]
+    tasks = tasks[: num_tasks or len(tasks)]
     # The rehearsal memory goes into the system prompt: leave room for it.
     rollout = stages.rollout_config(cfg, "real", greedy=True)
     rollout = dataclasses.replace(rollout, max_model_len=max(cfg.max_model_len, 1536))
