@@ -121,3 +121,59 @@ class ScriptedClient:
 
 def rows_per_call(requests: Sequence[Sequence[GenRequest]]) -> list[tuple[int, int]]:
     return [(sum(r.role == ACT for r in c), sum(r.role == REHEARSE for r in c)) for c in requests]
+
+
+@functools.lru_cache(maxsize=None)
+def compact_codec():
+    """The demo codec with the compact REHEARSE prompt (no few-shot): short prompts keep a tiny model's
+    prefill cheap on a CPU box."""
+    from envace_jax.chat import Qwen3ChatCodec, SimulatorPromptOptions
+
+    return Qwen3ChatCodec(codec().renderer.tokenizer,
+                          simulator_options=SimulatorPromptOptions(few_shot=False, compact=True))
+
+
+def tasks_without_required_items(n: int = 4) -> list[dict]:
+    """The first ``n`` demo tasks with no required checklist item, so a random model's answers do not
+    end every episode at its first judged turn (follow-up tasks then play a second user turn)."""
+    import copy
+
+    out = []
+    for t in demo_tasks()[:n]:
+        t = copy.deepcopy(t)
+        for checklist in t["checklist"]:
+            for turn in checklist:
+                for item in turn:
+                    item["required_for_next_turn"] = False
+        out.append(t)
+    return out
+
+
+class FirstActScripted:
+    """Odd episodes' first ACT turn is the reference's first assistant text (a valid tool call), so
+    REHEARSE rows exist although a random model rarely writes a tool call; every other request goes to
+    the real client ``inner`` in one call. ``texts``: the scripted texts; ``scripted``: the
+    (episode, ids) pairs actually served from the script."""
+
+    def __init__(self, inner, tasks: Sequence[dict], n_episodes: int):
+        self.inner, self.c = inner, codec()
+        self.first = {e: act_texts(tasks[e % len(tasks)])[0] for e in range(n_episodes) if e % 2}
+        self.texts = set(self.first.values())
+        self.scripted: set[tuple[int, tuple[int, ...]]] = set()
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenOutput]:
+        out, fwd = [None] * len(requests), []
+        for i, r in enumerate(requests):
+            if r.role == ACT and r.episode in self.first:
+                ids = self.c.renderer.encode(self.first.pop(r.episode)) + [self.c.renderer.im_end_id]
+                self.scripted.add((r.episode, tuple(ids)))
+                out[i] = GenOutput(ids, [0.0] * len(ids), "stop")
+            else:
+                fwd.append(i)
+        if fwd:
+            for i, o in zip(fwd, self.inner.generate([requests[i] for i in fwd])):
+                out[i] = o
+        return out
+
+    def release(self, keys) -> None:
+        self.inner.release(keys)

@@ -10,8 +10,6 @@ the sampler never saw (that was the source of a ~2e-3 mean mismatch in an earlie
 
 from __future__ import annotations
 
-import copy
-import functools
 
 import numpy as np
 import pytest
@@ -25,74 +23,22 @@ from envace_jax.rl.rollout import RoleSampling, RolloutConfig, RolloutEngine
 from envace_jax.rl.trainer import Trainer
 from envace_jax.rl.types import ACT, REHEARSE
 from envace_jax.sampling import Sampler
-from helpers_rollout import act_texts, codec, demo_tasks
+from helpers_rollout import FirstActScripted, compact_codec, tasks_without_required_items
 
 ACT_SAMPLING = RoleSampling(temperature=1.3, top_p=0.9, max_new_tokens=16)
 REHEARSE_SAMPLING = RoleSampling(temperature=0.7, top_k=20, max_new_tokens=16)
 
 
-@functools.lru_cache(maxsize=None)
-def small_codec():
-    """Compact REHEARSE prompts (no few-shot) keep the prefill cheap."""
-    from envace_jax.chat import Qwen3ChatCodec, SimulatorPromptOptions
-
-    return Qwen3ChatCodec(codec().renderer.tokenizer,
-                          simulator_options=SimulatorPromptOptions(few_shot=False, compact=True))
-
-
-def _tasks() -> list[dict]:
-    """4 demo tasks with nothing required, so random final answers lead to a second user turn (a
-    continued ACT row)."""
-    out = []
-    for t in demo_tasks()[:4]:
-        t = copy.deepcopy(t)
-        for checklist in t["checklist"]:
-            for turn in checklist:
-                for item in turn:
-                    item["required_for_next_turn"] = False
-        out.append(t)
-    return out
-
-
-class _FirstCallScripted:
-    """Odd episodes' first ACT turn is the reference's tool call (a random model rarely writes one), so
-    REHEARSE rows exist; everything else goes to the real client in one call. Scripted rows are marked."""
-
-    def __init__(self, inner: SamplerClient, tasks: list[dict], n_episodes: int):
-        self.inner, self.c = inner, small_codec()
-        self.first = {e: act_texts(tasks[e % len(tasks)])[0] for e in range(n_episodes) if e % 2}
-        self.scripted: set[tuple[int, tuple[int, ...]]] = set()
-
-    def generate(self, requests):
-        from envace_jax.rl.rollout import GenOutput
-
-        out, fwd = [None] * len(requests), []
-        for i, r in enumerate(requests):
-            if r.role == ACT and r.episode in self.first:
-                ids = self.c.renderer.encode(self.first.pop(r.episode)) + [self.c.renderer.im_end_id]
-                self.scripted.add((r.episode, tuple(ids)))
-                out[i] = GenOutput(ids, [0.0] * len(ids), "stop")
-            else:
-                fwd.append(i)
-        if fwd:
-            for i, o in zip(fwd, self.inner.generate([requests[i] for i in fwd])):
-                out[i] = o
-        return out
-
-    def release(self, keys):
-        self.inner.release(keys)
-
-
 @pytest.fixture(scope="module")
 def rollout_rows():
-    c = small_codec()
+    c = compact_codec()
     cfg = qwen3.Qwen3Config(vocab_size=len(c.renderer.tokenizer), hidden_size=32, intermediate_size=64,
                             num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16)
     model = qwen3.init_model(cfg, seed=0)
     client = SamplerClient(Sampler(model, max_chunk=512, batch_buckets=(16,), length_buckets=(512,)),
                            c.stop_token_ids)
-    tasks = _tasks()
-    policy = _FirstCallScripted(client, tasks, 8)
+    tasks = tasks_without_required_items()
+    policy = FirstActScripted(client, tasks, 8)
     rcfg = RolloutConfig(mode="rehearsal", max_steps=5, max_model_len=800, act=ACT_SAMPLING,
                          rehearse=REHEARSE_SAMPLING, seed=1)
     eps = RolloutEngine(rcfg, c, policy, ChecklistTurnJudge(RuleJudge())).run(tasks * 2, [t["uid"] for t in tasks] * 2)

@@ -4,8 +4,6 @@ KV-cache continuation gives the same greedy tokens as fresh prefill of the whole
 
 from __future__ import annotations
 
-import copy
-import functools
 
 import numpy as np
 import pytest
@@ -18,20 +16,10 @@ from envace_jax.rl.reward import ChecklistTurnJudge
 from envace_jax.rl.rollout import MODES, GenRequest, RoleSampling, RolloutConfig, RolloutEngine
 from envace_jax.rl.types import ACT, REHEARSE, TERMINATION_REASONS
 from envace_jax.sampling import Sampler, SamplingParams
-from helpers_rollout import act_texts, codec, demo_tasks
+from helpers_rollout import FirstActScripted, codec, compact_codec, tasks_without_required_items
 
 NEW = 24
 CACHE = 1024
-
-
-@functools.lru_cache(maxsize=None)
-def small_codec():
-    """The demo codec with the compact REHEARSE prompt (no few-shot): ~500-token prompts keep the tiny
-    model's prefill cheap on a CPU box."""
-    from envace_jax.chat import Qwen3ChatCodec, SimulatorPromptOptions
-
-    return Qwen3ChatCodec(codec().renderer.tokenizer,
-                          simulator_options=SimulatorPromptOptions(few_shot=False, compact=True))
 
 
 @pytest.fixture(scope="module")
@@ -45,56 +33,19 @@ def sampler():
 
 
 def tasks_for_batch() -> list[dict]:
-    """4 demo tasks with no required items, so a random model's answers do not end every episode at
-    its first judged turn (follow-up tasks then play a second user turn)."""
-    out = []
-    for t in demo_tasks()[:4]:
-        t = copy.deepcopy(t)
-        for checklist in t["checklist"]:
-            for turn in checklist:
-                for it in turn:
-                    it["required_for_next_turn"] = False
-        out.append(t)
+    out = tasks_without_required_items()
     assert sum(sum(m["role"] == "user" for m in t["reference_messages"]) > 1 for t in out) >= 1
     return out
 
 
-class FirstActScripted:
-    """Odd episodes' first ACT turn is the reference's first assistant text (a valid tool call) so
-    REHEARSE rows exist although the random model rarely writes a tool call; every other request goes
-    to the real client in one call."""
-
-    def __init__(self, inner, tasks, n_rollouts: int):
-        self.inner, self.c = inner, codec()
-        self.first = {e: act_texts(tasks[e % len(tasks)])[0] for e in range(len(tasks) * n_rollouts) if e % 2}
-        self.texts = set(self.first.values())
-
-    def generate(self, requests):
-        out, fwd = [None] * len(requests), []
-        for i, r in enumerate(requests):
-            if r.role == ACT and r.episode in self.first:
-                ids = self.c.renderer.encode(self.first.pop(r.episode)) + [self.c.renderer.im_end_id]
-                out[i] = type("O", (), {})()
-                out[i].ids, out[i].logprobs, out[i].finish_reason = ids, [0.0] * len(ids), "stop"
-            else:
-                fwd.append(i)
-        if fwd:
-            for i, o in zip(fwd, self.inner.generate([requests[i] for i in fwd])):
-                out[i] = o
-        return out
-
-    def release(self, keys):
-        self.inner.release(keys)
-
-
 def rollout(sampler, mode: str, *, temperature: float = 1.0, continuation: bool = True, max_steps: int = 5):
-    c = small_codec()
+    c = compact_codec()
     tasks = tasks_for_batch()
     rs = RoleSampling(temperature=temperature, max_new_tokens=NEW)
     cfg = RolloutConfig(mode=mode, max_steps=max_steps, max_model_len=800, act=rs, rehearse=rs, seed=1)
     policy_client = SamplerClient(sampler, c.stop_token_ids, continuation=continuation)
     sim_client = SamplerClient(sampler, c.stop_token_ids, continuation=continuation)
-    policy = FirstActScripted(policy_client, tasks, 2)
+    policy = FirstActScripted(policy_client, tasks, len(tasks) * 2)
     eng = RolloutEngine(cfg, c, policy, ChecklistTurnJudge(RuleJudge()), make_env=make_env,
                         simulator=sim_client if mode in ("simulator", "noshare") else None)
     eps = eng.run(tasks * 2, uids=[t["uid"] for t in tasks] * 2)
