@@ -14,46 +14,24 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envace_jax.models import hf_io  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import build_models, matmul_peak_gflops  # noqa: E402
 from envace_jax.sampling import Sampler, SamplingParams  # noqa: E402
 
-CFG = dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-           num_key_value_heads=4, head_dim=64, tie_word_embeddings=True, max_position_embeddings=4096,
-           rope_theta=1_000_000.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 PROMPT, NEW = 128, 128
 
 
-def build(tmp: str):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    hf = Qwen3ForCausalLM(Qwen3Config(**CFG)).eval()
-    hf.save_pretrained(tmp)
-    hf.generation_config.eos_token_id = None
-    return hf, hf_io.load_hf(tmp)
-
-
-def matmul_peak_gflops(reps: int = 10) -> float:
-    a = jnp.asarray(np.random.RandomState(0).randn(2048, 2048).astype(np.float32))
-    f = jax.jit(lambda x, y: x @ y)
-    f(a, a).block_until_ready()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        f(a, a).block_until_ready()
-        best = min(best, time.perf_counter() - t)
-    return 2 * 2048**3 / best / 1e9
+def build():
+    hf, model = build_models(2, train=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    hf.generation_config.eos_token_id = None  # every row generates exactly NEW tokens
+    return hf, model
 
 
 def flops_per_token(ctx: float) -> float:
@@ -104,13 +82,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one repetition, batch 8 and 32 greedy, 4 turns")
     args = ap.parse_args()
-    torch.set_num_threads(2)
     reps = 1 if args.quick else 3
-    with tempfile.TemporaryDirectory() as tmp:
-        hf, model = build(tmp)
+    hf, model = build()
     sampler = Sampler(model)
     rng = np.random.RandomState(0)
-    peak = matmul_peak_gflops()
+    peak = matmul_peak_gflops(10)
     print(f"float32 matmul peak (2048^2, jnp): {peak:.1f} GFLOP/s")
     modes = [("greedy", False)] if args.quick else [("greedy", False), ("top_p", True)]
     results = {}

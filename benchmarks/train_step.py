@@ -16,54 +16,27 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
-import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from common import CONFIG, add_size_args, build_models, forward_flops, matmul_peak_gflops, timed  # noqa: E402
+
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from forward import CONFIG, forward_flops  # noqa: E402
-from envace_jax.models import hf_io  # noqa: E402
 from envace_jax.rl.batch import build_batch  # noqa: E402
 from envace_jax.rl.trainer import OptimConfig, Trainer  # noqa: E402
 from envace_jax.rl.types import ACT, Generation  # noqa: E402
 
 
-def matmul_peak(reps: int = 5) -> float:
-    a = jnp.ones((2048, 2048), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    best = min(_timed(lambda: f(a).block_until_ready()) for _ in range(reps))
-    return 2 * 2048 ** 3 / best / 1e9
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--length", type=int, default=512)
-    ap.add_argument("--threads", type=int, default=2)
+    add_size_args(ap)
     args = ap.parse_args()
 
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    tm = Qwen3ForCausalLM(Qwen3Config(**CONFIG)).train()
-    with tempfile.TemporaryDirectory() as d:
-        tm.save_pretrained(d)
-        model = hf_io.load_hf(d)
+    tm, model = build_models(args.threads, train=True)
     B, T = args.batch, args.length
     ids = np.random.RandomState(0).randint(0, CONFIG["vocab_size"], (B, T))
 
@@ -85,14 +58,14 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    t_compile = _timed(jax_step)
+    t_compile = timed(jax_step)
     torch_step()  # allocate AdamW state
     jt, tt = [], []
     for r in range(args.reps):
         order = (jax_step, torch_step) if r % 2 == 0 else (torch_step, jax_step)
         for fn in order:
-            (jt if fn is jax_step else tt).append(_timed(fn))
-    peak = matmul_peak()
+            (jt if fn is jax_step else tt).append(timed(fn))
+    peak = matmul_peak_gflops()
     flops = 3 * forward_flops(CONFIG, B, T)
     jm, tm_ = statistics.median(jt), statistics.median(tt)
     print(f"jax {jax.__version__} torch {torch.__version__}  batch {B}x{T} float32, {args.threads} threads")

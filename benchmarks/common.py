@@ -1,0 +1,75 @@
+"""What the benchmarks share: the ~40M Qwen3 they all time, its analytic FLOPs, the float32 matmul
+peak they report against, and building the transformers model and ours from the same weights."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from envace_jax.models import hf_io  # noqa: E402
+
+# transformers' Qwen3Config fields: hidden 512, 8 layers, 8 heads, 4 kv heads, head_dim 64, vocab 32000,
+# mlp 1536, tied embeddings (41.6M parameters).
+CONFIG = dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+              num_attention_heads=8, num_key_value_heads=4, head_dim=64, tie_word_embeddings=True,
+              max_position_embeddings=4096, rope_theta=1e6)
+
+
+def forward_flops(c: dict, batch: int, length: int) -> float:
+    """Matmul FLOPs of one forward pass (2 per multiply-add). Attention scores are counted over the
+    full T x T square, since both implementations compute it before masking."""
+    d, f, n, k, h, v, L = (c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
+                           c["num_key_value_heads"], c["head_dim"], c["vocab_size"], c["num_hidden_layers"])
+    tokens = batch * length
+    dense = L * (2 * d * n * h + 2 * d * k * h + 3 * d * f) + d * v  # q,o + k,v + mlp, plus lm head
+    attn = L * 2 * batch * length * length * n * h  # QK^T and PV
+    return 2.0 * (tokens * dense + attn)
+
+
+def timed(fn) -> float:
+    """Wall seconds of one call of ``fn``."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+_MATMUL = jax.jit(lambda x: x @ x)
+
+
+def matmul_peak_gflops(reps: int = 5) -> float:
+    """Best-of-``reps`` GFLOP/s of a float32 2048 x 2048 jnp matmul (compiled before timing)."""
+    a = jnp.ones((2048, 2048), jnp.float32)
+    _MATMUL(a).block_until_ready()
+    return 2 * 2048 ** 3 / min(timed(lambda: _MATMUL(a).block_until_ready()) for _ in range(reps)) / 1e9
+
+
+def build_models(threads: int, *, train: bool = False, **config_overrides):
+    """A seeded transformers Qwen3ForCausalLM (``.train()`` or ``.eval()``) on ``threads`` torch threads,
+    and our Qwen3 loaded from its saved weights. Returns (torch model, our model)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    tm = Qwen3ForCausalLM(Qwen3Config(**CONFIG, **config_overrides))
+    tm = tm.train() if train else tm.eval()
+    with tempfile.TemporaryDirectory() as d:
+        tm.save_pretrained(d)
+        model = hf_io.load_hf(d)
+    return tm, model
+
+
+def add_size_args(ap) -> None:
+    """--reps, --batch, --length, --threads, as forward.py and train_step.py take them."""
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--length", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
