@@ -51,6 +51,31 @@ def matmul_peak_gflops(reps: int = 5) -> float:
     return 2 * 2048 ** 3 / min(timed(lambda: _MATMUL(a).block_until_ready()) for _ in range(reps)) / 1e9
 
 
+def decode_matmul_floor_s(batch: int, reps: int = 7) -> float:
+    """Best-of-``reps`` seconds of only the weight matmuls of one decode step of CONFIG at ``batch``
+    rows (q, k, v, o, gate, up, down per layer, then the LM head), float32, jitted. Attention, norms
+    and sampling are left out, so no decoder (ours or transformers') can take a step faster than this
+    on this machine: it bounds the reachable ratio of two decoders' step times."""
+    c = CONFIG
+    d, f, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    qd, kd = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    shapes = [(d, qd), (d, kd), (d, kd), (qd, d), (d, f), (d, f), (f, d)]
+    layers = [[jnp.full(s, 1.0 / s[0], jnp.float32) for s in shapes] for _ in range(L)]
+    head = jnp.full((d, c["vocab_size"]), 1.0 / d, jnp.float32)
+
+    @jax.jit
+    def step(x, layers, head):
+        for q, k, v, o, g, u, dn in layers:
+            a = (x @ q) + jnp.pad(x @ k + x @ v, ((0, 0), (0, qd - kd)))
+            x = x + a @ o
+            x = x + ((x @ g) * (x @ u)) @ dn
+        return x @ head
+
+    x = jnp.ones((batch, d), jnp.float32)
+    step(x, layers, head).block_until_ready()
+    return min(timed(lambda: step(x, layers, head).block_until_ready()) for _ in range(reps))
+
+
 def build_models(threads: int, *, train: bool = False, **config_overrides):
     """A seeded transformers Qwen3ForCausalLM (``.train()`` or ``.eval()``) on ``threads`` torch threads,
     and our Qwen3 loaded from its saved weights. Returns (torch model, our model)."""

@@ -3,6 +3,8 @@
 Measures, alternating ours and HF in one run so both see the same machine load:
   - tokens/s at batch 8 and 32, prompt 128, 128 new tokens (no early stop), greedy and
     T=1.0 / top-p 0.95; the ratio to HF; the fraction of the float32 matmul peak (2048^2 matmul);
+  - at greedy settings, a ceiling: the step's weight matmuls alone, timed at the same batch, bound
+    how far below HF's time per step any decoder can go on this machine;
   - an 8-turn episode (64 generated + 48 appended tokens per turn): ``continue_`` versus
     re-prefilling the whole conversation every turn.
 
@@ -22,7 +24,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import build_models, matmul_peak_gflops  # noqa: E402
+from common import build_models, decode_matmul_floor_s, matmul_peak_gflops  # noqa: E402
 from envace_jax.sampling import Sampler, SamplingParams  # noqa: E402
 
 PROMPT, NEW = 128, 128
@@ -106,6 +108,11 @@ def main():
             results[(batch, name)] = tps_o
             print(f"batch {batch:2d} {name:6s}: ours {tps_o:8.1f} tok/s  HF {tps_h:8.1f} tok/s  "
                   f"ratio {tps_o / tps_h:5.2f}x  ({100 * frac:4.1f}% of matmul peak)")
+            if not sample:
+                floor = decode_matmul_floor_s(batch)
+                print(f"batch {batch:2d} ceiling: the weight matmuls of one decode step alone take "
+                      f"{1e3 * floor:.1f} ms; HF spends {1e3 * h / NEW:.1f} ms per step (prefill included), "
+                      f"so no decoder can run faster than {h / NEW / floor:.2f}x HF here")
     for batch in (8, 32):
         if (batch, "top_p") in results:
             print(f"batch {batch:2d} top-p / greedy throughput: "

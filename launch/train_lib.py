@@ -25,7 +25,7 @@ from envace_jax.models import hf_io, qwen3
 from envace_jax.rl.loop import TRAINED_ROLES, RLStep, StepConfig
 from envace_jax.rl.rollout import RolloutEngine
 from envace_jax.rl.trainer import Trainer
-from envace_jax.rl.types import ACT, REHEARSE
+from envace_jax.rl.types import REHEARSE
 
 log = logging.getLogger("envace.train")
 

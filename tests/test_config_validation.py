@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import ml_collections
 import pytest
 
 from envace_jax.config import ConfigError, ExperimentConfig, check_runnable, config_from_file, load_config

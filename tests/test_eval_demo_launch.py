@@ -3,7 +3,6 @@ end to end in a subprocess with --config overrides."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

@@ -9,7 +9,6 @@ import sys
 
 import jax
 import numpy as np
-import pytest
 
 import helpers_loop as h
 

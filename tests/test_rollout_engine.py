@@ -14,7 +14,7 @@ from envace_jax.rl.judges import LocalModelJudge, RuleJudge
 from envace_jax.rl.reward import ChecklistTurnJudge
 from envace_jax.rl.rollout import TRAINED_ROLES, MODES, RoleSampling, RolloutConfig, RolloutEngine, summarize
 from envace_jax.rl.types import ACT, REHEARSE, TERMINATION_REASONS, State
-from helpers_rollout import (ScriptedClient, act_texts, assistant_text, call_block, codec, demo_tasks,
+from helpers_rollout import (ScriptedClient, act_texts, call_block, codec, demo_tasks,
                              rehearse_texts, result_text, rows_per_call)
 
 TOOLS = [

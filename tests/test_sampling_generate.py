@@ -3,8 +3,6 @@ compile counts and finish reasons."""
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch

@@ -120,7 +120,7 @@ def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mappi
         json.dump(summary, f, indent=1, sort_keys=True)
     plot_rewards(rl_steps, os.path.join(run_dir, "rewards.png"), f"RL ({summary['rl_mode']}) training reward per role")
     bars = [("SFT", summary["real_success_before"], summary["real_success_ci_before"]),
-            (f"SFT+RL", summary["real_success_after"], summary["real_success_ci_after"])]
+            ("SFT+RL", summary["real_success_after"], summary["real_success_ci_after"])]
     if summary.get("more_sft_success") is not None:
         bars.append(("more SFT", summary["more_sft_success"], summary["more_sft_success_ci"]))
     plot_success(bars, os.path.join(run_dir, "success.png"),

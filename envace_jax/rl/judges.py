@@ -26,7 +26,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
-from envace_jax.rl.judge_prompt import (FOCUS_ON_VALUES, VERDICT_RESPONSE_FORMAT, MalformedVerdict,
+from envace_jax.rl.judge_prompt import (VERDICT_RESPONSE_FORMAT, MalformedVerdict,
                                         build_judge_prompt, parse_verdict_text, user_visible_reply)
 
 
