@@ -60,6 +60,8 @@ def test_rl_steps_logged_with_both_roles(reduced_run):
         assert m["act/rows"] > 0
         assert m["episode/count"] == 4
         assert "update/loss" in m or "update/skipped_no_rows" in m
+        # the reduced preset interleaves one SFT replay batch (both roles) after each RL step
+        assert m["replay/nll/act"] > 0 and m["replay/nll/rehearse"] > 0
 
 
 def test_wilson_and_mean_ci_by_hand():

@@ -41,9 +41,12 @@ class DemoConfig:
     prompts_per_step: int = 8
     n_rollouts: int = 4
     rl_lr: float = 2e-4
+    # SFT batches (the warm start's rows, both roles) interleaved after each RL step, with the RL optimizer:
+    # keeps the shared-reward update from eroding REHEARSE fidelity (0 = pure RL, as the reference)
+    rl_replay_batches: int = 1
     act_max_new_tokens: int = 64
     rehearse_max_new_tokens: int = 64
-    temperature: float = 1.0
+    temperature: float = 0.6         # both roles' training rollouts (evaluation is greedy)
     max_model_len: int = 768
     max_steps: int = 10              # rollout micro-steps per episode
     # ---- evaluation
@@ -60,7 +63,7 @@ class DemoConfig:
                      "prompts_per_step", "n_rollouts", "micro_batch_size", "eval_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"demo {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("sft_steps", "rl_steps", "world_model_rows", "fidelity_tasks"):
+        for name in ("sft_steps", "rl_steps", "rl_replay_batches", "world_model_rows", "fidelity_tasks"):
             if getattr(self, name) < 0:
                 raise ValueError(f"demo {name} must be >= 0, got {getattr(self, name)}")
 
@@ -77,7 +80,7 @@ def reduced() -> DemoConfig:
     return DemoConfig(sft_tasks=8, rl_tasks=16, world_model_rows=8, validation_tasks=8, test_tasks=8,
                       vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
                       num_kv_heads=1, head_dim=16, sft_steps=3, sft_batch_rows=8, sft_warmup=0, micro_batch_size=8,
-                      rl_steps=2, prompts_per_step=2, n_rollouts=2, act_max_new_tokens=16,
+                      rl_steps=2, rl_replay_batches=1, prompts_per_step=2, n_rollouts=2, act_max_new_tokens=16,
                       rehearse_max_new_tokens=16, max_model_len=1024, max_steps=4, eval_batch=8, fidelity_tasks=4)
 
 

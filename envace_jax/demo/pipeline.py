@@ -98,12 +98,17 @@ class Demo:
                                                                shuffle=True, num_epochs=None, shard_index=0,
                                                                shard_count=1, read_threads=0, prefetch=0),
                                  decode=None)
+        replay = (stages.sft_batches(self.rows, min(cfg.sft_batch_rows, len(self.rows)), cfg.seed + 2)
+                  if cfg.rl_replay_batches else None)
         log = []
         with self.clock(tag), _bar(cfg.rl_steps, f"RL [{mode}]", self.progress) as bar:
             for it in range(cfg.rl_steps):
                 res = step(next(prompts), it)
                 client.reset()
                 m = {"step": it + 1, **res.metrics}
+                for _ in range(cfg.rl_replay_batches):
+                    r = trainer.update(stages.sft_batch(next(replay), self.max_len), kind="sft")
+                    m.update({f"replay/{k}": v for k, v in r.items() if k.startswith("nll/")})
                 log.append(m)
                 bar.update(1)
                 bar.set_postfix(act=f"{m.get('act/reward_mean', 0):.3f}", reh=f"{m.get('rehearse/reward_mean', 0):.3f}")
@@ -130,7 +135,8 @@ class Demo:
                 "data": {"sft_tasks": len(self.demos), "rl_tasks": len(self.rl_tasks),
                          "sft_rows": len(self.rows), "sft_rows_by_role": {r: by_role.get(r, 0) for r in ROLES}},
                 "rl": {"steps": cfg.rl_steps, "prompts_per_step": cfg.prompts_per_step,
-                       "n_rollouts": cfg.n_rollouts, "lr": cfg.rl_lr},
+                       "n_rollouts": cfg.n_rollouts, "lr": cfg.rl_lr,
+                       "replay_batches": cfg.rl_replay_batches},
                 "test_episodes": len(self.eval_tasks)}
 
 
