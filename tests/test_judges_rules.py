@@ -76,7 +76,7 @@ def test_reply_without_think_block_is_all_content_and_string_arguments_are_parse
     ({"type": "reply_contains", "values": "yes"}, "non-empty list of strings"),
     ({"type": "reply_contains", "values": []}, "non-empty list of strings"),
     ({"type": "all", "rules": []}, "needs 'rules'"),
-    ({"type": "any", "rules": [{"type": "bogus"}]}, r"rules\[0\]: unknown rule type 'bogus'"),
+    ({"type": "any", "rules": [{"type": "bogus"}]}, r"rules\[0\]\.type: unknown rule type 'bogus'"),
     ("tool_called", "rule must be a dict"),
 ])
 def test_bad_rules_raise_naming_the_item(rule, msg):

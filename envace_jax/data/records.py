@@ -140,26 +140,28 @@ def _validate_messages(msgs: Any, where: str, *, need_user: bool) -> None:
 
 # --------------------------------------------------------------------------- checklist and rules
 
-def validate_rule(rule: Any, where: str) -> None:
-    """Checks a rule-judge rule (contract 3)."""
+def validate_rule(rule: Any, where: str = "rule") -> None:
+    """Checks a rule-judge rule (contract 3); the one validator the records and the rule judge share.
+    Raises RecordError (a ValueError) naming ``where`` and the bad field."""
     if not isinstance(rule, Mapping):
-        raise RecordError(f"{where}: rule must be a dict")
+        raise RecordError(f"{where}: rule must be a dict, got {type(rule).__name__}")
     kind = rule.get("type")
     if kind not in RULE_TYPES:
-        raise RecordError(f"{where}.type: must be one of {RULE_TYPES}, got {kind!r}")
+        raise RecordError(f"{where}.type: unknown rule type {kind!r} (expected one of {RULE_TYPES})")
     if kind in ("tool_called", "tool_not_called"):
         if not isinstance(rule.get("name"), str) or not rule["name"]:
-            raise RecordError(f"{where}.name: must be a non-empty string")
+            raise RecordError(f"{where}.name: {kind} rule needs a non-empty string 'name'")
         if kind == "tool_called" and not isinstance(rule.get("arguments", {}), Mapping):
-            raise RecordError(f"{where}.arguments: must be a dict")
+            raise RecordError(f"{where}.arguments: tool_called 'arguments' must be a dict")
     elif kind == "reply_contains":
         vals = rule.get("values")
-        if not isinstance(vals, list) or not all(isinstance(v, str) for v in vals):
-            raise RecordError(f"{where}.values: must be a list of strings")
+        # an empty list would pass every reply: reject it rather than hand out free credit
+        if not isinstance(vals, list) or not vals or not all(isinstance(v, str) for v in vals):
+            raise RecordError(f"{where}.values: reply_contains needs 'values', a non-empty list of strings")
     else:
         subs = rule.get("rules")
         if not isinstance(subs, list) or not subs:
-            raise RecordError(f"{where}.rules: must be a non-empty list of rules")
+            raise RecordError(f"{where}.rules: {kind} rule needs 'rules', a non-empty list")
         for k, sub in enumerate(subs):
             validate_rule(sub, f"{where}.rules[{k}]")
 

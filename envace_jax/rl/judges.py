@@ -26,6 +26,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
+from envace_jax.data.records import validate_rule
 from envace_jax.rl.judge_prompt import (VERDICT_RESPONSE_FORMAT, MalformedVerdict,
                                         build_judge_prompt, parse_verdict_text, user_visible_reply)
 
@@ -78,34 +79,6 @@ class Judge(abc.ABC):
 
 
 # ----------------------------------------------------------------------------- rule judge
-
-RULE_TYPES = ("tool_called", "tool_not_called", "reply_contains", "all", "any")
-
-
-def validate_rule(rule: Any, where: str = "rule") -> None:
-    """Raises ValueError naming ``where`` (e.g. the item) when ``rule`` is not a valid rule."""
-    if not isinstance(rule, Mapping):
-        raise ValueError(f"{where}: rule must be a dict, got {type(rule).__name__}")
-    kind = rule.get("type")
-    if kind not in RULE_TYPES:
-        raise ValueError(f"{where}: unknown rule type {kind!r} (expected one of {RULE_TYPES})")
-    if kind in ("tool_called", "tool_not_called"):
-        if not isinstance(rule.get("name"), str) or not rule["name"]:
-            raise ValueError(f"{where}: {kind} rule needs a non-empty string 'name'")
-        if kind == "tool_called" and not isinstance(rule.get("arguments", {}), Mapping):
-            raise ValueError(f"{where}: tool_called 'arguments' must be a dict")
-    elif kind == "reply_contains":
-        values = rule.get("values")
-        if (not isinstance(values, list) or not values
-                or not all(isinstance(v, str) for v in values)):
-            raise ValueError(f"{where}: reply_contains needs 'values', a non-empty list of strings")
-    else:
-        subs = rule.get("rules")
-        if not isinstance(subs, list) or not subs:
-            raise ValueError(f"{where}: {kind} rule needs 'rules', a non-empty list")
-        for j, sub in enumerate(subs):
-            validate_rule(sub, f"{where}.rules[{j}]")
-
 
 def _values_equal(a: Any, b: Any) -> bool:
     # bool is an int subclass in Python; a rule asking for True must not accept 1.
