@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -30,6 +31,10 @@ def test_round_trip_all_splits_identical(written):
         assert len(src) == len(recs)
         got = {src[i]["uid"]: src[i] for i in range(len(src))}
         assert got == {r["uid"]: r for r in recs}
+        # Key order survives too (dict equality ignores it): tool schemas and arguments render through
+        # the chat template in the order the user gave, so a reordered record trains a different text.
+        for r in recs:
+            assert json.dumps(got[r["uid"]]) == json.dumps(r)
     # Never imported TensorFlow (it is not installed; tfds must not need it on this path).
     assert "tensorflow" not in sys.modules
 

@@ -42,7 +42,7 @@ def _make_builder_cls(name: str, records_by_split: Mapping[str, Sequence[Mapping
 
     def _generate_examples(self, recs) -> Iterator[tuple[str, dict[str, str]]]:
         for rec in recs:
-            yield rec["uid"], {"uid": rec["uid"], "record": json.dumps(rec, ensure_ascii=False, sort_keys=True)}
+            yield rec["uid"], {"uid": rec["uid"], "record": json.dumps(rec, ensure_ascii=False)}
 
     # code_path=None: tfds otherwise resolves the defining package's files to look for a
     # checksums file, which needs importlib_resources (not installed) and means nothing here.
