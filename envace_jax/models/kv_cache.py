@@ -71,7 +71,14 @@ def cached_attention(q, k_new, v_new, k_cache, v_cache, cached):
     B, T, N, H = q.shape
     K = k_new.shape[2]
     qg = (q * jnp.asarray(H ** -0.5, q.dtype)).reshape(B, T, K, N // K, H)
-    s_old = jnp.einsum("btkgh,bkhs->bkgts", qg, k_cache, preferred_element_type=jnp.float32)
+    if T == 1:
+        # One decode token: per (row, kv head) this is a [G, H] x [H, S] product, which XLA CPU runs as a
+        # batched dot ~8x slower than reading the cache; multiply + reduce over H streams the cache once
+        # (a batch-32 decode step of the 40M benchmark model: 85 -> 63 ms, alternating in one process).
+        q1 = jnp.transpose(qg, (0, 2, 3, 1, 4)).astype(jnp.float32)  # [B,K,G,1,H]
+        s_old = jnp.sum(q1[..., None] * k_cache[:, :, None, None].astype(jnp.float32), axis=-2)
+    else:
+        s_old = jnp.einsum("btkgh,bkhs->bkgts", qg, k_cache, preferred_element_type=jnp.float32)
     s_old = jnp.where(cached[:, None, None, None, :], s_old, MASK_VALUE)
     s_new = jnp.einsum("btkgh,bukh->bkgtu", qg, k_new, preferred_element_type=jnp.float32)
     causal = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]
