@@ -296,3 +296,14 @@ def test_sweep_table_over_n_and_modes():
 def test_wilson_interval_by_hand():
     lo, hi = R.wilson_ci(8, 10)
     assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
+
+
+def test_score_interval_by_hand_and_clipped_to_unit_range():
+    from envace_jax.rl.rehearsal import _mean_ci
+
+    # [0, 1, 0.5, 0.5]: mean 0.5, sample sd 0.408248, half-width 1.96 * 0.408248 / 2
+    m, (lo, hi) = _mean_ci([0.0, 1.0, 0.5, 0.5])
+    assert m == 0.5 and lo == pytest.approx(0.5 - 0.400083, abs=1e-5) and hi == pytest.approx(0.5 + 0.400083, abs=1e-5)
+    # one 0.3 among 255 zeros: the normal interval would start below 0
+    m, (lo, hi) = _mean_ci([0.0] * 255 + [0.3])
+    assert lo == 0.0 and 0.0 < m < hi < 0.01

@@ -412,7 +412,8 @@ def _mean_ci(xs: Sequence[float]) -> tuple[float, list[float]]:
     m = sum(xs) / n
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
     h = 1.96 * sd / math.sqrt(n)
-    return m, [m - h, m + h]
+    # checklist scores live in [0, 1]; the normal approximation can step outside near the ends
+    return m, [max(0.0, m - h), min(1.0, m + h)]
 
 
 def wilson_ci(successes: int, n: int, z: float = 1.96) -> list[float]:
