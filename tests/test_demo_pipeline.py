@@ -35,6 +35,9 @@ def test_report_files_exist_and_summary_has_required_keys(reduced_run):
         assert (run_dir / name).exists(), name
     s = json.loads((run_dir / "summary.json").read_text())
     report.check_summary(s)
+    # the report states the RL settings the run used (reduced preset: T=0.6, one replay batch per step)
+    text = (run_dir / "report.md").read_text()
+    assert "at temperature 0.6" in text and "1 SFT replay batch(es) after each RL step" in text
     n = s["test_episodes"]
     assert n == 8 and s["eval_split"] == "test"
     for key in ("real_success_before", "real_success_after", "more_sft_success", "fidelity_before", "fidelity_after"):

@@ -135,7 +135,9 @@ def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mappi
           f"({summary['data']['sft_rows_by_role']}); {summary['data']['rl_tasks']} fresh RL prompts; "
           f"{summary['test_episodes']} held-out {summary['eval_split']} tasks run against the real tools.",
           f"RL: mode `{summary['rl_mode']}`, {summary['rl']['steps']} steps x {summary['rl']['prompts_per_step']} "
-          f"prompts x {summary['rl']['n_rollouts']} rollouts, Adam lr {summary['rl']['lr']}, rule judge, role-wise GRPO.",
+          f"prompts x {summary['rl']['n_rollouts']} rollouts at temperature {summary['config'].get('temperature')}, "
+          f"Adam lr {summary['rl']['lr']}, {summary['rl'].get('replay_batches', 0)} SFT replay batch(es) after each "
+          "RL step, rule judge, role-wise GRPO.",
           "", "## Results", "", table(results_rows(summary), RESULT_HEADER), "", verdict, "",
           "Success = every checklist item of every user turn passed, with real tools and greedy decoding. "
           "Success CIs are 95% Wilson intervals; score CIs are normal-approximation intervals of the mean.",
