@@ -7,7 +7,7 @@ import math
 import os
 from typing import Any, Mapping, Sequence
 
-from envace_jax.rl.rehearsal import wilson_ci
+from envace_jax.eval.results import wilson_ci
 
 REQUIRED_KEYS = ("real_success_before", "real_success_after", "real_success_ci_before", "real_success_ci_after",
                  "fidelity_before", "fidelity_after", "test_episodes", "more_sft_success", "more_sft_success_ci")

@@ -50,6 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from envace_jax.chat.tool_parser import strip_think
 from envace_jax.envs.base import NoToolEnvironment
+from envace_jax.eval.results import wilson_ci
 from envace_jax.rl.rollout import GenRequest, RoleSampling, RolloutConfig, RolloutEngine
 from envace_jax.rl.types import ACT, Episode, State
 
@@ -414,17 +415,6 @@ def _mean_ci(xs: Sequence[float]) -> tuple[float, list[float]]:
     h = 1.96 * sd / math.sqrt(n)
     # checklist scores live in [0, 1]; the normal approximation can step outside near the ends
     return m, [max(0.0, m - h), min(1.0, m + h)]
-
-
-def wilson_ci(successes: int, n: int, z: float = 1.96) -> list[float]:
-    """95% Wilson score interval of a binomial proportion."""
-    if n == 0:
-        return [float("nan"), float("nan")]
-    p = successes / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return [max(0.0, c - h), min(1.0, c + h)]
 
 
 def summarize_run(run: RehearsalRun) -> dict[str, Any]:
