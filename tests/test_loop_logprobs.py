@@ -10,7 +10,6 @@ the sampler never saw (that was the source of a ~2e-3 mean mismatch in an earlie
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

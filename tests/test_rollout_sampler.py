@@ -4,7 +4,6 @@ KV-cache continuation gives the same greedy tokens as fresh prefill of the whole
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

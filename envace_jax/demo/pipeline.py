@@ -55,10 +55,14 @@ class Demo:
                                        exclude_uids={t['uid'] for t in self.rl_tasks})
         self.max_len = stages.TRAIN_LEN
 
+    def _sft_stream(self, seed: int):
+        """Role-balanced batches of the warm-start rows (the SFT stage and RL's replay batches)."""
+        return stages.sft_batches(self.rows, min(self.cfg.sft_batch_rows, len(self.rows)), seed)
+
     def sft(self) -> None:
         cfg = self.cfg
         self.sft_trainer = stages.make_trainer(self.model, cfg, cfg.sft_lr, cfg.sft_warmup, cfg.seed)
-        self.sft_stream = stages.sft_batches(self.rows, min(cfg.sft_batch_rows, len(self.rows)), cfg.seed)
+        self.sft_stream = self._sft_stream(cfg.seed)
         self.sft_log = []
         with self.clock("sft"), _bar(cfg.sft_steps, "sft", self.progress) as bar:
             def on_step(k, m):
@@ -98,8 +102,7 @@ class Demo:
                                                                shuffle=True, num_epochs=None, shard_index=0,
                                                                shard_count=1, read_threads=0, prefetch=0),
                                  decode=None)
-        replay = (stages.sft_batches(self.rows, min(cfg.sft_batch_rows, len(self.rows)), cfg.seed + 2)
-                  if cfg.rl_replay_batches else None)
+        replay = self._sft_stream(cfg.seed + 2) if cfg.rl_replay_batches else None
         log = []
         with self.clock(tag), _bar(cfg.rl_steps, f"RL [{mode}]", self.progress) as bar:
             for it in range(cfg.rl_steps):

@@ -43,7 +43,7 @@ def run_rehearsal_table(cfg: DemoConfig, run_dir: str, *, ns: Sequence[int] = (0
     codec = demo_data.make_codec(load_tokenizer(tok_dir))
     model = hf_io.load_hf(model_dir)
     # The tasks go through the same tfds + grain path as in the demo run (reused from run_dir/data when it
-    # exists): the records come back with sorted JSON keys, which is the prompt text the model learned.
+    # exists), so the prompts are the very records the model was trained and evaluated on.
     tasks = demo_data.write_and_read(demo_data.generate_splits(cfg), os.path.join(run_dir, "data"))[cfg.eval_split]
     tasks = tasks[: num_tasks or len(tasks)]
     # The rehearsal memory goes into the system prompt: leave room for it.
