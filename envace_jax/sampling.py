@@ -16,10 +16,11 @@ costs the appended tokens plus the generated ones, not the whole conversation. T
 token of a row is not in the cache yet (feeding it would cost one more forward that a finished
 episode never needs); it is written in front of the row's next appended chunk.
 
-Two compiled programs do the work per shape bucket: ``prefill`` (gather rows, resize the cache,
-write one right-padded chunk, logits at each row's last token) and ``decode`` (a ``lax.while_loop``
-that samples, records and feeds one token per step until every row is done or the budget is
-reached). Per-row sampling values are arrays, so changing them never recompiles; shapes are bucketed
+What each call does before touching the device (row resume, room, prefill chunks, window, budget)
+is planned in numpy by ``sampling_plan.plan_batch``. Two compiled programs carry the plan out per
+shape bucket: ``prefill`` (gather rows, resize the cache, write one right-padded chunk, logits at
+each row's last token) and ``decode`` (a ``lax.while_loop`` that samples, records and feeds one
+token per step until every row is done or the budget is reached). Per-row sampling values are arrays, so changing them never recompiles; shapes are bucketed
 (batch, chunk length, cache length, token budget) so a long run compiles a handful of programs.
 ``Sampler.num_compilations`` counts traces of both.
 
@@ -51,9 +52,10 @@ from flax import nnx
 from envace_jax import sharding as shd
 from envace_jax.models import qwen3
 from envace_jax.sampling_ops import sample_tokens
+# Re-exported: the bucket helpers and finish-reason codes used to live here.
+from envace_jax.sampling_plan import (CACHE_FULL, LENGTH, REASONS, STOP, PrevRows, bucket,  # noqa: F401
+                                      plan_batch, pow2_bucket, quarter_octave_bucket)
 
-STOP, LENGTH, CACHE_FULL = 1, 2, 3
-_REASONS = {STOP: "stop", LENGTH: "length", CACHE_FULL: "cache_full"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,18 +121,6 @@ class SamplerOutput:
     prefill_logits: jax.Array | None = None  # float32 [B, V]: logits after each row's last input token
 
 
-def pow2_bucket(n: int, minimum: int = 1) -> int:
-    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
-
-
-def quarter_octave_bucket(n: int, minimum: int = 64) -> int:
-    """Round up to 4 buckets per power of two (at most ~25% padding)."""
-    n = max(int(n), minimum)
-    p = pow2_bucket(n)
-    step = max(p // 8, 1) if p > minimum else p
-    return -(-n // step) * step
-
-
 def _resize(x: jax.Array, axis: int, size: int) -> jax.Array:
     """Truncates or zero-pads ``x`` along ``axis`` to ``size``."""
     n = x.shape[axis]
@@ -141,15 +131,6 @@ def _resize(x: jax.Array, axis: int, size: int) -> jax.Array:
         pad[axis] = (0, size - n)
         return jnp.pad(x, pad)
     return x
-
-
-def _bucket(n: int, buckets: Sequence[int] | None, minimum: int) -> int:
-    if buckets is None:
-        return pow2_bucket(n, minimum)
-    for b in sorted(buckets):
-        if b >= n:
-            return b
-    return n  # larger than every configured bucket: its own shape
 
 
 class Sampler:
@@ -331,7 +312,7 @@ class Sampler:
             capacity = self.cache_size
         else:
             longest = max(len(c) for c in chunks)
-            capacity = _bucket(longest, self.length_buckets, 16) + max(p.max_new_tokens for p in ps)
+            capacity = bucket(longest, self.length_buckets, 16) + max(p.max_new_tokens for p in ps)
         return self._run(None, chunks, ps, capacity, return_state)
 
     def continue_(self, state: SamplerState, appended: Sequence[Sequence[int]],
@@ -363,57 +344,14 @@ class Sampler:
 
     def _run(self, prev, chunks, ps, capacity: int, return_state: bool) -> SamplerOutput:
         n = len(chunks)
-        B = _bucket(n, self.batch_buckets, 1)
-        headroom = min(self.max_chunk, max(capacity, 1))
-        phys = capacity + headroom
-
-        # Per-row starting point: fresh rows start empty; kept rows carry their cache and pending token.
-        keys = np.zeros((B, 2), np.uint32)
-        draws = np.zeros((B,), np.int32)
-        end0 = np.zeros((B,), np.int64)
-        src = np.zeros((B,), np.int32)
+        B = bucket(n, self.batch_buckets, 1)
         seeds = [p.seed if p.seed is not None else int(self._seed_rng.integers(2**31)) for p in ps]
-        for i in range(n):
-            r = -1 if prev is None else int(prev[1][i])
-            if r >= 0:
-                st = prev[0]
-                src[i] = r
-                keys[i], draws[i], end0[i] = st.keys[r], st.draws[r], st.ends[r]
-                if st.pending[r] >= 0:
-                    chunks[i] = np.concatenate([[st.pending[r]], chunks[i]]).astype(np.int32)
-            else:
-                keys[i] = (seeds[i] % 2**32, (i + 0x9E3779B9 * (seeds[i] >> 32)) % 2**32)
-        lens = np.zeros((B,), np.int64)
-        lens[:n] = [len(c) for c in chunks]
-        fits = end0 + lens <= capacity
-        full_now = np.zeros((B,), bool)
-        full_now[:n] = ~fits[:n]
-        lens = np.where(fits, lens, 0)
-        end_after = end0 + lens
-
-        max_new = np.zeros((B,), np.int64)
-        max_new[:n] = [p.max_new_tokens for p in ps]
-        room = np.maximum(capacity - end_after, 0)
-        n_max = np.where(full_now, 0, np.minimum(max_new, room))
-        cap_reason = np.where(full_now | (room < max_new), CACHE_FULL, LENGTH)
-
-        # Prefill plan: chunks of at most max_chunk tokens; every row is written at its current end
-        # in every chunk (rows with nothing left write padding past their end), so the cache window
-        # must cover end + chunk length for all rows in all chunks, and every decode write.
-        plan = []
-        off, end_cur = 0, end0.copy()
-        while True:
-            take = np.clip(lens - off, 0, self.max_chunk)
-            T = min(_bucket(max(int(take.max()), 1), self.length_buckets, 16), headroom)
-            plan.append((off, take, T, end_cur))
-            end_cur = end_cur + take
-            off += self.max_chunk
-            if off >= lens.max():
-                break
-        need = max(max(int((e + T).max()) for _, _, T, e in plan),
-                   int((end_after + np.maximum(n_max, 1)).max()))
-        size = min(phys, quarter_octave_bucket(need) if self.window_buckets is None
-                   else _bucket(need, self.window_buckets, 1))
+        prev_rows = None
+        if prev is not None:
+            st, rows = prev
+            prev_rows = PrevRows(ends=st.ends, pending=st.pending, keys=st.keys, draws=st.draws, rows=rows)
+        plan = plan_batch(chunks, ps, seeds, capacity, batch=B, max_chunk=self.max_chunk, prev=prev_rows,
+                          length_buckets=self.length_buckets, window_buckets=self.window_buckets)
 
         params = self._params()
         if prev is not None:
@@ -424,7 +362,7 @@ class Sampler:
             k, v = self._spare
             gather = False
         else:
-            k_shape, v_shape = qwen3.KVCache.shapes(self.cfg, B, size)
+            k_shape, v_shape = qwen3.KVCache.shapes(self.cfg, B, plan.window)
             dt = qwen3.as_dtype(self.cfg.dtype)
             k = self._put(np.zeros(k_shape, dt), qwen3.CACHE_K_AXES)
             v = self._put(np.zeros(v_shape, dt), qwen3.CACHE_V_AXES)
@@ -432,59 +370,37 @@ class Sampler:
         self._spare = None
 
         # Prefill, in chunks of at most max_chunk tokens per row.
+        row = ("batch",)
         logits = None
-        for off, take, T, end_cur in plan:
-            tok = np.zeros((B, T), np.int32)
-            for i in range(n):
-                if take[i] > 0:
-                    tok[i, : take[i]] = chunks[i][off: off + take[i]]
+        for chunk in plan.prefill:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                 lg, k, v, end_dev = self._prefill(
-                    params, k, v, self._put(src, ("batch",)), self._put(end_cur.astype(np.int32), ("batch",)),
-                    self._put(tok, ("batch", None)), self._put(take.astype(np.int32), ("batch",)),
-                    size=size, gather=gather)
+                    params, k, v, self._put(plan.gather_rows, row), self._put(chunk.end.astype(np.int32), row),
+                    self._put(plan.chunk_tokens(chunk), ("batch", None)),
+                    self._put(chunk.take.astype(np.int32), row), size=plan.window, gather=gather)
             gather = False
-            last_here = (take > 0) & (off + take >= lens)
-            logits = lg if logits is None else jnp.where(self._put(last_here, ("batch",))[:, None], lg, logits)
+            last_here = chunk.last_for(plan.lens)
+            logits = lg if logits is None else jnp.where(self._put(last_here, row)[:, None], lg, logits)
 
-        stop_w = max(4, pow2_bucket(max((len(p.stop_token_ids) for p in ps), default=1)))
-        stop_ids = np.full((B, stop_w), -1, np.int32)
-        temp = np.zeros((B,), np.float32)
-        top_p = np.ones((B,), np.float32)
-        top_k = np.zeros((B,), np.int32)
-        for i, p in enumerate(ps):
-            stop_ids[i, : len(p.stop_token_ids)] = p.stop_token_ids
-            temp[i], top_p[i], top_k[i] = p.temperature, p.top_p, p.top_k
-        # Bucketed on the requested budget (capped by the capacity) rather than on n_max, so that
-        # rows ending early for lack of room do not change the program.
-        budget = pow2_bucket(max(min(int(max_new.max()), capacity), int(n_max.max()), 1), 8)
-        row = ("batch",)
         tokens, lps, n_gen, reason, k, v, end_dev = self._decode(
-            params, k, v, end_dev, logits, self._put(keys, ("batch", None)), self._put(draws, row),
-            self._put(temp, row), self._put(top_p, row), self._put(top_k, row),
-            self._put(n_max.astype(np.int32), row), self._put(cap_reason.astype(np.int32), row),
-            self._put(stop_ids, ("batch", None)), budget=budget)
+            params, k, v, end_dev, logits, self._put(plan.keys, ("batch", None)), self._put(plan.draws, row),
+            self._put(plan.temperature, row), self._put(plan.top_p, row), self._put(plan.top_k, row),
+            self._put(plan.n_max.astype(np.int32), row), self._put(plan.cap_reason.astype(np.int32), row),
+            self._put(plan.stop_ids, ("batch", None)), budget=plan.budget)
 
         tokens, lps, n_gen, reason = jax.device_get((tokens, lps, n_gen, reason))
         out = SamplerOutput(
             tokens=[tokens[i, : n_gen[i]].tolist() for i in range(n)],
             logprobs=[lps[i, : n_gen[i]].tolist() for i in range(n)],
-            finish_reasons=[_REASONS[int(reason[i])] for i in range(n)],
+            finish_reasons=[REASONS[int(reason[i])] for i in range(n)],
             lengths=[int(n_gen[i]) for i in range(n)],
             prefill_logits=logits[:n],
         )
         if return_state:
-            pending = np.full((n,), -1, np.int64)
-            ends = end_after[:n].copy()
-            for i in range(n):
-                if n_gen[i] > 0:
-                    pending[i] = tokens[i, n_gen[i] - 1]
-                    ends[i] += n_gen[i] - 1
-                elif prev is not None and full_now[i] and src[i] >= 0:
-                    pending[i] = prev[0].pending[src[i]]  # nothing was written for this row
-            out.state = SamplerState(k=k, v=v, ends=ends, pending=pending, keys=keys[:n].copy(),
-                                     draws=(draws[:n] + n_gen[:n]).astype(np.int32), capacity=capacity)
+            ends, pending, draws = plan.next_state(tokens, n_gen)
+            out.state = SamplerState(k=k, v=v, ends=ends, pending=pending, keys=plan.keys[:n].copy(),
+                                     draws=draws, capacity=capacity)
         else:
             self._spare = (k, v)
         return out

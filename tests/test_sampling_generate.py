@@ -188,3 +188,16 @@ def test_bad_input_is_named(sampler):
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="2 SamplingParams for 1 rows"):
         sampler.generate([[3]], [SamplingParams(), SamplingParams()])
+
+
+def test_fresh_row_that_does_not_fit_starts_empty(sampler):
+    # Regression: a fresh prompt (rows=-1) too long for the cache used to inherit the pending token of
+    # row 0 of the previous state, so its next turn began with another episode's token.
+    prompts = _prompts(12, [6, 9])
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=4)
+    first = sampler.generate(prompts, greedy, return_state=True)
+    assert (first.state.pending >= 0).all()  # row 0 holds a pending token that must not leak
+    out = sampler.continue_(first.state, [[5], list(range(3, 140))], greedy, rows=[1, -1], return_state=True)
+    assert out.finish_reasons == ["length", "cache_full"] and out.lengths[1] == 0
+    assert out.state.pending[1] == -1
+    np.testing.assert_array_equal(out.state.total_lengths(), [9 + 4 + 1 + 4, 0])
