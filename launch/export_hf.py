@@ -15,7 +15,6 @@ import os
 import shutil
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
@@ -32,11 +31,11 @@ _SHARD = flags.DEFINE_string("max_shard_size", "5GB", "safetensors shard size")
 def export(cfg, out_dir: str, *, checkpoint_dir: str | None = None, step: int | None = None,
            role: str | None = None, max_shard_size: str = "5GB") -> int:
     """Restores ``step`` (or the newest good step) and writes ``out_dir``; returns the step used."""
-    import train_lib
+    from envace_jax.rl import train as rl_train
     from envace_jax.checkpoint import Checkpointer
     from envace_jax.models import hf_io
 
-    _, _, trainers, _, _ = train_lib.build_policies(cfg, None)
+    _, _, trainers, _, _ = rl_train.build_policies(cfg, None)
     distinct = {}
     for r, t in trainers.items():
         if all(t is not o for o in distinct.values()):

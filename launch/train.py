@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
@@ -33,7 +32,7 @@ def main(argv):
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax logs every file it writes at INFO
-    import train_lib
+    from envace_jax.rl import train as rl_train
     from envace_jax.config import ConfigError, load_config
 
     if _CONFIG.value is None:
@@ -43,8 +42,8 @@ def main(argv):
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
-    train_lib.init_distributed(_COORD.value, _NPROC.value, _PID.value)
-    summary = train_lib.train(cfg, dump_params=_DUMP.value)
+    rl_train.init_distributed(_COORD.value, _NPROC.value, _PID.value)
+    summary = rl_train.train(cfg, dump_params=_DUMP.value)
     print(f"done: {summary}", file=sys.stderr, flush=True)
 
 

@@ -43,15 +43,12 @@ def shared_dir() -> str:
 
 
 def tokenizer_dir() -> str:
-    import sys
-
-    sys.path.insert(0, os.path.join(ROOT, "launch"))
-    import train_lib
     from envace_jax.config import load_config
+    from envace_jax.rl import train as rl_train
 
     out = os.path.join(shared_dir(), "tok_run")
     if not os.path.exists(os.path.join(out, "tokenizer", "tokenizer.json")):
-        train_lib.build_tokenizer(load_config({"run_dir": out, "tokenizer": {"demo_vocab_size": 480}}))
+        rl_train.build_tokenizer(load_config({"run_dir": out, "tokenizer": {"demo_vocab_size": 480}}))
     return os.path.join(out, "tokenizer")
 
 

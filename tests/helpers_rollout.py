@@ -9,7 +9,7 @@ import os
 import tempfile
 from typing import Callable, Sequence
 
-from envace_jax.rl.rollout import GenOutput, GenRequest
+from envace_jax.rl.policy_client import GenOutput, GenRequest
 from envace_jax.rl.types import ACT, REHEARSE
 
 

@@ -13,7 +13,8 @@ from envace_jax.demo import data as demo_data
 from envace_jax.eval.fidelity import caller_raw_text, compare
 from envace_jax.rl.judges import RuleJudge
 from envace_jax.rl.reward import ChecklistTurnJudge
-from envace_jax.rl.rollout import GenOutput, RoleSampling, RolloutConfig, RolloutEngine
+from envace_jax.rl.policy_client import GenOutput
+from envace_jax.rl.rollout import RoleSampling, RolloutConfig, RolloutEngine
 from envace_jax.rl.types import ACT, REHEARSE
 
 

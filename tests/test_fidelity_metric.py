@@ -11,7 +11,7 @@ import pytest
 from envace_jax.data.demo_tasks import generate_tasks
 from envace_jax.envs.demo_worlds import make_env
 from envace_jax.eval import fidelity as F
-from envace_jax.rl.rollout import GenOutput
+from envace_jax.rl.policy_client import GenOutput
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 

@@ -12,8 +12,6 @@ import numpy as np
 
 import helpers_loop as h
 
-sys.path.insert(0, os.path.join(h.ROOT, "launch"))
-
 
 def _cfg(run_dir):
     from envace_jax.config import load_config
@@ -28,14 +26,14 @@ def test_export_hf_matches_transformers_logits(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import train_lib
+    from envace_jax.rl import train as rl_train
     from envace_jax.checkpoint import Checkpointer
     from envace_jax.rl.batch import build_batch
     from envace_jax.rl.types import ACT, Generation
 
     run_dir = str(tmp_path / "run")
     cfg = _cfg(run_dir)
-    _, _, trainers, policy, _ = train_lib.build_policies(cfg, None)
+    _, _, trainers, policy, _ = rl_train.build_policies(cfg, None)
     trainer = trainers[ACT]
     init = jax.tree.map(np.asarray, trainer.params)
     rng = np.random.default_rng(0)

@@ -68,7 +68,7 @@ def test_sampler_logprobs_equal_trainer_recomputation(rollout_rows):
 
 def test_overlong_rows_are_dropped_not_truncated(rollout_rows):
     """RLStep's default leaves rows longer than max_row_length out; 'truncate' keeps them (reference)."""
-    from envace_jax.rl.loop import RLStep, StepConfig
+    from envace_jax.rl.step import RLStep, StepConfig
 
     model, _, gens = rollout_rows
     lengths = sorted(len(g.prompt_ids) + len(g.gen_ids) for g in gens)

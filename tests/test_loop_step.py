@@ -3,17 +3,14 @@ real iteration on a tiny random Qwen3 whose advantages match a hand computation.
 
 from __future__ import annotations
 
-import os
-import sys
 
 import numpy as np
 import pytest
 
 import helpers_loop as h
-from envace_jax.rl.loop import RLStep, StepConfig, adjust_batch_copy, repeat_prompts, row_scores
+from envace_jax.rl.step import RLStep, StepConfig, adjust_batch_copy, repeat_prompts, row_scores
 from envace_jax.rl.types import ACT, REHEARSE, Generation
 
-sys.path.insert(0, os.path.join(h.ROOT, "launch"))
 
 
 def _gen(role, uid, ep, n_tokens, score):
@@ -62,12 +59,12 @@ def test_trainer_routing_is_checked_per_mode():
 
 
 def test_one_iteration_advantages_match_hand_computation(tmp_path):
-    import train_lib
+    from envace_jax.rl import train as rl_train
 
     # The resume and multi-host tests' config and shapes: their subprocesses reuse these programs.
     h.use_compile_cache()
     cfg = h.tiny_config(str(tmp_path), 1)
-    run = train_lib.build_run(cfg)
+    run = rl_train.build_run(cfg)
     seen = {}
     real_update = run.trainers[ACT].ppo_update
 

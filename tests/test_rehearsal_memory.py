@@ -13,7 +13,7 @@ import pytest
 from envace_jax.data.demo_tasks import generate_tasks
 from envace_jax.envs.base import NoToolEnvironment, ToolEnvironment
 from envace_jax.envs.demo_worlds import make_env
-from envace_jax.rl import rehearsal as R
+from envace_jax.eval import rehearsal as R
 from envace_jax.rl.judges import RuleJudge
 from envace_jax.rl.reward import ChecklistTurnJudge
 from envace_jax.rl.rollout import RoleSampling, RolloutConfig
@@ -299,7 +299,7 @@ def test_wilson_interval_by_hand():
 
 
 def test_score_interval_by_hand_and_clipped_to_unit_range():
-    from envace_jax.rl.rehearsal import _mean_ci
+    from envace_jax.eval.rehearsal import _mean_ci
 
     # [0, 1, 0.5, 0.5]: mean 0.5, sample sd 0.408248, half-width 1.96 * 0.408248 / 2
     m, (lo, hi) = _mean_ci([0.0, 1.0, 0.5, 0.5])

@@ -10,7 +10,7 @@ from envace_jax.data.demo_tasks import generate_tasks
 from envace_jax.envs.base import NoToolEnvironment
 from envace_jax.envs.demo_worlds import make_env
 from envace_jax.models import qwen3
-from envace_jax.rl import rehearsal as R
+from envace_jax.eval import rehearsal as R
 from envace_jax.rl.judges import RuleJudge
 from envace_jax.rl.reward import ChecklistTurnJudge
 from envace_jax.rl.rollout import RoleSampling, RolloutConfig

@@ -10,9 +10,9 @@ import pytest
 from envace_jax.envs.demo_worlds import make_env
 from envace_jax.models import qwen3
 from envace_jax.rl.judges import RuleJudge
-from envace_jax.rl.policy_client import SamplerClient, role_mix, summary
+from envace_jax.rl.policy_client import GenRequest, SamplerClient, role_mix, summary
 from envace_jax.rl.reward import ChecklistTurnJudge
-from envace_jax.rl.rollout import MODES, GenRequest, RoleSampling, RolloutConfig, RolloutEngine
+from envace_jax.rl.rollout import MODES, RoleSampling, RolloutConfig, RolloutEngine
 from envace_jax.rl.types import ACT, REHEARSE, TERMINATION_REASONS
 from envace_jax.sampling import Sampler, SamplingParams
 from helpers_rollout import FirstActScripted, codec, compact_codec, tasks_without_required_items

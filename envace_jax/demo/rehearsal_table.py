@@ -33,7 +33,7 @@ def run_rehearsal_table(cfg: DemoConfig, run_dir: str, *, ns: Sequence[int] = (0
     from envace_jax.chat import load_tokenizer
     from envace_jax.eval import demo_eval
     from envace_jax.models import hf_io
-    from envace_jax.rl.rehearsal import RehearsalConfig
+    from envace_jax.eval.rehearsal import RehearsalConfig
 
     model_dir = model_dir or os.path.join(run_dir, MODEL_DIR)
     tok_dir = os.path.join(run_dir, "tokenizer")

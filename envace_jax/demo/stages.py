@@ -229,7 +229,8 @@ def evaluate_fidelity(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str
 # ----------------------------------------------------------------------------- RL
 
 def make_rl_step(cfg: DemoConfig, mode: str, model, codec, trainer: Trainer, simulator_model=None):
-    from envace_jax.rl.loop import TRAINED_ROLES, RLStep, StepConfig
+    from envace_jax.rl.rollout import TRAINED_ROLES
+    from envace_jax.rl.step import RLStep, StepConfig
 
     client = make_client(model, codec)
     sim_client = make_client(simulator_model, codec) if simulator_model is not None else None

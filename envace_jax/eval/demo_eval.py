@@ -3,7 +3,7 @@
 ``policy=oracle`` scores each task's reference conversation (whose tool messages were produced by the
 real demo worlds) with the rule judge. ``policy=model`` plays the tasks with our ``RolloutEngine`` in
 mode ``real`` (tools run in the demo worlds, the rule judge scores every user turn), optionally after
-N private rehearsals (``rl.rehearsal.TestTimeRehearsal``). ``valid`` = every checklist item passed
+N private rehearsals (``eval.rehearsal.TestTimeRehearsal``). ``valid`` = every checklist item passed
 (episode score 1); ``score_mean`` is the mean checklist score.
 
 ``sweep`` runs N x mode (issue 7 part 4) and reports score and success versus N and extra tokens.
@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from envace_jax.eval.results import CategoryResult, EntryResult
-from envace_jax.rl.rehearsal import RehearsalConfig, RehearsalRun, TestTimeRehearsal, rehearsal_sweep
+from envace_jax.eval.rehearsal import RehearsalConfig, RehearsalRun, TestTimeRehearsal, rehearsal_sweep
 
 _EPS = 1e-9
 
@@ -105,7 +105,7 @@ def evaluate_model(tasks: Sequence[dict[str, Any]], codec, client, rollout_cfg,
 
 def sweep(tasks: Sequence[dict[str, Any]], codec, client, rollout_cfg, base: RehearsalConfig,
           ns: Sequence[int], modes: Sequence[str], make_env=None):
-    """Score/success versus N and mode: (``rl.rehearsal.SweepResult``, one results category per cell).
+    """Score/success versus N and mode: (``eval.rehearsal.SweepResult``, one results category per cell).
 
     N = 0 does not depend on the mode: it runs once and is reported under every mode.
     """

@@ -35,7 +35,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from envace_jax.chat.simulator import parse_simulator_output
 from envace_jax.chat.tool_parser import CALL_SEPARATOR
-from envace_jax.rl.rollout import GenRequest, RoleSampling
+from envace_jax.rl.policy_client import GenRequest
+from envace_jax.rl.rollout import RoleSampling
 from envace_jax.rl.types import REHEARSE
 
 MEASURES = ("exact", "structure", "field", "error_agreement", "parsed")

@@ -19,7 +19,8 @@ import os
 from typing import Any, Mapping, Protocol, Sequence
 
 from envace_jax.chat.tool_parser import parse_tool_calls, split_assistant_text
-from envace_jax.rl.rollout import GenRequest, RoleSampling
+from envace_jax.rl.policy_client import GenRequest
+from envace_jax.rl.rollout import RoleSampling
 from envace_jax.rl.types import ACT
 
 LENGTH_BUDGET = "length_budget"

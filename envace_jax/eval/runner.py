@@ -101,7 +101,7 @@ def _rollout_cfg(cfg: Any):
 
 
 def _rehearsal_cfg(cfg: Any):
-    from envace_jax.rl.rehearsal import RehearsalConfig
+    from envace_jax.eval.rehearsal import RehearsalConfig
     return RehearsalConfig(n=int(_get(cfg, "rehearsal.n", 0)), mode=str(_get(cfg, "rehearsal.mode", "parallel")),
                            memory=str(_get(cfg, "rehearsal.memory", "template")),
                            max_tokens_per_rehearsal=int(_get(cfg, "rehearsal.max_tokens_per_rehearsal", 2048)),

@@ -1,4 +1,8 @@
-"""``SamplerClient``: the rollout engine's ``PolicyClient`` over our jitted ``Sampler``.
+"""How the rollout engine asks for generations: the ``PolicyClient`` interface (``GenRequest`` in,
+``GenOutput`` out) and ``SamplerClient``, its implementation over our jitted ``Sampler``.
+
+Tests and scripted episodes implement ``PolicyClient`` with canned outputs; the engine never sees a
+sampler, only this interface.
 
 One ``generate(requests)`` is ONE sampler call, whatever the mix of ACT and REHEARSE rows: each row
 gets its own ``SamplingParams`` (temperature, top-p, top-k, max_new_tokens, seed; the client's stop
@@ -37,12 +41,40 @@ Greedy rows are identical either way (``tests/test_rollout_sampler.py`` compares
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
-
-from envace_jax.rl.rollout import GenOutput, GenRequest
 from envace_jax.rl.types import ACT, REHEARSE, ROLES
 from envace_jax.sampling import Sampler, SamplerOutput, SamplerState, SamplingParams
+
+
+# ----------------------------------------------------------------------------- the client interface
+
+@dataclasses.dataclass
+class GenRequest:
+    prompt_ids: list[int]
+    role: str
+    sampling: Any                 # a RoleSampling (temperature, top_p, top_k, max_new_tokens)
+    seed: int
+    cache_key: str | None = None  # same key across turns: the client may continue a cached prefix
+    episode: int = -1             # the episode asking (for logs and scripted clients)
+
+
+@dataclasses.dataclass
+class GenOutput:
+    ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class PolicyClient(Protocol):
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenOutput]: ...
+
+    def release(self, cache_keys: Sequence[str]) -> None: ...
+
+
+
+# ----------------------------------------------------------------------------- over our Sampler
+
 
 
 @dataclasses.dataclass
@@ -200,4 +232,4 @@ def summary(calls: Sequence[CallStats]) -> dict[str, Any]:
             "full_prefill_fallbacks": sum(c.full_prefill for c in calls)}
 
 
-__all__ = ["CallStats", "SamplerClient", "role_mix", "summary"]
+__all__ = ["CallStats", "GenOutput", "GenRequest", "PolicyClient", "SamplerClient", "role_mix", "summary"]

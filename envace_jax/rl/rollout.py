@@ -47,6 +47,7 @@ import dataclasses
 import json
 from typing import Any, Callable, Protocol, Sequence
 
+from envace_jax.rl.policy_client import GenOutput, GenRequest, PolicyClient  # noqa: F401  (re-exported)
 from envace_jax.rl.types import ACT, REHEARSE, ROLES, Episode, Generation, State
 
 MODES = ("rehearsal", "simulator", "real", "noshare", "caller_frozen")
@@ -99,29 +100,6 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{role}.max_new_tokens must be positive")
         if self.empty_output_penalty < 0:
             raise ValueError(f"rollout.empty_output_penalty must be >= 0, got {self.empty_output_penalty}")
-
-
-@dataclasses.dataclass
-class GenRequest:
-    prompt_ids: list[int]
-    role: str
-    sampling: RoleSampling
-    seed: int
-    cache_key: str | None = None  # same key across turns: the client may continue a cached prefix
-    episode: int = -1             # the episode asking (for logs and scripted clients)
-
-
-@dataclasses.dataclass
-class GenOutput:
-    ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-
-
-class PolicyClient(Protocol):
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenOutput]: ...
-
-    def release(self, cache_keys: Sequence[str]) -> None: ...
 
 
 class ChatCodec(Protocol):

@@ -1,0 +1,468 @@
+"""Test-time private rehearsal: imagine N episodes, condense them into a memory, then act once for real.
+
+Before the ONE committed execution of a task, the policy plays N imagined episodes in which REHEARSE
+answers every tool call (``rollout.mode="rehearsal"``, or ``"simulator"`` with a separate simulator
+client). No real tool is reachable from an imagined episode: ``ImaginedEngine`` refuses the ``real``
+mode, never receives ``make_env``, gives every episode a ``NoToolEnvironment`` (which raises on any
+call) and raises if the real-tool path is ever entered.
+
+Modes. ``parallel``: the N rehearsals of every task are independent and run as ONE batched engine run
+(N x tasks episodes). ``sequential``: rehearsal k runs with the memory of rehearsals 0..k-1 in its
+context, so it can revise the plan; one engine run per k, batched over tasks.
+
+What an imagined episode sees (honest by default). ``grounding="none"``: the imagined record keeps only
+the user messages of the reference conversation, so REHEARSE's few-shot block holds no logged real
+result (at test time the reference conversation is the answer key). ``grounding="reference"`` keeps the
+reference's grounding (the training-time prompt; privileged, for ablations). ``user_turns="first"``
+rehearses the first user turn only (later user messages are not known before they arrive);
+``"all"`` replays every scripted user turn. The imagined turn judge only advances to the next user
+turn: it reads no checklist and gives no reward, so nothing privileged reaches the memory.
+
+Rehearsal memory (``memory="template"``, deterministic; ``build_template_memory``)::
+
+    Rehearsal memory: 2 private rehearsals of this task. Their tool responses were imagined, not real.
+    Avoid (calls that failed in rehearsal):
+    - transfer({"amount":900,"from_account":"ana","to_account":"ben"}) -> {"error":"insufficient funds"}
+    Plan that ran without errors (rehearsal 2):
+    1. get_balance({"account":"ana"}) -> {"balance":40}
+    Rehearsal 1: transfer(...) -> ERROR {...} | ended: simulator_error
+    Rehearsal 2: get_balance(...) -> {...} | answered: Ana has 40.
+
+Lines are added in that priority order (lessons first, then the per-rehearsal traces) until
+``max_memory_chars`` would be exceeded. ``memory="model"``: the policy itself condenses the template
+text of all rehearsals so far with a summarisation prompt (``summary_messages``); an empty summary
+falls back to the template. The memory is placed once, in the committed episode's initial messages
+(``placement="system"``: appended to the system prompt; ``"note"``: an extra system message before the
+first user message), so every later ACT prompt is the same incremental continuation as without it.
+
+Budget knobs: ``n``, ``max_tokens_per_rehearsal`` (generated tokens of one imagined episode, ACT +
+REHEARSE; each generation is capped at it and an episode that reaches it is ended as
+``length_budget`` after the step that crossed it), ``max_memory_chars``. Extra tokens spent (prompt
+and generated, rehearsals plus summaries) are counted per task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+from envace_jax.chat.tool_parser import strip_think
+from envace_jax.envs.base import NoToolEnvironment
+from envace_jax.eval.results import wilson_ci
+from envace_jax.rl.policy_client import GenRequest
+from envace_jax.rl.rollout import RoleSampling, RolloutConfig, RolloutEngine
+from envace_jax.rl.types import ACT, Episode, State
+
+MODES = ("parallel", "sequential")
+MEMORY_KINDS = ("template", "model")
+PLACEMENTS = ("system", "note")
+MEMORY_HEADER = "Rehearsal memory"
+_RESPONSE_CHARS = 160
+
+
+@dataclasses.dataclass(frozen=True)
+class RehearsalConfig:
+    n: int = 0                              # imagined episodes per task (0: act directly)
+    mode: str = "parallel"
+    max_tokens_per_rehearsal: int = 2048
+    memory: str = "template"
+    max_memory_chars: int = 1500
+    placement: str = "system"
+    grounding: str = "none"                 # "reference" keeps the few-shot logged results (privileged)
+    user_turns: str = "first"               # "all" rehearses every scripted user turn
+    summary: RoleSampling = RoleSampling(temperature=0.0, max_new_tokens=256)
+    seed: int = 0
+
+    def __post_init__(self):
+        choices = {"mode": MODES, "memory": MEMORY_KINDS, "placement": PLACEMENTS,
+                   "grounding": ("none", "reference"), "user_turns": ("first", "all")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"rehearsal.{name}={getattr(self, name)!r}; choose one of {allowed}")
+        for name in ("n", "max_tokens_per_rehearsal", "max_memory_chars"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < (0 if name == "n" else 1):
+                raise ValueError(f"rehearsal.{name} must be an int >= {0 if name == 'n' else 1}, got {v!r}")
+
+
+# ----------------------------------------------------------------------------- imagined episodes
+
+class _Advance:
+    """Verdict of the imagined turn judge: no reward, never terminates (the engine moves on)."""
+    turn_reward = 0.0
+    terminate = False
+    api_failed_count = 0
+    required_failed = False
+
+
+def advance_judge(episodes: Sequence[Episode]) -> list[_Advance]:
+    return [_Advance() for _ in episodes]
+
+
+class ImaginedEngine(RolloutEngine):
+    """A rollout engine that cannot reach a real tool (see the module doc)."""
+
+    def __init__(self, cfg: RolloutConfig, codec, policy, judge=advance_judge, *, simulator=None, on_step=None):
+        if cfg.mode not in ("rehearsal", "simulator"):
+            raise ValueError(f"imagined episodes need rollout.mode 'rehearsal' or 'simulator', got {cfg.mode!r}")
+        super().__init__(cfg, codec, policy, judge, simulator=simulator, make_env=None, on_step=on_step)
+
+    def start(self, records, uids=None):
+        episodes = super().start(records, uids)
+        for e in episodes:
+            e.env = NoToolEnvironment(e.record.get("tools", []))
+        return episodes
+
+    def _answer_real(self, e: Episode) -> None:
+        raise RuntimeError(f"episode {e.uid!r}: a real tool was reached during private rehearsal")
+
+
+def imagined_record(record: Mapping[str, Any], cfg: RehearsalConfig, memory: str = "") -> dict[str, Any]:
+    """The record an imagined episode plays: grounding and user turns per ``cfg``, memory placed."""
+    ref = list(record.get("reference_messages") or [])
+    if cfg.user_turns == "first":
+        users = [i for i, m in enumerate(ref) if m.get("role") == "user"]
+        if len(users) > 1:
+            ref = ref[:users[1]]
+    if cfg.grounding == "none":
+        ref = [dict(m) for m in ref if m.get("role") == "user"]
+    if not ref:  # a record without a reference conversation still plays its first user message
+        ref = [dict(m) for m in record["messages"] if m.get("role") == "user"][:1]
+    out = dict(record, reference_messages=ref)
+    n_turns = max(1, sum(m.get("role") == "user" for m in ref))
+    # the imagined judge ignores the checklist, but the engine ends an episode that has none
+    out["checklist"] = [[[{"imagined": True}] for _ in range(n_turns)]]
+    return with_memory(out, memory, cfg.placement) if memory else out
+
+
+def with_memory(record: Mapping[str, Any], memory: str, placement: str = "system") -> dict[str, Any]:
+    """A copy of ``record`` whose initial ``messages`` carry ``memory``."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+    msgs = [dict(m) for m in record["messages"]]
+    if placement == "system" and msgs and msgs[0].get("role") == "system":
+        msgs[0]["content"] = (msgs[0].get("content") or "") + "\n\n" + memory
+    else:
+        at = next((i for i, m in enumerate(msgs) if m.get("role") == "user"), len(msgs))
+        msgs.insert(at, {"role": "system", "content": memory})
+    return dict(record, messages=msgs)
+
+
+# ----------------------------------------------------------------------------- traces and memory
+
+@dataclasses.dataclass
+class StepTrace:
+    turn: int
+    name: str
+    arguments: Any
+    response: str
+    error: bool
+
+
+@dataclasses.dataclass
+class RehearsalTrace:
+    """What one imagined episode did, in the memory's terms."""
+    index: int                       # 1-based rehearsal number
+    steps: list[StepTrace]
+    final_answer: str | None         # the last tool-free reply (think stripped)
+    termination: str
+    malformed_call: str | None       # the parse error text when ACT wrote a broken call
+
+
+def _is_error(content: str) -> bool:
+    try:
+        obj = json.loads(content)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return isinstance(obj, dict) and ("error" in obj or "error_tool_call" in obj)
+
+
+def trace_of(ep: Episode, index: int, start: int) -> RehearsalTrace:
+    """``start``: number of initial messages (before anything the episode generated)."""
+    steps: list[StepTrace] = []
+    final, malformed, turn = None, None, 0
+    msgs = ep.messages
+    for i in range(start, len(msgs)):
+        m = msgs[i]
+        if m.get("role") == "user":
+            turn += 1
+        elif m.get("role") == "assistant":
+            calls = m.get("tool_calls") or []
+            if not calls:
+                final = strip_think(m.get("content") or "").strip()
+            answers = {t.get("tool_call_id"): t.get("content", "") for t in msgs[i + 1:i + 1 + len(calls)]
+                       if t.get("role") == "tool"}
+            for c in calls:
+                fn = c["function"]
+                if c["id"] in answers:
+                    resp = answers[c["id"]]
+                    steps.append(StepTrace(turn, fn["name"], fn["arguments"], resp, _is_error(resp)))
+        elif m.get("role") == "tool" and m.get("name") == "error_tool_call" and "tool_call_id" not in m:
+            malformed = str(m.get("content", ""))
+    return RehearsalTrace(index, steps, final, ep.termination or "", malformed)
+
+
+def _call_text(name: str, args: Any) -> str:
+    return f"{name}({json.dumps(args, sort_keys=True, separators=(',', ':'), ensure_ascii=False)})"
+
+
+def _short(text: str, n: int = _RESPONSE_CHARS) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
+def _best(traces: Sequence[RehearsalTrace]) -> RehearsalTrace | None:
+    clean = [t for t in traces if t.steps and not any(s.error for s in t.steps) and not t.malformed_call]
+    if not clean:
+        return None
+    return min(clean, key=lambda t: (t.final_answer is None, len(t.steps), -t.index))
+
+
+def build_template_memory(traces: Sequence[RehearsalTrace], max_chars: int) -> str:
+    """The deterministic rehearsal memory (format in the module doc), at most ``max_chars`` long."""
+    if not traces:
+        return ""
+    lines = [f"{MEMORY_HEADER}: {len(traces)} private rehearsal{'s' if len(traces) != 1 else ''} of this task. "
+             "Their tool responses were imagined, not real."]
+    seen: set[str] = set()
+    avoid = []
+    for t in traces:
+        for s in t.steps:
+            key = _call_text(s.name, s.arguments)
+            if s.error and key not in seen:
+                seen.add(key)
+                avoid.append(f"- {key} -> {_short(s.response)}")
+    if avoid:
+        lines += ["Avoid (calls that failed in rehearsal):"] + avoid
+    if any(t.malformed_call for t in traces):
+        lines.append('A rehearsal wrote a malformed tool call; write each call as <tool_call>{"name": ..., '
+                     '"arguments": {...}}</tool_call>.')
+    best = _best(traces)
+    if best is not None:
+        lines.append(f"Plan that ran without errors (rehearsal {best.index}):")
+        lines += [f"{k}. {_call_text(s.name, s.arguments)} -> {_short(s.response)}" for k, s in enumerate(best.steps, 1)]
+    elif not avoid:
+        lines.append("No rehearsal made a tool call.")
+    for t in traces:
+        parts = [f"{_call_text(s.name, s.arguments)} -> {'ERROR ' if s.error else ''}{_short(s.response, 80)}"
+                 for s in t.steps]
+        if t.final_answer is not None and t.final_answer:
+            ending = f"answered: {_short(t.final_answer, 120)}"
+        else:
+            ending = f"ended: {t.termination}"
+        lines.append(f"Rehearsal {t.index}: " + "; ".join(parts + [ending]))
+    out = ""
+    for line in lines:
+        nxt = line if not out else out + "\n" + line
+        if len(nxt) > max_chars:
+            room = max_chars - len(out) - (1 if out else 0)
+            if room > 20:
+                out = (out + "\n" if out else "") + line[:room - 3] + "..."
+            break
+        out = nxt
+    return out
+
+
+SUMMARY_SYSTEM = ("You privately rehearsed a tool-use task; the tool responses in those rehearsals were imagined "
+                  "by you, not real. Write a short memory for your one real attempt: the calls to make, in "
+                  "order, with their arguments; which calls failed and why; what to do differently. "
+                  "Plain text, no tool calls, at most {chars} characters.")
+
+
+def summary_messages(record: Mapping[str, Any], traces: Sequence[RehearsalTrace], max_chars: int) -> list[dict]:
+    """The summarisation prompt of ``memory="model"``: the task's first user message and the template
+    text of every rehearsal so far (given four times the memory budget)."""
+    user = next((m.get("content", "") for m in record["messages"] if m.get("role") == "user"), "")
+    trace_text = build_template_memory(traces, 4 * max_chars)
+    return [{"role": "system", "content": SUMMARY_SYSTEM.format(chars=max_chars)},
+            {"role": "user", "content": f"Task:\n{user}\n\nRehearsals:\n{trace_text}"}]
+
+
+def _clean_summary(text: str, max_chars: int) -> str:
+    body = strip_think(text).split("<tool_call>", 1)[0].strip()
+    if not body:
+        return ""
+    body = f"{MEMORY_HEADER} (condensed by the policy; rehearsed tool responses were imagined):\n{body}"
+    return body if len(body) <= max_chars else body[:max_chars - 3] + "..."
+
+
+# ----------------------------------------------------------------------------- runner
+
+@dataclasses.dataclass
+class TaskRehearsal:
+    uid: str
+    memory: str
+    traces: list[RehearsalTrace]
+    memories: list[str]              # memory after each rehearsal round (sequential) or once (parallel)
+    generated_tokens: int = 0        # extra tokens generated (imagined ACT + REHEARSE + summaries)
+    prompt_tokens: int = 0           # extra prompt tokens fed to the policy for them
+    imagined: list[Episode] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class RehearsalRun:
+    config: RehearsalConfig
+    committed: list[Episode]
+    rehearsals: list[TaskRehearsal]
+
+    @property
+    def scores(self) -> list[float]:
+        return [e.score for e in self.committed]
+
+
+class TestTimeRehearsal:
+    """Rehearse (imagined, no real tool), condense into memory, then the committed real run.
+
+    ``rollout_cfg`` is the committed run's config (its mode is forced to ``real``); imagined runs use
+    the same sampling with mode ``rehearsal`` (``simulator`` when a simulator client is given).
+    ``judge`` scores the committed run only; ``make_env`` is used for the committed run only.
+    """
+
+    __test__ = False  # not a pytest class, despite the name
+
+    def __init__(self, cfg: RehearsalConfig, rollout_cfg: RolloutConfig, codec, policy, judge,
+                 make_env: Callable[[dict], Any], *, simulator=None, imagined_judge=advance_judge):
+        self.cfg, self.codec, self.policy, self.judge, self.make_env = cfg, codec, policy, judge, make_env
+        self.simulator, self.imagined_judge = simulator, imagined_judge
+        self.real_cfg = dataclasses.replace(rollout_cfg, mode="real")
+        cap = cfg.max_tokens_per_rehearsal
+        self.imagined_cfg = dataclasses.replace(
+            rollout_cfg, mode="simulator" if simulator is not None else "rehearsal",
+            act=dataclasses.replace(rollout_cfg.act, max_new_tokens=min(rollout_cfg.act.max_new_tokens, cap)),
+            rehearse=dataclasses.replace(rollout_cfg.rehearse,
+                                         max_new_tokens=min(rollout_cfg.rehearse.max_new_tokens, cap)))
+        self.imagined_engines: list[ImaginedEngine] = []
+
+    # ---------------------------------------------------------------- imagined runs
+    def _budget_hook(self, step: int, episodes: list[Episode]) -> None:
+        for e in episodes:
+            if not e.done and sum(len(g.gen_ids) for g in e.generations) >= self.cfg.max_tokens_per_rehearsal:
+                e.state, e.termination = State.TERMINATED, "length_budget"
+
+    def _imagine(self, records: list[dict], uids: list[str], round_: int) -> list[Episode]:
+        cfg = dataclasses.replace(self.imagined_cfg, seed=self.imagined_cfg.seed + 7919 * (round_ + 1) + self.cfg.seed)
+        engine = ImaginedEngine(cfg, self.codec, self.policy, self.imagined_judge, simulator=self.simulator,
+                                on_step=self._budget_hook)
+        self.imagined_engines.append(engine)
+        return engine.run(records, uids)
+
+    def _memory(self, record: Mapping[str, Any], traces: list[RehearsalTrace], out: TaskRehearsal) -> str:
+        template = build_template_memory(traces, self.cfg.max_memory_chars)
+        if self.cfg.memory == "template":
+            return template
+        prompt = self.codec.caller_prompt(summary_messages(record, traces, self.cfg.max_memory_chars), [])
+        gen = self.policy.generate([GenRequest(prompt, ACT, self.cfg.summary, self.cfg.seed)])[0]
+        out.prompt_tokens += len(prompt)
+        out.generated_tokens += len(gen.ids)
+        return _clean_summary(self.codec.decode(list(gen.ids)), self.cfg.max_memory_chars) or template
+
+    @staticmethod
+    def _account(out: TaskRehearsal, ep: Episode) -> None:
+        out.imagined.append(ep)
+        for g in ep.generations:
+            out.generated_tokens += len(g.gen_ids)
+            out.prompt_tokens += len(g.prompt_ids)
+
+    def rehearse(self, records: Sequence[dict]) -> list[TaskRehearsal]:
+        """N imagined episodes per record and the resulting memory (empty when ``n == 0``)."""
+        cfg, n = self.cfg, self.cfg.n
+        outs = [TaskRehearsal(str(r.get("uid", i)), "", [], []) for i, r in enumerate(records)]
+        if n == 0 or not records:
+            return outs
+        starts = [len(r["messages"]) for r in records]
+        if cfg.mode == "parallel":
+            base = [imagined_record(r, cfg) for r in records]
+            eps = self._imagine([b for b in base for _ in range(n)],
+                                [f"{o.uid}#rehearsal{k + 1}" for o in outs for k in range(n)], 0)
+            for t, out in enumerate(outs):
+                for k in range(n):
+                    ep = eps[t * n + k]
+                    self._account(out, ep)
+                    out.traces.append(trace_of(ep, k + 1, starts[t]))
+                out.memory = self._memory(records[t], out.traces, out)
+                out.memories.append(out.memory)
+            return outs
+        for k in range(n):
+            recs = [imagined_record(r, cfg, o.memory) for r, o in zip(records, outs)]
+            eps = self._imagine(recs, [f"{o.uid}#rehearsal{k + 1}" for o in outs], k)
+            for t, (out, ep) in enumerate(zip(outs, eps)):
+                self._account(out, ep)
+                out.traces.append(trace_of(ep, k + 1, len(recs[t]["messages"])))
+                out.memory = self._memory(records[t], out.traces, out)
+                out.memories.append(out.memory)
+        return outs
+
+    # ---------------------------------------------------------------- committed run
+    def run(self, records: Sequence[dict]) -> RehearsalRun:
+        records = list(records)
+        rehearsals = self.rehearse(records)
+        committed = [with_memory(r, o.memory, self.cfg.placement) if o.memory else r
+                     for r, o in zip(records, rehearsals)]
+        engine = RolloutEngine(self.real_cfg, self.codec, self.policy, self.judge, make_env=self.make_env)
+        episodes = engine.run(committed, [o.uid for o in rehearsals])
+        return RehearsalRun(self.cfg, episodes, rehearsals)
+
+
+# ----------------------------------------------------------------------------- sweep
+
+def _mean_ci(xs: Sequence[float]) -> tuple[float, list[float]]:
+    n = len(xs)
+    if n == 0:
+        return float("nan"), [float("nan"), float("nan")]
+    m = sum(xs) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
+    h = 1.96 * sd / math.sqrt(n)
+    # checklist scores live in [0, 1]; the normal approximation can step outside near the ends
+    return m, [max(0.0, m - h), min(1.0, m + h)]
+
+
+def summarize_run(run: RehearsalRun) -> dict[str, Any]:
+    scores = run.scores
+    wins = sum(s >= 1.0 - 1e-9 for s in scores)
+    mean, ci = _mean_ci(scores)
+    n = max(1, len(scores))
+    return {"mode": run.config.mode, "n": run.config.n, "memory": run.config.memory, "tasks": len(scores),
+            "score": mean, "score_ci95": ci, "success": wins / n, "success_ci95": wilson_ci(wins, len(scores)),
+            "extra_generated_tokens": sum(o.generated_tokens for o in run.rehearsals) / n,
+            "extra_prompt_tokens": sum(o.prompt_tokens for o in run.rehearsals) / n,
+            "memory_chars": sum(len(o.memory) for o in run.rehearsals) / n}
+
+
+@dataclasses.dataclass
+class SweepResult:
+    rows: list[dict[str, Any]]
+
+    def to_json(self) -> str:
+        return json.dumps({"rows": self.rows}, indent=2)
+
+    def to_markdown(self) -> str:
+        lines = ["| mode | N | tasks | score (95% CI) | success (95% CI) | extra gen tokens/task | "
+                 "extra prompt tokens/task | memory chars |", "|---|---:|---:|---|---|---:|---:|---:|"]
+        for r in self.rows:
+            lines.append(f"| {r['mode']} | {r['n']} | {r['tasks']} | {r['score']:.3f} "
+                         f"[{r['score_ci95'][0]:.3f}, {r['score_ci95'][1]:.3f}] | {r['success']:.3f} "
+                         f"[{r['success_ci95'][0]:.3f}, {r['success_ci95'][1]:.3f}] | "
+                         f"{r['extra_generated_tokens']:.1f} | {r['extra_prompt_tokens']:.1f} | {r['memory_chars']:.0f} |")
+        return "\n".join(lines) + "\n"
+
+
+def rehearsal_sweep(run: Callable[[RehearsalConfig], RehearsalRun], base: RehearsalConfig = RehearsalConfig(),
+                    ns: Sequence[int] = (0, 1, 2, 4), modes: Sequence[str] = MODES) -> SweepResult:
+    """Score versus N and versus extra tokens: ``run(cfg)`` executes one setting (typically
+    ``TestTimeRehearsal(cfg, ...).run(records)``). N = 0 does not depend on the mode: it runs once and
+    is reported under every mode."""
+    rows: list[dict[str, Any]] = []
+    zero: dict[str, Any] | None = None
+    for mode in modes:
+        for n in ns:
+            if n == 0 and zero is not None:
+                rows.append(dict(zero, mode=mode))
+                continue
+            row = summarize_run(run(dataclasses.replace(base, mode=mode, n=n)))
+            row["mode"] = mode
+            if n == 0:
+                zero = row
+            rows.append(row)
+    return SweepResult(rows)

@@ -1,0 +1,283 @@
+"""One RL iteration: prompts -> episodes -> scores -> role-wise advantages -> PPO update -> metrics.
+
+    prompts (k records) --repeat n, shared uid--> RolloutEngine.run --> Generations (ACT + REHEARSE rows)
+    --> row score = episode score - empty-output penalty --> role_wise_advantages over (uid, role)
+    --> build_batch per trainer (rows of the roles it trains) --> [recompute old log-probs]
+    --> Trainer.ppo_update --> metrics per role
+
+Which rows are trained depends on the rollout mode (reference section 5.4 and the ablations):
+``rehearsal`` trains ACT and REHEARSE rows together in one update of the shared policy;
+``caller_frozen`` trains only REHEARSE; ``simulator`` and ``real`` train only ACT (the world is a
+frozen model or real tools); ``noshare`` trains two Trainers, each on its own role's rows.
+
+Advantages are computed over all rows of the step at once; since the baseline key includes the role,
+a role's advantages do not depend on the other role's rows, so dropping untrained rows afterwards
+changes nothing.
+
+Determinism: everything random in a step is derived from ``(seed, iteration)``: rollout seeds, and
+the faithful row duplication. With the data iterator's state and the trainer state restored, step
+``i`` of a resumed run repeats step ``i`` of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from envace_jax.rl.advantages import BASELINES, advantage_stats, role_wise_advantages
+from envace_jax.rl.batch import TrainBatch, build_batch
+from envace_jax.rl.reward import empty_output_penalty
+from envace_jax.rl.rollout import TRAINED_ROLES, RolloutConfig, RolloutEngine
+from envace_jax.rl.trainer import Trainer
+from envace_jax.rl.types import ACT, REHEARSE, ROLE_ID, ROLES, Episode, Generation
+
+ROLE_NAMES = {v: k for k, v in ROLE_ID.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Knobs of one RL iteration; defaults are the reference's (spec 1.2, 5)."""
+
+    n_rollouts: int = 4
+    baseline: str = "row_mean"
+    normalize_std: bool = False
+    empty_output_penalty: float = 0.1
+    recompute_old_logprobs: bool = True
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    max_row_length: int = 20000
+    length_multiple: int = 64
+    adjust_batch_multiple: int = 0   # faithful switch: duplicate random rows up to a multiple (0 = off)
+    # Rows longer than max_row_length: "drop" leaves them out of the update (default); "truncate" keeps
+    # them with the prompt left-truncated. A truncated row is scored under a context the sampler never
+    # saw (and from position 0), so its log-probs and ratio are not those of the sampled policy.
+    overlong_rows: str = "drop"
+    pad_id: int = 0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.n_rollouts < 1:
+            raise ValueError(f"rl.n_rollouts must be >= 1, got {self.n_rollouts}")
+        if self.baseline not in BASELINES:
+            raise ValueError(f"rl.baseline={self.baseline!r}; choose one of {BASELINES}")
+        if self.overlong_rows not in ("drop", "truncate"):
+            raise ValueError(f"rl.overlong_rows={self.overlong_rows!r}; choose 'drop' or 'truncate'")
+        if self.adjust_batch_multiple < 0:
+            raise ValueError(f"rl.adjust_batch_multiple must be >= 0, got {self.adjust_batch_multiple}")
+
+
+def repeat_prompts(records: Sequence[Mapping[str, Any]], n: int) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """Each record ``n`` times in a row; the copies share the record's uid (its GRPO group)."""
+    out, uids = [], []
+    for i, rec in enumerate(records):
+        uid = str(rec.get("uid", f"prompt{i}"))
+        for _ in range(n):
+            out.append(rec)
+            uids.append(uid)
+    if len(set(uids)) != len(records):
+        raise ValueError(f"prompt uids in one step must be distinct, got {[str(r.get('uid')) for r in records]}")
+    return out, uids
+
+
+def adjust_batch_copy(gens: list[Generation], multiple: int, rng: np.random.Generator) -> list[Generation]:
+    """The reference's ``adjust_batch`` (mode "copy"): appends randomly chosen rows (duplicates) until
+    the row count is a multiple of ``multiple``. Duplicates enter the baselines and the loss."""
+    if multiple <= 1 or not gens or len(gens) % multiple == 0:
+        return list(gens)
+    extra = multiple - len(gens) % multiple
+    picks = rng.choice(len(gens), size=extra, replace=extra > len(gens))
+    return list(gens) + [gens[int(i)] for i in picks]
+
+
+def row_scores(gens: Sequence[Generation], penalty: float) -> np.ndarray:
+    """Episode score on every row, minus ``penalty`` for rows with no generated tokens (reference 0.1)."""
+    base = [g.score for g in gens]
+    return np.asarray(empty_output_penalty(base, [g.gen_ids for g in gens], penalty=penalty), np.float32)
+
+
+def _group_ids(uids: Sequence[str]) -> np.ndarray:
+    index: dict[str, int] = {}
+    return np.asarray([index.setdefault(u, len(index)) for u in uids], np.int32)
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(np.mean(xs)) if len(xs) else 0.0
+
+
+def _tool_calls(e: Episode) -> int:
+    return sum(len(m.get("tool_calls") or []) for m in e.messages if m.get("role") == "assistant")
+
+
+def rollout_metrics(episodes: Sequence[Episode], gens: Sequence[Generation], scores: np.ndarray) -> dict[str, float]:
+    """Episode- and role-level metrics of one step (before the update)."""
+    m: dict[str, float] = {}
+    ep_scores = [e.score for e in episodes]
+    m["episode/score_mean"] = _mean(ep_scores)
+    m["episode/score_max"] = float(np.max(ep_scores)) if ep_scores else 0.0
+    m["episode/success_frac"] = _mean([float(e.score > 0) for e in episodes])
+    m["episode/count"] = float(len(episodes))
+    m["episode/tool_calls_mean"] = _mean([_tool_calls(e) for e in episodes])
+    m["episode/assistant_turns_mean"] = _mean([e.assistant_turns for e in episodes])
+    m["episode/user_turns_mean"] = _mean([e.user_turns for e in episodes])
+    m["episode/micro_steps_mean"] = _mean([e.steps for e in episodes])
+    reasons = Counter(e.termination or "unknown" for e in episodes)
+    for r, c in reasons.items():
+        m[f"termination/{r}"] = c / max(1, len(episodes))
+    for role in ROLES:
+        idx = [i for i, g in enumerate(gens) if g.role == role]
+        p = f"{role}/"
+        m[p + "rows"] = float(len(idx))
+        if not idx:
+            continue
+        rg = [gens[i] for i in idx]
+        m[p + "reward_mean"] = _mean([float(scores[i]) for i in idx])
+        m[p + "response_len_mean"] = _mean([len(g.gen_ids) for g in rg])
+        m[p + "response_len_max"] = float(max(len(g.gen_ids) for g in rg))
+        m[p + "prompt_len_mean"] = _mean([len(g.prompt_ids) for g in rg])
+        m[p + "empty_frac"] = _mean([float(len(g.gen_ids) == 0) for g in rg])
+        m[p + "truncated_frac"] = _mean([float(g.finish_reason != "stop") for g in rg])
+    return m
+
+
+def logprob_mismatch(batch: TrainBatch, recomputed: np.ndarray) -> dict[str, float]:
+    """Mean |sampler log-prob - trainer log-prob| over generated tokens, per role."""
+    out = {}
+    diff = np.abs(batch.old_logprobs - recomputed) * batch.loss_weights
+    for role, rid in ROLE_ID.items():
+        w = batch.loss_weights * (batch.role_ids[:, None] == rid)
+        n = float(w.sum())
+        if n > 0:
+            out[f"{role}/logp_mismatch_sampler"] = float((diff * w).sum() / n)
+            out[f"{role}/logp_mismatch_sampler_max"] = float((diff * (w > 0)).max())
+    return out
+
+
+def _rows_all_processes(n: int) -> int:
+    """``n`` summed over JAX processes (the update is a collective: all take it or none)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return n
+    from jax.experimental import multihost_utils
+
+    return int(np.asarray(multihost_utils.process_allgather(np.asarray(n, np.int64))).sum())
+
+
+@dataclasses.dataclass
+class StepResult:
+    metrics: dict[str, float]
+    episodes: list[Episode]
+    rows: int
+
+
+class RLStep:
+    """Runs RL iterations with a rollout engine and one Trainer per trained role.
+
+    ``trainers`` maps a role to the Trainer that learns from its rows; in shared modes both roles map
+    to the same object (one optimizer step on the combined rows).
+    """
+
+    def __init__(self, cfg: StepConfig, engine: RolloutEngine, trainers: Mapping[str, Trainer],
+                 after_update: Callable[[], None] | None = None):
+        mode = engine.cfg.mode
+        roles = tuple(TRAINED_ROLES[mode])
+        missing = [r for r in roles if r not in trainers]
+        if missing:
+            raise ValueError(f"rollout.mode={mode!r} trains {roles} but no Trainer was given for {missing}")
+        if mode != "noshare" and len({id(trainers[r]) for r in roles}) != 1:
+            raise ValueError(f"rollout.mode={mode!r} shares one policy: give the same Trainer for {roles}")
+        if mode == "noshare" and trainers[ACT] is trainers[REHEARSE]:
+            raise ValueError("rollout.mode='noshare' needs two different Trainers for act and rehearse")
+        self.cfg, self.engine = cfg, engine
+        self.roles = roles
+        self.trainers = {r: trainers[r] for r in roles}
+        self._base_rollout = engine.cfg
+        self.after_update = after_update
+
+    def weights_changed(self) -> None:
+        """Called after every update (and by the launcher after a restore): KV rows a client cached
+        were computed with the old weights, so clients forget them; then ``after_update`` (e.g. the
+        multi-process launcher's refresh of the sampler's parameter copy)."""
+        if self.after_update is not None:
+            self.after_update()
+        for client in (self.engine.policy, getattr(self.engine, "simulator", None)):
+            if client is not None and hasattr(client, "reset"):
+                client.reset()
+
+    def _temperature(self, role: str) -> float:
+        rc: RolloutConfig = self.engine.cfg
+        return (rc.act if role == ACT else rc.rehearse).temperature
+
+    def rollout(self, records: Sequence[Mapping[str, Any]], iteration: int) -> list[Episode]:
+        """The step's episodes; rollout seeds depend on (seed, iteration) only."""
+        self.engine.cfg = dataclasses.replace(self._base_rollout,
+                                              seed=(self.cfg.seed * 1_000_003 + iteration) % (2**31 - 1))
+        recs, uids = repeat_prompts(records, self.cfg.n_rollouts)
+        return self.engine.run(recs, uids)
+
+    def __call__(self, records: Sequence[Mapping[str, Any]], iteration: int) -> StepResult:
+        cfg = self.cfg
+        episodes = self.rollout(records, iteration)
+        gens = [g for e in episodes for g in e.generations]
+        rng = np.random.default_rng([cfg.seed, iteration, 17])
+        gens = adjust_batch_copy(gens, cfg.adjust_batch_multiple, rng)
+        scores = row_scores(gens, cfg.empty_output_penalty)
+        metrics = rollout_metrics(episodes, gens, scores)
+        if _rows_all_processes(len(gens)) == 0:
+            metrics["update/skipped_no_rows"] = 1.0
+            return StepResult(metrics, episodes, 0)
+
+        # Advantages are per process: the n rollouts of a prompt (its GRPO group) never leave the
+        # process that sampled them.
+        group_ids = _group_ids([g.uid for g in gens])
+        role_ids = np.asarray([g.role_id for g in gens], np.int32)
+        episode_ids = np.asarray([g.episode for g in gens], np.int32)
+        adv = np.zeros((0,), np.float32)
+        if gens:
+            adv = np.asarray(role_wise_advantages(scores, group_ids, role_ids, baseline=cfg.baseline,
+                                                  normalize_std=cfg.normalize_std, episode_ids=episode_ids))
+            metrics.update(advantage_stats(adv, scores, group_ids, role_ids, role_names=ROLE_NAMES))
+
+        # One update per distinct Trainer, on the rows of the roles it trains.
+        by_trainer: dict[int, tuple[Trainer, list[str]]] = {}
+        for role in self.roles:
+            t = self.trainers[role]
+            by_trainer.setdefault(id(t), (t, []))[1].append(role)
+        rows = 0
+        for trainer, roles in by_trainer.values():
+            idx = [i for i, g in enumerate(gens) if g.role in roles]
+            tag = "update" if len(by_trainer) == 1 else f"update_{'+'.join(roles)}"
+            if cfg.overlong_rows == "drop":
+                keep = [i for i in idx if len(gens[i].prompt_ids) + len(gens[i].gen_ids) <= cfg.max_row_length]
+                metrics[f"{tag}/overlong_rows_dropped"] = float(len(idx) - len(keep))
+                idx = keep
+            if _rows_all_processes(len(idx)) == 0:
+                metrics[f"{tag}/skipped_no_rows"] = 1.0
+                continue
+            rows += len(idx)
+            if idx:
+                batch = build_batch([gens[i] for i in idx], adv[idx], group_ids[idx], max_len=cfg.max_row_length,
+                                    temperatures=[self._temperature(gens[i].role) for i in idx], pad_id=cfg.pad_id,
+                                    length_multiple=cfg.length_multiple)
+            else:  # other processes have rows: take part in the collective update with a zero-weight row
+                batch = build_batch([Generation(roles[0], [cfg.pad_id], [], [], "", -1, 0)], [0.0], [0],
+                                    max_len=cfg.max_row_length, pad_id=cfg.pad_id, length_multiple=cfg.length_multiple)
+            metrics[f"{tag}/rows"] = float(len(idx))
+            metrics[f"{tag}/truncated_prompt_rows"] = float(batch.truncated_rows)
+            metrics[f"{tag}/seq_len"] = float(batch.tokens.shape[1])
+            if cfg.recompute_old_logprobs:
+                # The reference scores the batch with the pre-update policy and uses that as pi_old, so
+                # the first PPO step starts at ratio 1 whatever the sampler's numerics were.
+                fresh = trainer.compute_logprobs(batch)
+                metrics.update(logprob_mismatch(batch, fresh))
+                batch.old_logprobs = fresh.astype(np.float32)
+            outs = trainer.ppo_update(batch, epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches)
+            for k in sorted({k for o in outs for k in o}):
+                vals = [o[k] for o in outs if k in o]
+                metrics[f"{tag}/{k}"] = float(np.mean(vals))
+            metrics[f"{tag}/optimizer_steps"] = float(len(outs))
+        self.weights_changed()
+        return StepResult(metrics, episodes, rows)

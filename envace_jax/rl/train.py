@@ -1,0 +1,420 @@
+"""The training loop: builds a run from an ``ExperimentConfig`` and runs it to ``total_steps``.
+
+Used by ``launch/train.py`` (and ``launch/export_hf.py``). Everything here is host-side wiring: mesh,
+tokenizer, model(s), data iterator, judge, sampler client, rollout engine, trainer(s), checkpointer,
+metrics. One iteration of the loop is ``envace_jax.rl.step.RLStep``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from envace_jax import config as config_lib
+from envace_jax import sharding as shd
+from envace_jax.checkpoint import Checkpointer, PreemptionGuard
+from envace_jax.metrics import MetricsWriter, plot_rewards
+from envace_jax.models import hf_io, qwen3
+from envace_jax.rl.rollout import TRAINED_ROLES, RolloutEngine
+from envace_jax.rl.step import RLStep, StepConfig
+from envace_jax.rl.trainer import Trainer
+from envace_jax.rl.types import REHEARSE
+
+log = logging.getLogger("envace.train")
+
+
+# ----------------------------------------------------------------------------- distributed
+
+def init_distributed(coordinator: str | None, num_processes: int | None, process_id: int | None) -> None:
+    """``jax.distributed.initialize`` from flags, else from the environment (JAX_COORDINATOR_ADDRESS,
+    JAX_NUM_PROCESSES, JAX_PROCESS_ID); on TPU pods and SLURM jax finds everything by itself."""
+    coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
+        num_processes = int(os.environ["JAX_NUM_PROCESSES"])
+    if process_id is None and os.environ.get("JAX_PROCESS_ID"):
+        process_id = int(os.environ["JAX_PROCESS_ID"])
+    if coordinator is None and num_processes is None:
+        if os.environ.get("ENVACE_AUTO_DISTRIBUTED") == "1":  # TPU VM pods: every worker runs this
+            jax.distributed.initialize()
+        return
+    if coordinator is None or num_processes is None or process_id is None:
+        raise ValueError("multi-process launch needs --coordinator, --num_processes and --process_id "
+                         f"(got {coordinator!r}, {num_processes!r}, {process_id!r})")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+def _demo_corpus(num_tasks: int) -> list[str]:
+    from envace_jax.chat import render_chat_text
+    from envace_jax.data.demo_tasks import generate_tasks
+
+    texts = []
+    for split in ("train", "validation"):
+        for t in generate_tasks(num_tasks, 0, split):
+            system = [m for m in t["messages"] if m["role"] == "system"]
+            for thinking in (True, False):
+                texts.append(render_chat_text(system + t["reference_messages"], t["tools"],
+                                              enable_thinking=thinking))
+    return texts
+
+
+def build_tokenizer(cfg: config_lib.ExperimentConfig):
+    """The configured tokenizer; without a path, the offline demo tokenizer (built once per run dir)."""
+    from envace_jax.chat import build_demo_tokenizer, load_tokenizer
+
+    if cfg.tokenizer.path:
+        return load_tokenizer(cfg.tokenizer.path)
+    out = os.path.join(cfg.run_dir, "tokenizer")
+    if os.path.exists(os.path.join(out, "tokenizer.json")):
+        return load_tokenizer(out)
+    if jax.process_index() == 0:
+        tmp = f"{out}.tmp{os.getpid()}"
+        build_demo_tokenizer(_demo_corpus(48), tmp, vocab_size=cfg.tokenizer.demo_vocab_size)
+        os.replace(tmp, out)
+    else:
+        deadline = time.time() + 600
+        while not os.path.exists(os.path.join(out, "tokenizer.json")):
+            if time.time() > deadline:
+                raise TimeoutError(f"process {jax.process_index()}: no demo tokenizer appeared in {out}")
+            time.sleep(0.5)
+    return load_tokenizer(out)
+
+
+# ----------------------------------------------------------------------------- model
+
+def tiny_model_config(m: config_lib.ModelSection, vocab: int) -> qwen3.Qwen3Config:
+    return qwen3.Qwen3Config(vocab_size=max(m.vocab_size, vocab), hidden_size=m.hidden_size,
+                             intermediate_size=m.intermediate_size, num_layers=m.num_layers,
+                             num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+                             param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy,
+                             rope_theta=10000.0, max_position_embeddings=1 << 16)
+
+
+def build_model(m: config_lib.ModelSection, vocab: int, mesh, path: str | None = None) -> qwen3.Qwen3:
+    path = m.hf_path if path is None else path
+    if path:
+        model = hf_io.load_hf(path, dtype=m.param_dtype, mesh=mesh, compute_dtype=m.dtype,
+                              remat_policy=m.remat_policy)
+        if model.config.vocab_size < vocab:
+            raise ValueError(f"config.model.hf_path: model vocab {model.config.vocab_size} < tokenizer size {vocab}")
+        return model
+    if m.preset != "tiny":
+        raise config_lib.ConfigError(f"config.model.hf_path is required for model.preset={m.preset!r}")
+    return qwen3.init_model(tiny_model_config(m, vocab), seed=m.init_seed, mesh=mesh)
+
+
+# ----------------------------------------------------------------------------- sampler client
+
+def make_client(model, codec, mesh):
+    """``SamplerClient`` (one sampler call per engine step, KV-cache continuation across turns).
+
+    The cache is sized per call (``cache_size=None``): a row that would not fit falls back to a fresh
+    prefill of the whole call, never to a truncated prompt. ``RLStep`` resets the client after every
+    update, since cached keys/values were computed with the old weights.
+    """
+    from envace_jax.rl.policy_client import SamplerClient
+    from envace_jax.sampling import Sampler
+
+    return SamplerClient(Sampler(model, mesh=mesh), codec.stop_token_ids)
+
+
+def rollout_copy(model: qwen3.Qwen3, local_mesh) -> tuple[qwen3.Qwen3, Any]:
+    """(model the sampler reads, refresh function) for a multi-process run.
+
+    Training parameters are global arrays sharded over every process's devices, but each process
+    samples ITS OWN prompts, which a program over the global mesh cannot do (all processes would
+    have to run the same batch). So each process samples from a full copy of the weights on its own
+    devices, refreshed from the global parameters after every update (a collective).
+    """
+    from flax import nnx
+    from jax.experimental import multihost_utils
+
+    local = qwen3.init_model(model.config, seed=0, mesh=local_mesh)
+
+    def refresh() -> None:
+        host = multihost_utils.process_allgather(nnx.state(model, nnx.Param), tiled=True)
+        cur = nnx.state(local, nnx.Param)
+        nnx.update(local, jax.tree.map(lambda h, c: jax.device_put(np.asarray(h), c.sharding), host, cur))
+
+    refresh()
+    return local, refresh
+
+
+# ----------------------------------------------------------------------------- data and judge
+
+def load_task_records(cfg: config_lib.ExperimentConfig) -> Any:
+    """A random-access source of task records for the configured split."""
+    d = cfg.data
+    if d.source == "demo":
+        from envace_jax.data.demo_tasks import generate_tasks
+
+        return generate_tasks(d.num_demo_tasks, d.seed, d.split), None
+    if d.source in ("jsonl", "parquet"):
+        from envace_jax.data.records import load_records
+
+        return load_records(d.path), None
+    from envace_jax.data.tfds_builder import decode_example, read_split
+
+    return read_split(d.path, d.tfds_name, d.split, decode=False), decode_example
+
+
+def build_data(cfg: config_lib.ExperimentConfig, codec):
+    from envace_jax.data.pipeline import PipelineConfig, PromptIterator
+    from envace_jax.data.records import prompt_length_filter, reference_prompt_limit
+
+    source, decode = load_task_records(cfg)
+    if decode is None:  # in-memory records: the reference's prompt-length filter
+        limit = reference_prompt_limit(cfg.data.max_prompt_length)
+        if limit > 0:
+            source = prompt_length_filter(source, lambda r: len(codec.caller_prompt(r["messages"], r["tools"])),
+                                          limit)
+        if not source:
+            raise ValueError(f"config.data: no task records left after the prompt-length filter ({limit} tokens)")
+    pcfg = PipelineConfig(batch_size=cfg.data.prompts_per_step, seed=cfg.data.seed, shuffle=cfg.data.shuffle,
+                          num_epochs=cfg.data.num_epochs or None, read_threads=0, prefetch=0)
+    return PromptIterator(source, pcfg, decode=decode)
+
+
+def build_judge(cfg: config_lib.ExperimentConfig):
+    from envace_jax.rl.judges import HttpJudge, RuleJudge
+    from envace_jax.rl.reward import ChecklistTurnJudge
+
+    kind = cfg.judge.kind
+    if kind == "rule":
+        judge = RuleJudge()
+    elif kind == "http":
+        judge = HttpJudge(cfg.judge.http)
+    else:
+        judge = RuleJudge(fallback=HttpJudge(cfg.judge.http))
+    return ChecklistTurnJudge(judge)
+
+
+def build_make_env(cfg: config_lib.ExperimentConfig):
+    if cfg.rollout.mode != "real":
+        return None
+    from envace_jax.envs import demo_worlds
+
+    return demo_worlds.make_env
+
+
+# ----------------------------------------------------------------------------- the run
+
+@dataclasses.dataclass
+class Run:
+    cfg: config_lib.ExperimentConfig
+    trainers: dict[str, Trainer]       # one per trained role (same object in shared modes)
+    step_fn: RLStep
+    data: Any
+    ckpt: Checkpointer
+    writer: MetricsWriter
+    iteration: int = 0
+
+    def distinct_trainers(self) -> dict[str, Trainer]:
+        out: dict[str, Trainer] = {}
+        for role, t in self.trainers.items():
+            if all(t is not o for o in out.values()):
+                out[role] = t
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {"iteration": self.iteration,
+                "trainers": {r: t.state_dict() for r, t in self.distinct_trainers().items()}}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.iteration = int(state["iteration"])
+        for r, t in self.distinct_trainers().items():
+            t.load_state_dict(state["trainers"][r])
+
+    def params(self) -> dict[str, np.ndarray]:
+        """Flat host copies of every trainer's parameters (``<role>/<path>``); a collective with
+        several processes (every process must call it)."""
+        out = {}
+        for r, t in self.distinct_trainers().items():
+            params = t.params
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+
+                params = multihost_utils.process_allgather(params, tiled=True)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+                out[f"{r}{jax.tree_util.keystr(path)}"] = np.asarray(jax.device_get(leaf))
+        return out
+
+
+def build_policies(cfg: config_lib.ExperimentConfig, mesh):
+    """(tokenizer, codec, trainers by trained role, policy model, simulator model or None)."""
+    from envace_jax.chat import Qwen3ChatCodec
+
+    tok = build_tokenizer(cfg)
+    codec = Qwen3ChatCodec(tok, enable_thinking=cfg.tokenizer.enable_thinking,
+                           simulator_thinking=cfg.tokenizer.simulator_thinking)
+    vocab = len(tok)
+    mode = cfg.rollout.mode
+    policy = build_model(cfg.model, vocab, mesh)
+    mk_trainer = lambda model, seed: Trainer(model, cfg.optim, cfg.loss, micro_batch_size=cfg.rl.micro_batch_size,
+                                             mesh=mesh, seed=seed)
+    trainer = mk_trainer(policy, cfg.seed)
+    sim_model = None
+    if mode in ("simulator", "noshare"):
+        # The REHEARSE model starts from the simulator checkpoint (tiny configs: the same init as ACT).
+        sim_model = build_model(cfg.model, vocab, mesh, path=cfg.model.simulator_hf_path or cfg.model.hf_path)
+    trainers: dict[str, Trainer] = {r: trainer for r in TRAINED_ROLES[mode]}
+    if mode == "noshare":
+        trainers[REHEARSE] = mk_trainer(sim_model, cfg.seed + 1)
+    return tok, codec, trainers, policy, sim_model
+
+
+def build_run(cfg: config_lib.ExperimentConfig) -> Run:
+    config_lib.check_runnable(cfg)
+    mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    tok, codec, trainers, policy, sim_model = build_policies(cfg, mesh)
+    sample_mesh, refreshers = mesh, []
+    if jax.process_count() > 1:
+        sample_mesh = shd.make_mesh(1, -1, cfg.mesh.tensor, devices=jax.local_devices())
+        policy, refresh = rollout_copy(policy, sample_mesh)
+        refreshers.append(refresh)
+        if sim_model is not None:
+            sim_model, refresh = rollout_copy(sim_model, sample_mesh)
+            refreshers.append(refresh)
+    simulator_client = None if sim_model is None else make_client(sim_model, codec, sample_mesh)
+    engine = RolloutEngine(cfg.rollout, codec, make_client(policy, codec, sample_mesh), build_judge(cfg),
+                           simulator=simulator_client, make_env=build_make_env(cfg))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    r = cfg.rl
+    step_cfg = StepConfig(n_rollouts=r.n_rollouts, baseline=r.baseline, normalize_std=r.normalize_std,
+                          empty_output_penalty=r.empty_output_penalty, recompute_old_logprobs=r.recompute_old_logprobs,
+                          ppo_epochs=r.ppo_epochs, mini_batches=r.mini_batches, max_row_length=r.max_row_length,
+                          length_multiple=r.length_multiple, adjust_batch_multiple=r.adjust_batch_multiple,
+                          overlong_rows=r.overlong_rows, pad_id=int(pad), seed=cfg.seed)
+    step_fn = RLStep(step_cfg, engine, trainers,
+                     after_update=(lambda: [f() for f in refreshers]) if refreshers else None)
+    data = build_data(cfg, codec)
+    ckpt = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"), max_to_keep=cfg.checkpoint.keep,
+                        save_interval_steps=cfg.checkpoint.every, async_save=cfg.checkpoint.async_save,
+                        hash_files=cfg.checkpoint.hash_files)
+    writer = MetricsWriter(cfg.run_dir, tensorboard=cfg.log.tensorboard, enabled=jax.process_index() == 0)
+    return Run(cfg, trainers, step_fn, data, ckpt, writer)
+
+
+def gather_json(obj: Any) -> list[Any]:
+    """Every process's JSON-serialisable ``obj``, in process order (a collective)."""
+    import json
+
+    from jax.experimental import multihost_utils
+
+    blob = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray(len(blob), np.int64))).reshape(-1)
+    padded = np.zeros((int(sizes.max()),), np.uint8)
+    padded[: len(blob)] = blob
+    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    return [json.loads(bytes(r[:n]).decode()) for r, n in zip(rows, sizes)]
+
+
+def data_state(run: "Run") -> Any:
+    """The data position to checkpoint. Several processes read disjoint shards, each with its own
+    position, and the checkpoint's JSON is written by process 0: it holds all of them."""
+    if jax.process_count() == 1:
+        return run.data.get_state()
+    return {"per_process": gather_json(run.data.get_state())}
+
+
+def _own_data_state(state: Any) -> Any:
+    if isinstance(state, dict) and "per_process" in state:
+        states = state["per_process"]
+        if len(states) != jax.process_count():
+            raise ValueError(f"checkpoint holds data positions of {len(states)} processes; this run has "
+                             f"{jax.process_count()} (resume with the same process count)")
+        return states[jax.process_index()]
+    return state
+
+
+_SUMMED = ("/rows", "episode/count", "/overlong_rows_dropped", "/truncated_prompt_rows")
+
+
+def global_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Several processes: each metric over all processes (a collective). Counts (row counts, episode
+    counts) are summed; everything else is averaged over the processes that report it. The trainer's
+    metrics are already global (its sums run over the global batch), so averaging leaves them as
+    they are."""
+    if jax.process_count() == 1:
+        return metrics
+    each = gather_json(metrics)
+    out = {}
+    for k in sorted({k for m in each for k in m}):
+        vals = [float(m[k]) for m in each if k in m]
+        out[k] = float(np.sum(vals)) if k.endswith(_SUMMED) else float(np.mean(vals))
+    return out
+
+
+def resume(run: Run) -> int | None:
+    """Restores the newest good checkpoint (params, optimizer, step, rng, data position)."""
+    restored = run.ckpt.restore_latest_good(run.state())
+    if restored is None:
+        return None
+    for step, reason in restored.skipped:
+        print(f"checkpoint step {step} is unusable ({reason}); fell back to step {restored.step}",
+              file=sys.stderr, flush=True)
+    run.load(restored.state)
+    run.data.set_state(_own_data_state(restored.data_state))
+    run.step_fn.weights_changed()
+    return restored.step
+
+
+def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -> dict[str, Any]:
+    """Runs (or resumes) a training run to ``cfg.total_steps``. Returns a small summary."""
+    os.makedirs(cfg.run_dir, exist_ok=True)
+    run = build_run(cfg)
+    if jax.process_index() == 0:
+        with open(os.path.join(cfg.run_dir, "config.json"), "w") as f:
+            import json
+
+            json.dump(config_lib.as_dict(cfg), f, indent=1, sort_keys=True, default=str)
+    resumed = resume(run)
+    if resumed is not None:
+        print(f"resumed from checkpoint step {resumed}", file=sys.stderr, flush=True)
+    bar = None
+    if cfg.log.progress_bar and jax.process_index() == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.total_steps, initial=run.iteration, desc=cfg.name, dynamic_ncols=True)
+    preempted = False
+    with PreemptionGuard() as guard:
+        while run.iteration < cfg.total_steps:
+            records = next(run.data)
+            t0 = time.time()
+            result = run.step_fn(records, run.iteration)
+            run.iteration += 1
+            metrics = global_metrics(dict(result.metrics, **{"time/step_s": time.time() - t0}))
+            if run.iteration % cfg.log.every == 0 or run.iteration == cfg.total_steps:
+                run.writer.write(run.iteration, metrics)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(act=f"{metrics.get('act/reward_mean', 0):.3f}",
+                                reh=f"{metrics.get('rehearse/reward_mean', 0):.3f}")
+            stop = guard.check()
+            last = run.iteration == cfg.total_steps
+            run.ckpt.maybe_save(run.iteration, run.state(), data_state(run), force=stop or last)
+            if stop:
+                preempted = True
+                print(f"preempted (signal {guard.signal_received}): saved step {run.iteration}",
+                      file=sys.stderr, flush=True)
+                break
+    run.ckpt.close()
+    run.writer.close()
+    if bar is not None:
+        bar.close()
+    if not preempted and cfg.log.plot and jax.process_index() == 0 and os.path.exists(run.writer.path):
+        plot_rewards(run.writer.path, os.path.join(cfg.run_dir, "rewards.png"), title=cfg.name)
+    if dump_params:
+        params = run.params()  # a collective: every process gathers
+        # "{process}" in the path: every process writes its own copy (tests compare them).
+        if "{process}" in dump_params or jax.process_index() == 0:
+            np.savez(dump_params.replace("{process}", str(jax.process_index())), **params)
+    return {"iteration": run.iteration, "resumed_from": resumed, "preempted": preempted}
