@@ -293,9 +293,17 @@ def golden_messages(domain: str, task: Any, *, drop_last_write: bool = False,
     return msgs
 
 
+def tool_type(env: Tau2Env, name: str, requestor: str = "assistant") -> str | None:
+    """tau2's own label of a tool (``"read"``, ``"write"``, ``"think"``, ``"generic"``); None when the
+    requestor's toolkit has no such tool."""
+    if env.environment is None:
+        raise RuntimeError("tau2.tool_type needs a reset environment")
+    tools = env.environment.tools if requestor == "assistant" else env.environment.user_tools
+    if tools is None or not isinstance(name, str) or not tools.has_tool(name):
+        return None
+    return tools.tool_type(name).value
+
+
 def _is_write(env: Tau2Env, action: Any) -> bool:
     from tau2.environment.toolkit import ToolType
-    tools = env.environment.tools if action.requestor == "assistant" else env.environment.user_tools
-    if tools is None or not tools.has_tool(action.name):
-        return False
-    return tools.tool_type(action.name) == ToolType.WRITE
+    return tool_type(env, action.name, action.requestor) == ToolType.WRITE.value

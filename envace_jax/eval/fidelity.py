@@ -24,6 +24,15 @@ Measures, per call:
 * ``parsed``: the prediction had a well-formed ``<execution_result>`` (reported, not part of the others).
 
 A prediction that does not parse scores 0 on exact, structure and field.
+
+Kind of call. Every case built here from a real environment (``demo_cases``, ``bfcl_cases``,
+``tau2_cases``) carries ``state_changed``: whether executing the call at its place in the logged
+conversation changed the real environment's state, read by comparing the environment's state before
+and after it (``eval.state_change``), never from tool names. tau2 also labels its tools read/write;
+that label is kept as ``tool_label`` and shown beside the split, but the report's read-only /
+state-changing split is the executed one (a refused write left the state as it was). The report
+(``eval.fidelity_report``) splits every measure by kind and by real outcome and gives the optimistic
+and pessimistic hallucination rates; its module doc defines them.
 """
 
 from __future__ import annotations
@@ -35,11 +44,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 from envace_jax.chat.simulator import parse_simulator_output
 from envace_jax.chat.tool_parser import CALL_SEPARATOR
+from envace_jax.eval.fidelity_report import (MEASURES, CallScore, FidelityReport, hallucination_counts,  # noqa: F401
+                                             kind_headline)
+from envace_jax.eval.state_change import logged_calls, replay_state_changes, state_fingerprint, tau2_tool_labels
 from envace_jax.rl.policy_client import GenRequest
 from envace_jax.rl.rollout import RoleSampling
 from envace_jax.rl.types import REHEARSE
 
-MEASURES = ("exact", "structure", "field", "error_agreement", "parsed")
 ERROR_KEYS = ("error", "error_tool_call")
 
 
@@ -57,6 +68,8 @@ class FidelityCase:
     call: tuple[str, str, dict]       # (call_id, tool name, arguments)
     real_content: str                 # the real tool's response, as the caller read it
     real_error: bool                  # the environment's own failure flag for this call
+    state_changed: bool | None = None  # executing it changed the real environment's state (None: unknown)
+    tool_label: str | None = None     # the benchmark's own label of the tool (tau2: read/write/...), if any
 
     @property
     def tool(self) -> str:
@@ -80,8 +93,12 @@ def _flagged_error(content: str, flag: Any, error_prefixes: Sequence[str]) -> bo
     return _view_is_error(_json_or_none(content)) or any(content.startswith(p) for p in error_prefixes)
 
 
+CallKey = tuple[int, str]   # (index of the calling message in the conversation, call id)
+
+
 def cases_from_conversation(record: Mapping[str, Any], conversation: Sequence[Mapping[str, Any]], domain: str, *,
-                            error_prefixes: Sequence[str] = ()) -> list[FidelityCase]:
+                            error_prefixes: Sequence[str] = (), state_changes: Mapping[CallKey, bool] | None = None,
+                            tool_labels: Mapping[CallKey, str] | None = None) -> list[FidelityCase]:
     """One case per answered call of the assistant messages of ``conversation``.
 
     Tool messages are matched to calls by ``tool_call_id``. A tool message may carry ``"error"``
@@ -89,41 +106,48 @@ def cases_from_conversation(record: Mapping[str, Any], conversation: Sequence[Ma
     content (an ``error``/``error_tool_call`` object, or a text starting with one of ``error_prefixes``).
     Calls made by the user side (``role == "user"`` with tool calls, tau2 telecom) stay in the history
     but are not cases: the rollout never rehearses them.
+
+    ``state_changes`` and ``tool_labels`` (keyed by ``(message index, call id)``, as
+    ``state_change.replay_state_changes`` returns them) fill ``state_changed`` and ``tool_label``;
+    a call they do not name keeps None.
     """
     uid = str(record.get("uid", ""))
+    state_changes, tool_labels = state_changes or {}, tool_labels or {}
     cases: list[FidelityCase] = []
-    for i, msg in enumerate(conversation):
-        if msg.get("role") != "assistant" or not msg.get("tool_calls"):
-            continue
-        answers: dict[str, Mapping[str, Any]] = {}
-        for later in conversation[i + 1:]:
-            if later.get("role") != "tool":
-                break
-            answers[later.get("tool_call_id")] = later
-        for j, call in enumerate(msg["tool_calls"]):
-            if "id" not in call or "function" not in call:
-                raise ValueError(f"task {uid!r} message {i}: tool_calls[{j}] lacks 'id' or 'function'")
-            tool_msg = answers.get(call["id"])
-            if tool_msg is None:
-                continue  # an unanswered call (a cut-off log) has nothing to compare with
-            content = tool_msg.get("content")
-            content = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-            fn = call["function"]
-            cases.append(FidelityCase(
-                domain=domain, task_uid=uid, record=record, history=[dict(m) for m in conversation[:i]],
-                caller_text=caller_raw_text(msg), call=(call["id"], fn["name"], fn["arguments"]),
-                real_content=content,
-                real_error=_flagged_error(content, tool_msg.get("error"), error_prefixes)))
+    try:
+        calls = list(logged_calls(conversation))
+    except ValueError as e:
+        raise ValueError(f"task {uid!r} {e}") from None
+    for i, msg, call, tool_msg in calls:
+        if tool_msg is None:
+            continue  # an unanswered call (a cut-off log) has nothing to compare with
+        content = tool_msg.get("content")
+        content = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+        fn = call["function"]
+        cases.append(FidelityCase(
+            domain=domain, task_uid=uid, record=record, history=[dict(m) for m in conversation[:i]],
+            caller_text=caller_raw_text(msg), call=(call["id"], fn["name"], fn["arguments"]),
+            real_content=content,
+            real_error=_flagged_error(content, tool_msg.get("error"), error_prefixes),
+            state_changed=state_changes.get((i, call["id"])), tool_label=tool_labels.get((i, call["id"]))))
     return cases
 
 
 def demo_cases(tasks: Sequence[Mapping[str, Any]]) -> list[FidelityCase]:
-    """Cases of the demo suite: each task's reference conversation, after its system prompt."""
+    """Cases of the demo suite: each task's reference conversation, after its system prompt, replayed
+    on a fresh demo world to find the calls that changed its state."""
+    from envace_jax.envs.demo_worlds import make_env
+
     out = []
     for t in tasks:
         system = [m for m in t["messages"] if m.get("role") == "system"]
         world = t.get("env", {}).get("name") or str(t.get("data_source", "demo")).rsplit("/", 1)[-1]
-        out += cases_from_conversation(t, system + list(t["reference_messages"]), f"demo/{world}")
+        conv = system + list(t["reference_messages"])
+        try:
+            changes = replay_state_changes(make_env(t), conv)
+        except ValueError as e:
+            raise ValueError(f"demo task {t.get('uid')!r}: {e}") from None
+        out += cases_from_conversation(t, conv, f"demo/{world}", state_changes=changes)
     return out
 
 
@@ -151,6 +175,7 @@ def bfcl_cases(entries: Sequence[Mapping[str, Any]], ground_truth: Mapping[str, 
         env = bfcl.BfclMultiTurnEnv(entry)
         record = bfcl.entry_to_task(entry, gt)
         conv: list[dict[str, Any]] = []
+        changes: dict[CallKey, bool] = {}
         n = 0
         for turn, calls in zip(entry["question"], gt):
             conv.extend(dict(m) for m in turn)
@@ -159,7 +184,9 @@ def bfcl_cases(entries: Sequence[Mapping[str, Any]], ground_truth: Mapping[str, 
                 kwargs = json.loads(json.dumps(kwargs))  # the policy's arguments always come through JSON
                 cid = f"gt_{n}"
                 n += 1
+                before = state_fingerprint(env)
                 res = env.execute(name, kwargs)
+                changes[(len(conv), cid)] = state_fingerprint(env) != before
                 conv.append({"role": "assistant", "content": "", "tool_calls": [
                     {"id": cid, "type": "function", "function": {"name": name, "arguments": kwargs}}]})
                 conv.append({"role": "tool", "name": name, "tool_call_id": cid, "content": res.content,
@@ -167,12 +194,13 @@ def bfcl_cases(entries: Sequence[Mapping[str, Any]], ground_truth: Mapping[str, 
         if with_reference:
             record = dict(record, reference_messages=conv)
         out += cases_from_conversation(record, conv, f"bfcl/{bfcl.category_of(entry['id'])}",
-                                       error_prefixes=BFCL_ERROR_PREFIXES)
+                                       error_prefixes=BFCL_ERROR_PREFIXES, state_changes=changes)
     return out
 
 
 def tau2_cases(domain: str, tasks: Sequence[Any], *, with_reference: bool = False) -> list[FidelityCase]:
-    """Cases from tau2 golden-action runs (each reference action executed for real)."""
+    """Cases from tau2 golden-action runs (each reference action executed for real), then replayed on
+    the task's fresh environment to find the calls that changed tau2's databases."""
     from envace_jax.envs import tau2
 
     env = tau2.Tau2Env(domain)
@@ -180,9 +208,16 @@ def tau2_cases(domain: str, tasks: Sequence[Any], *, with_reference: bool = Fals
     for task in tasks:
         record = tau2.task_to_record(domain, task)
         conv = list(record["messages"]) + tau2.golden_messages(domain, task, env=env)
+        env.reset(task)
+        labels = tau2_tool_labels(env, conv)
+        try:
+            changes = replay_state_changes(env, conv)
+        except ValueError as e:
+            raise ValueError(f"tau2 task {record['uid']!r}: {e}") from None
         if with_reference:
             record = dict(record, reference_messages=conv[1:])
-        out += cases_from_conversation(record, conv, f"tau2/{domain}", error_prefixes=TAU2_ERROR_PREFIXES)
+        out += cases_from_conversation(record, conv, f"tau2/{domain}", error_prefixes=TAU2_ERROR_PREFIXES,
+                                       state_changes=changes, tool_labels=labels)
     return out
 
 
@@ -282,22 +317,6 @@ def field_score(pred: Any, real: Any) -> float:
     return same / len(paths)
 
 
-@dataclasses.dataclass
-class CallScore:
-    domain: str
-    tool: str
-    task_uid: str
-    exact: float
-    structure: float
-    field: float
-    error_agreement: float
-    parsed: float
-    real_error: bool
-    predicted_error: bool
-    prediction: str                   # raw rehearser text (truncated) for inspection
-    real: str
-
-
 def compare(prediction_text: str, real_content: str, real_error: bool) -> dict[str, Any]:
     """All measures for one call (see the module doc)."""
     result, parse_error = parse_simulator_output(prediction_text)
@@ -369,52 +388,6 @@ class PolicyRehearser:
         return texts
 
 
-# ----------------------------------------------------------------------------- report
-
-@dataclasses.dataclass
-class FidelityReport:
-    scores: list[CallScore]
-
-    @staticmethod
-    def _stats(rows: Sequence[CallScore]) -> dict[str, Any]:
-        n = len(rows)
-        out: dict[str, Any] = {"count": n, "real_errors": sum(r.real_error for r in rows)}
-        for m in MEASURES:
-            out[m] = sum(getattr(r, m) for r in rows) / n if n else float("nan")
-        return out
-
-    def summary(self) -> dict[str, Any]:
-        by_domain: dict[str, list[CallScore]] = {}
-        by_tool: dict[str, list[CallScore]] = {}
-        for s in self.scores:
-            by_domain.setdefault(s.domain, []).append(s)
-            by_tool.setdefault(f"{s.domain}/{s.tool}", []).append(s)
-        return {"overall": self._stats(self.scores),
-                "by_domain": {k: self._stats(v) for k, v in sorted(by_domain.items())},
-                "by_tool": {k: self._stats(v) for k, v in sorted(by_tool.items())}}
-
-    def to_json(self, *, with_calls: bool = False) -> str:
-        out = self.summary()
-        if with_calls:
-            out["calls"] = [dataclasses.asdict(s) for s in self.scores]
-        return json.dumps(out, indent=2, ensure_ascii=False)
-
-    def to_markdown(self) -> str:
-        summ = self.summary()
-        head = "| group | calls | real errors | exact | structure | field | error agreement | parsed |"
-        rule = "|---|---:|---:|---:|---:|---:|---:|---:|"
-
-        def row(name: str, s: Mapping[str, Any]) -> str:
-            return (f"| {name} | {s['count']} | {s['real_errors']} | " +
-                    " | ".join(f"{s[m]:.3f}" for m in ("exact", "structure", "field", "error_agreement", "parsed"))
-                    + " |")
-        lines = ["### Rehearsal fidelity by domain", "", head, rule, row("all", summ["overall"])]
-        lines += [row(k, v) for k, v in summ["by_domain"].items()]
-        lines += ["", "### Rehearsal fidelity by tool", "", head, rule]
-        lines += [row(k, v) for k, v in summ["by_tool"].items()]
-        return "\n".join(lines) + "\n"
-
-
 def evaluate_fidelity(cases: Sequence[FidelityCase], rehearser: Rehearser | Any, *,
                       codec: Any = None, sampling: RoleSampling | None = None) -> FidelityReport:
     """Scores ``rehearser`` on ``cases``. ``rehearser`` is a callable (cases -> raw texts) or a
@@ -435,5 +408,5 @@ def evaluate_fidelity(cases: Sequence[FidelityCase], rehearser: Rehearser | Any,
         m = compare(text, c.real_content, c.real_error)
         scores.append(CallScore(c.domain, c.tool, c.task_uid, m["exact"], m["structure"], m["field"],
                                 m["error_agreement"], m["parsed"], m["real_error"], m["predicted_error"],
-                                text[:500], c.real_content[:500]))
+                                text[:500], c.real_content[:500], c.state_changed, c.tool_label))
     return FidelityReport(scores)
