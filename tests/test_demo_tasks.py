@@ -336,3 +336,48 @@ def test_world_model_examples_are_real_varied_and_consistent_with_the_few_shot_b
                                                                   "name": call["name"]}))
         assert logged in (None, response)
     assert {e.task["env"]["name"] for e in exs} == set(WORLDS)
+
+
+# --------------------------------------------------------------------------- branch kinds and mixes
+def _pushes_back_in_replay(task) -> bool:
+    """Independent of the generator's label: replay the reference against the real world; the branch pushes
+    back when a tool errs or the assistant declines what the user asked for because of a returned value."""
+    env = make_env(task)
+    ref = task["reference_messages"]
+    for m in ref:
+        for c in m.get("tool_calls") or []:
+            if env.execute(c["function"]["name"], c["function"]["arguments"]).error:
+                return True
+    replies = [m["content"] for m in ref if m["role"] == "assistant" and not m.get("tool_calls")]
+    return any(("so I sent nothing" in r) or ("so I did not order" in r) for r in replies)
+
+
+def test_branch_labels_agree_with_a_replay_against_the_real_tools(pools):
+    tasks = _all(pools)
+    assert {t["branch"] for t in tasks} == set(dt.BRANCHES)
+    for t in tasks:
+        assert t["branch"] == (dt.PUSH_BACK if _pushes_back_in_replay(t) else dt.HAPPY), t["uid"]
+        world, kind = t["task_type"].split("/")
+        assert world == t["env"]["name"] and kind
+
+
+@pytest.mark.parametrize("share", [0.0, 0.04, 0.5, 1.0])
+def test_push_back_share_fixes_the_mix_and_keeps_prefixes(share):
+    n = 120
+    tasks = dt.generate_tasks(n, 3, "test", push_back_share=share)
+    kinds = [t["branch"] for t in tasks]
+    assert kinds == dt.branch_plan(n, share)
+    assert kinds.count(dt.PUSH_BACK) == int(n * share)
+    assert len({t["uid"] for t in tasks}) == n and all(dt.split_of(t) == "test" for t in tasks)
+    assert dt.generate_tasks(40, 3, "test", push_back_share=share) == tasks[:40]
+    # a natural stream has both kinds; the fixed mix takes them in that stream's order
+    natural = dt.generate_tasks(800, 3, "test")
+    for b in dt.BRANCHES:
+        mine = [t["uid"] for t in tasks if t["branch"] == b]
+        theirs = [t["uid"] for t in natural if t["branch"] == b]
+        assert mine == theirs[:len(mine)]
+
+
+def test_push_back_share_rejects_out_of_range():
+    with pytest.raises(ValueError, match="push_back_share"):
+        dt.generate_tasks(4, 0, "train", push_back_share=1.5)

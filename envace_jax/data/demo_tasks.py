@@ -29,6 +29,11 @@ from envace_jax.envs.demo_worlds import (DAYS, FIRST_HOUR, ITEMS, LAST_HOUR, NAM
                                          tool_schemas)
 
 SPLITS = ("train", "validation", "test")
+# Branch kinds. HAPPY: every tool answers and the plan the user asked for goes through. PUSH_BACK: the
+# environment pushes back (a tool returns an error, or a value it returns makes the user's condition fail),
+# so the right reply depends on what the tool said.
+HAPPY, PUSH_BACK = "happy", "push_back"
+BRANCHES = (HAPPY, PUSH_BACK)
 _BUCKETS = {"train": range(0, 8), "validation": range(8, 9), "test": range(9, 10)}
 MAX_CALLS = 4
 FOLLOW_UP_PROB = 0.35
@@ -49,6 +54,8 @@ class _Recorder:
         self.turns: list[list[dict[str, Any]]] = []
         self.users: list[str] = []
         self.n_calls = 0
+        self.push_back = False      # a tool refused or the user's condition failed (see ``branch_of``)
+        self.types: list[str] = []  # the builder of each user turn (the task type)
         self._step = 0
         self._responses: dict[str, str] = {}
 
@@ -66,6 +73,7 @@ class _Recorder:
             call_id = f"call_{self.n_calls}"
             self.n_calls += 1
             result = self.env.execute(name, args)
+            self.push_back |= result.error
             key = canonical_json({"arguments": args, "name": name})
             if self._responses.setdefault(key, result.content) != result.content:
                 raise _Reject(f"{key} would appear twice with different responses")
@@ -184,6 +192,7 @@ def _bank_conditional(rng, rec):
         rec.call(("transfer", {"from_account": a, "to_account": b, "amount": x}))
         rec.reply(f"Sent {x} from {a} to {b}.", [x, b], f"Does the reply confirm that {x} went to {b}?")
     else:
+        rec.push_back = True
         rec.reply(f"{a} has only {r['balance']}, so I sent nothing.", [r["balance"]],
                   f"Does the reply say {a} has only {r['balance']}?")
 
@@ -265,6 +274,7 @@ def _shop_order_if(rng, rec):
         (o,) = rec.call(("place_order", {"item": item, "quantity": q}))
         _ordered(rec, o, q, item)
     else:
+        rec.push_back = True
         rec.reply(f"Only {r['stock']} {item} left, so I did not order.", [r["stock"]],
                   f"Does the reply say only {r['stock']} {item} are left?")
 
@@ -449,14 +459,19 @@ def _pick(rng: random.Random, builders: list[tuple[Builder, int]]) -> Builder:
     return rng.choices([b for b, _ in builders], weights=[w for _, w in builders])[0]
 
 
+def _play(rng: random.Random, rec: _Recorder, builder: Builder) -> None:
+    rec.types.append(builder.__name__.lstrip("_").split("_", 1)[1])  # "_bank_overdraw" -> "overdraw"
+    builder(rng, rec)
+
+
 def _build_task(rng: random.Random, world: str) -> dict[str, Any]:
     state_fn, system_fn, builders = _WORLD_TASKS[world]
     state = state_fn(rng)
     env = WORLDS[world](state)
     rec = _Recorder(env)
-    _pick(rng, builders)(rng, rec)
+    _play(rng, rec, _pick(rng, builders))
     if rng.random() < FOLLOW_UP_PROB:
-        _pick(rng, builders)(rng, rec)
+        _play(rng, rec, _pick(rng, builders))
     if not 1 <= rec.n_calls <= MAX_CALLS:
         raise _Reject(f"{rec.n_calls} calls")
     for items in rec.turns:
@@ -467,7 +482,10 @@ def _build_task(rng: random.Random, world: str) -> dict[str, Any]:
             "tools": tool_schemas(world, state),
             "reference_messages": rec.messages,
             "checklist": [rec.turns],
-            "env": {"name": world, "state": state}}
+            "env": {"name": world, "state": state},
+            # not read by any model or judge: labels for reporting and for drawing split mixes
+            "branch": PUSH_BACK if rec.push_back else HAPPY,
+            "task_type": f"{world}/{rec.types[0]}"}
 
 
 def task_content_key(task: dict[str, Any]) -> str:
@@ -486,21 +504,42 @@ def _check_split(split: str) -> None:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
 
 
-def generate_tasks(n: int, seed: int, split: str = "train") -> list[dict[str, Any]]:
-    """``n`` distinct task records of ``split``; the same (seed, split) always gives the same list,
-    and a longer list starts with the shorter one."""
+def branch_plan(n: int, push_back_share: float) -> list[str]:
+    """The branch kind of each of ``n`` positions: push-back positions spread evenly at the given share
+    (a longer plan starts with the shorter one)."""
+    return [PUSH_BACK if int((i + 1) * push_back_share) > int(i * push_back_share) else HAPPY for i in range(n)]
+
+
+def generate_tasks(n: int, seed: int, split: str = "train", push_back_share: float | None = None) -> list[dict[str, Any]]:
+    """``n`` distinct task records of ``split``; the same arguments always give the same list, and a
+    longer list starts with the shorter one.
+
+    ``push_back_share=None`` keeps the natural mix of branch kinds (about one task in six pushes back).
+    A share in [0, 1] fixes it: position ``i`` holds a task of kind ``branch_plan(n, share)[i]``, taken in
+    draw order from the same stream (tasks of the kind that is already full are skipped).
+    """
     _check_split(split)
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
+    if push_back_share is not None and not 0.0 <= push_back_share <= 1.0:
+        raise ValueError(f"push_back_share must be None or in [0, 1], got {push_back_share!r}")
     rng = random.Random(f"envace-demo/{split}/{seed}")
     worlds = sorted(_WORLD_TASKS)
-    tasks: list[dict[str, Any]] = []
+    plan = None if push_back_share is None else branch_plan(n, push_back_share)
+    need = {b: (n if plan is None else plan.count(b)) for b in BRANCHES}
+    pools: dict[str, list[dict[str, Any]]] = {b: [] for b in BRANCHES}
+    drawn: list[dict[str, Any]] = []  # natural mix: every accepted task, in draw order
     seen: set[str] = set()
-    budget = 100 * n + 1000
-    while len(tasks) < n:
+    budget = 100 * n + 1000 if plan is None else 1000 * n + 1000
+
+    def full() -> bool:
+        return len(drawn) >= n if plan is None else all(len(pools[b]) >= need[b] for b in BRANCHES)
+
+    while not full():
         budget -= 1
         if budget < 0:
-            raise RuntimeError(f"could not draw {n} distinct {split} tasks from seed {seed}")
+            raise RuntimeError(f"could not draw {n} distinct {split} tasks from seed {seed}"
+                               + ("" if plan is None else f" with push_back_share={push_back_share}"))
         try:
             task = _build_task(rng, rng.choice(worlds))
         except _Reject:
@@ -510,8 +549,14 @@ def generate_tasks(n: int, seed: int, split: str = "train") -> list[dict[str, An
             continue
         seen.add(key)
         task["uid"] = f"demo-{split}-{key[:16]}"
-        tasks.append(task)
-    return tasks
+        if plan is None:
+            drawn.append(task)
+        elif len(pools[task["branch"]]) < need[task["branch"]]:
+            pools[task["branch"]].append(task)
+    if plan is None:
+        return drawn
+    taken = {b: iter(pools[b]) for b in BRANCHES}
+    return [next(taken[b]) for b in plan]
 
 
 # --------------------------------------------------------------------------- world-model rows
