@@ -180,6 +180,8 @@ class EvalResult:
     scores: list[float]
     successes: list[bool]
     by_world: dict[str, list[float]]
+    by_branch: dict[str, list[float]]    # branch kind (data.demo_tasks.BRANCHES) -> scores
+    by_type: dict[str, list[float]]      # task type ("bank/overdraw") -> scores
     terminations: dict[str, int]
     tool_calls_mean: float
     samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # a few transcripts, for diagnosis
@@ -190,12 +192,14 @@ class EvalResult:
 
 
 def evaluate_real(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, Any]],
-                  progress: Callable[[int], None] | None = None) -> EvalResult:
-    """Greedy episodes of ``tasks`` against the REAL tools (nothing rehearsed); success = every checklist
-    item of every turn passed."""
+                  progress: Callable[[int], None] | None = None, *, greedy: bool = True) -> EvalResult:
+    """Episodes of ``tasks`` against the REAL tools (nothing rehearsed), greedy unless ``greedy=False``
+    (then at the training temperature with ``cfg.seed``); success = every checklist item of every turn passed."""
     client = make_client(model, codec)
-    engine = make_engine(cfg, "real", codec, client, greedy=True)
+    engine = make_engine(cfg, "real", codec, client, greedy=greedy)
     scores, calls, terms, by_world, samples = [], [], {}, {}, []
+    by_branch: dict[str, list[float]] = {}
+    by_type: dict[str, list[float]] = {}
     for s in range(0, len(tasks), cfg.eval_batch):
         chunk = list(tasks[s:s + cfg.eval_batch])
         eps = engine.run(chunk, [t["uid"] for t in chunk])
@@ -205,12 +209,14 @@ def evaluate_real(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, An
             calls.append(e.tool_calls())
             terms[e.termination] = terms.get(e.termination, 0) + 1
             by_world.setdefault(t["env"]["name"], []).append(float(e.score))
+            by_branch.setdefault(t.get("branch", "unlabelled"), []).append(float(e.score))
+            by_type.setdefault(t.get("task_type", "unlabelled"), []).append(float(e.score))
             if len(samples) < 8:
                 samples.append({"uid": t["uid"], "score": float(e.score), "termination": e.termination,
                                 "messages": e.messages[len(t["messages"]) - 1:]})
         if progress:
             progress(len(chunk))
-    return EvalResult(scores, [s >= 1.0 - 1e-9 for s in scores], by_world, terms,
+    return EvalResult(scores, [s >= 1.0 - 1e-9 for s in scores], by_world, by_branch, by_type, terms,
                       float(np.mean(calls)) if calls else 0.0, samples)
 
 
