@@ -1,0 +1,391 @@
+"""``make pretrain``: the demo's base model, trained once from scratch and shipped in ``assets/demo_base``.
+
+EnvACE starts RL from a pretrained Qwen3 that can already read a tool schema, copy an argument out of a user
+message and a value out of a tool response. A tiny model trained from scratch inside the demo's 25-minute
+budget cannot (its typical failure is a wrongly copied entity: a day, an hour, an order id), so RL had nothing
+to sharpen. This stage is the demo's stand-in for that pretrained base: a long supervised run, done once
+(about two hours on 2 CPU cores) and reproducible by ``make pretrain``, on data that holds no validation or test
+task (those splits are disjoint from ``train`` by a hash of the task content, ``data.demo_tasks.split_of``).
+
+The corpus is the setting EnvACE is for:
+
+* **demonstrations**, plentiful on the paths where the tools simply answer and scarce (``push_back_share``, rare
+  but present) on the branches where the environment pushes back (a tool error, or a returned value that makes
+  the user's condition fail; ``data.demo_tasks.PUSH_BACK``). Both roles' rows: ACT on the contexts the rollout
+  engine builds, REHEARSE on the real simulator prompt with the logged response as target;
+* **world-model rows**: real executions of varied calls (wrong ones included) on other train worlds, the cheap
+  logs of tool behaviour that carry the push-back dynamics the demonstrations rarely show;
+* **rehearsal-memory rows** (from ``memory_from`` of the steps on): ACT demonstrations whose system prompt carries
+  a rehearsal memory built by the test-time code itself (``TestTimeRehearsal.rehearse`` with the model as it is
+  at that step, imagined episodes with no logged result in REHEARSE's prompt), so that at test time a memory is
+  a context the policy has seen, not a distraction. The target stays the demonstration.
+
+Batches are a pure function of the step (``IndexedBatches``), so a killed run resumes from its last Orbax
+checkpoint exactly. The output directory holds ``model/`` (Hugging Face safetensors), ``tokenizer/``,
+``manifest.json`` (the config, data counts, the validation curve, timings) and ``curve.png``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from envace_jax.data.demo_tasks import BRANCHES, generate_tasks
+from envace_jax.demo import data as demo_data
+from envace_jax.rl.types import ACT, REHEARSE, Generation
+
+# Pretraining tasks come from their own seed stream of the train split (the demo's RL prompts come from
+# another one, and the demo removes any task the pretraining corpus used).
+PRETRAIN_SEED_OFFSET = 104729
+MEMORY_GROUP = "act+memory"
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+    seed: int = 0
+    # ---- corpus (train split only)
+    demonstrations: int = 8192
+    push_back_share: float = 0.04     # rare but present: RL can only sharpen what sampling already emits
+    world_model_rows: int = 8192
+    tokenizer_tasks: int = 2048
+    vocab_size: int = 2048
+    # ---- model (a tiny Qwen3)
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    # ---- optimisation
+    steps: int = 8000
+    batch_rows: int = 32              # half ACT, half REHEARSE
+    micro_batch_size: int = 16
+    lr: float = 3e-3
+    warmup: int = 100                 # then cosine decay to 0 at ``steps``
+    # ---- rehearsal-memory rows
+    memory_from: float = 0.8          # fraction of the steps after which memory rows join the ACT half
+    memory_share: float = 0.25        # of the ACT rows of a batch
+    memory_tasks: int = 1024          # demonstrations whose memories are built
+    memory_max_chars: int = 600
+    memory_temperature: float = 0.6   # sampling of the imagined episodes (as the demo's test-time table)
+    # ---- bookkeeping
+    eval_every: int = 1000            # validation curve (0: only at the end)
+    validation_tasks: int = 256
+    validation_push_back_share: float = 0.5
+    checkpoint_every: int = 200
+
+    def __post_init__(self):
+        for name in ("demonstrations", "tokenizer_tasks", "steps", "batch_rows", "micro_batch_size",
+                     "validation_tasks", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"pretrain {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("world_model_rows", "memory_tasks", "eval_every", "warmup"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"pretrain {name} must be >= 0, got {getattr(self, name)}")
+        for name in ("push_back_share", "memory_from", "memory_share", "validation_push_back_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"pretrain {name} must be in [0, 1], got {getattr(self, name)}")
+        if self.lr <= 0 or self.memory_temperature <= 0:
+            raise ValueError("pretrain lr and memory_temperature must be > 0")
+
+    def replace(self, **kw) -> "PretrainConfig":
+        return dataclasses.replace(self, **kw)
+
+    @property
+    def memory_step(self) -> int | None:
+        """The step at which memory rows are built (None: never)."""
+        if self.memory_share <= 0 or self.memory_tasks == 0:
+            return None
+        return int(round(self.memory_from * self.steps))
+
+
+def default() -> PretrainConfig:
+    return PretrainConfig()
+
+
+def tiny() -> PretrainConfig:
+    """Seconds-long, for tests and CI."""
+    return PretrainConfig(demonstrations=24, push_back_share=0.25, world_model_rows=16, tokenizer_tasks=24,
+                          vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                          num_kv_heads=1, head_dim=16, steps=6, batch_rows=8, micro_batch_size=8, warmup=0,
+                          memory_from=0.5, memory_share=0.5, memory_tasks=4, memory_max_chars=300,
+                          eval_every=0, validation_tasks=8, checkpoint_every=2)
+
+
+PRESETS = {"default": default, "tiny": tiny}
+
+
+# ----------------------------------------------------------------------------- corpus
+
+def demonstrations(cfg: PretrainConfig) -> list[dict[str, Any]]:
+    return [demo_data.normalize_task(t) for t in generate_tasks(cfg.demonstrations, PRETRAIN_SEED_OFFSET + cfg.seed,
+                                                                "train", push_back_share=cfg.push_back_share)]
+
+
+def corpus_rows(cfg: PretrainConfig, demos: Sequence[Mapping[str, Any]], codec) -> list[Generation]:
+    """ACT + REHEARSE rows of the demonstrations and ``world_model_rows`` rows of real executions."""
+    return demo_data.sft_rows(demos, codec, cfg.world_model_rows, PRETRAIN_SEED_OFFSET + cfg.seed)
+
+
+def corpus_uids(rows: Sequence[Generation], demos: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Every task the corpus shows (demonstrations and the worlds of world-model rows)."""
+    return {r.uid for r in rows} | {t["uid"] for t in demos}
+
+
+class IndexedBatches:
+    """Role-balanced batches as a pure function of the step: ``batch(k)``.
+
+    ``groups`` maps a group name to its rows and ``shares`` to its rows per batch. Group ``g`` reads the
+    endless sequence of its rows in fresh permutations (one per pass, seeded by (seed, g, pass)); batch k
+    takes positions ``[k * n_g, (k + 1) * n_g)`` of it. So resuming at step k needs nothing but k, and
+    the many cheap world-model rows never crowd scarce demonstrations out of a batch.
+    """
+
+    def __init__(self, groups: Mapping[str, Sequence[Generation]], shares: Mapping[str, int], seed: int):
+        if set(shares) - set(groups):
+            raise ValueError(f"IndexedBatches: shares for unknown groups {sorted(set(shares) - set(groups))}")
+        empty = [g for g, n in shares.items() if n > 0 and not groups[g]]
+        if empty:
+            raise ValueError(f"IndexedBatches: groups {empty} have a share but no rows")
+        self.groups = {g: list(groups[g]) for g in shares if shares[g] > 0}
+        self.shares = {g: int(n) for g, n in shares.items() if n > 0}
+        self.seed = seed
+        self._perm: dict[tuple[str, int], np.ndarray] = {}
+
+    def _key(self, group: str) -> int:
+        return int(hashlib.sha256(group.encode()).hexdigest()[:8], 16)
+
+    def _perm_of(self, group: str, epoch: int) -> np.ndarray:
+        k = (group, epoch)
+        if k not in self._perm:
+            if len(self._perm) > 64:
+                self._perm.clear()
+            rng = np.random.default_rng([self.seed, self._key(group), epoch])
+            self._perm[k] = rng.permutation(len(self.groups[group]))
+        return self._perm[k]
+
+    def batch(self, step: int) -> list[Generation]:
+        out = []
+        for g in sorted(self.shares):
+            rows, n = self.groups[g], self.shares[g]
+            for p in range(step * n, (step + 1) * n):
+                out.append(rows[int(self._perm_of(g, p // len(rows))[p % len(rows)])])
+        return out
+
+
+def split_shares(batch_rows: int, memory_share: float) -> tuple[dict[str, int], dict[str, int]]:
+    """Rows per batch of each group before and after memory rows join (ACT half, REHEARSE half)."""
+    act = batch_rows // 2 + batch_rows % 2
+    reh = batch_rows // 2
+    mem = int(round(act * memory_share))
+    if memory_share > 0 and mem == 0:
+        mem = 1
+    return {ACT: act, REHEARSE: reh}, {ACT: act - mem, MEMORY_GROUP: mem, REHEARSE: reh}
+
+
+# ----------------------------------------------------------------------------- memory rows
+
+def rehearsal_memories(model, codec, tasks: Sequence[Mapping[str, Any]], cfg: PretrainConfig,
+                       demo_cfg) -> dict[str, str]:
+    """uid -> a rehearsal memory built by the test-time code (``TestTimeRehearsal.rehearse``) with ``model``.
+
+    Each task gets N = 1 or 2 imagined episodes, parallel or sequential (alternating by task), sampled at
+    ``memory_temperature``; REHEARSE sees no logged result (``grounding="none"``), as at test time.
+    """
+    from envace_jax.demo import stages
+    from envace_jax.eval.rehearsal import RehearsalConfig, TestTimeRehearsal
+
+    client = stages.make_client(model, codec)
+    rollout_cfg = stages.rollout_config(demo_cfg.replace(temperature=cfg.memory_temperature), "real", greedy=False)
+    out: dict[str, str] = {}
+    plans = {}
+    for i, t in enumerate(tasks):
+        plans.setdefault((1 + i % 2, ("parallel", "sequential")[(i // 2) % 2]), []).append(t)
+    for (n, mode), group in sorted(plans.items()):
+        rcfg = RehearsalConfig(n=n, mode=mode, max_memory_chars=cfg.memory_max_chars, seed=cfg.seed)
+        ttr = TestTimeRehearsal(rcfg, rollout_cfg, codec, client, judge=None, make_env=None)
+        for s in range(0, len(group), demo_cfg.eval_batch):
+            chunk = [dict(t) for t in group[s:s + demo_cfg.eval_batch]]
+            for t, r in zip(chunk, ttr.rehearse(chunk)):
+                out[t["uid"]] = r.memory
+            client.reset()
+    return out
+
+
+def memory_rows(tasks: Sequence[Mapping[str, Any]], memories: Mapping[str, str], codec) -> list[Generation]:
+    """The ACT rows of ``tasks`` with each task's memory placed as the test-time run places it."""
+    from envace_jax.eval.rehearsal import with_memory
+
+    rows = []
+    for e, t in enumerate(tasks):
+        memory = memories.get(t["uid"], "")
+        if memory:
+            rows += demo_data.act_rows(with_memory(t, memory), codec, e)
+    return rows
+
+
+# ----------------------------------------------------------------------------- the run
+
+def build_model(cfg: PretrainConfig, vocab: int):
+    from envace_jax.models import qwen3
+
+    mc = qwen3.Qwen3Config(vocab_size=vocab, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                           num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                           head_dim=cfg.head_dim, tie_word_embeddings=True, rope_theta=10000.0,
+                           max_position_embeddings=1 << 14, param_dtype="float32", dtype="float32")
+    return qwen3.init_model(mc, seed=cfg.seed)
+
+
+def _demo_cfg(cfg: PretrainConfig):
+    """The demo settings whose rollout and sampler shapes the pretraining evaluations use."""
+    from envace_jax.demo.config import DemoConfig
+
+    return DemoConfig(seed=cfg.seed, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                      intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
+                      num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, micro_batch_size=cfg.micro_batch_size)
+
+
+def validate(model, codec, tasks, demo_cfg) -> dict[str, Any]:
+    """Greedy real-tool success on validation tasks, overall and per branch kind."""
+    from envace_jax.demo import stages
+
+    res = stages.evaluate_real(demo_cfg, model, codec, tasks)
+    out = {"success": float(np.mean(res.successes)) if res.n else float("nan"),
+           "score": float(np.mean(res.scores)) if res.n else float("nan")}
+    for b in BRANCHES:
+        s = res.by_branch.get(b, [])
+        out[f"success_{b}"] = float(np.mean([x >= 1 - 1e-9 for x in s])) if s else float("nan")
+    return out
+
+
+def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
+                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict[str, Any]:
+    """Trains the base and writes ``out_dir``; rerunning resumes from ``out_dir/checkpoints``."""
+    import jax
+    from tqdm.auto import tqdm
+
+    from envace_jax.checkpoint import Checkpointer, PreemptionGuard
+    from envace_jax.demo import stages
+    from envace_jax.models import hf_io
+    from envace_jax.rl.trainer import LossConfig, OptimConfig
+
+    os.makedirs(out_dir, exist_ok=True)
+    t_start = time.perf_counter()
+    demo_cfg = _demo_cfg(cfg)
+    demos = demonstrations(cfg)
+    tok = demo_data.build_tokenizer(demos[:cfg.tokenizer_tasks], os.path.join(out_dir, "tokenizer"), cfg.vocab_size)
+    codec = demo_data.make_codec(tok)
+    rows = corpus_rows(cfg, demos, codec)
+    groups: dict[str, list[Generation]] = {ACT: [r for r in rows if r.role == ACT],
+                                           REHEARSE: [r for r in rows if r.role == REHEARSE], MEMORY_GROUP: []}
+    before, after = split_shares(cfg.batch_rows, cfg.memory_share)
+    val = [demo_data.normalize_task(t) for t in generate_tasks(cfg.validation_tasks, cfg.seed, "validation",
+                                                               push_back_share=cfg.validation_push_back_share)]
+    log(f"pretrain corpus: {len(demos)} demonstrations ({sum(t['branch'] != BRANCHES[0] for t in demos)} push-back), "
+        f"{len(groups[ACT])} ACT rows, {len(groups[REHEARSE])} REHEARSE rows ({cfg.world_model_rows} world-model); "
+        f"{time.perf_counter() - t_start:.0f} s")
+
+    model = build_model(cfg, len(tok))
+    optim = OptimConfig(lr=cfg.lr, schedule="cosine", warmup_steps=cfg.warmup, total_steps=cfg.steps,
+                        weight_decay=0.0, grad_clip=1.0)
+    trainer = stages.PaddedTrainer(model, optim, LossConfig(), micro_batch_size=cfg.micro_batch_size, seed=cfg.seed)
+    ckpt_dir = os.path.abspath(os.path.join(out_dir, "checkpoints"))
+    mem_path = os.path.join(out_dir, "memories.json")
+    curve_path = os.path.join(out_dir, "curve.jsonl")
+    memories: dict[str, str] = {}
+    curve: list[dict[str, Any]] = []
+    start = 0
+    with Checkpointer(ckpt_dir, max_to_keep=2) as ckpt, PreemptionGuard() as guard:
+        restored = ckpt.restore_latest_good(trainer.state_dict())
+        if restored is not None:
+            trainer.load_state_dict(restored.state)
+            start = trainer.step
+            if os.path.exists(mem_path):
+                memories = json.load(open(mem_path))
+            if os.path.exists(curve_path):
+                curve = [json.loads(line) for line in open(curve_path) if line.strip()]
+            log(f"pretrain: resumed at step {start}")
+        mem_tasks = demos[:cfg.memory_tasks]
+        if memories:
+            groups[MEMORY_GROUP] = memory_rows(mem_tasks, memories, codec)
+        batches, phase = None, None
+        with tqdm(total=cfg.steps, initial=start, desc="pretrain", dynamic_ncols=True, disable=not progress,
+                  file=sys.stderr) as bar:
+            k = start
+            while k < cfg.steps:
+                in_memory_phase = cfg.memory_step is not None and k >= cfg.memory_step
+                if in_memory_phase and not groups[MEMORY_GROUP]:
+                    t0 = time.perf_counter()
+                    memories = rehearsal_memories(model, codec, mem_tasks, cfg, demo_cfg)
+                    with open(mem_path, "w") as f:
+                        json.dump(memories, f)
+                    groups[MEMORY_GROUP] = memory_rows(mem_tasks, memories, codec)
+                    log(f"pretrain: {len(groups[MEMORY_GROUP])} rehearsal-memory ACT rows from {len(memories)} tasks "
+                        f"at step {k} ({time.perf_counter() - t0:.0f} s)")
+                if phase != in_memory_phase:
+                    use = after if in_memory_phase and groups[MEMORY_GROUP] else before
+                    batches, phase = IndexedBatches(groups, use, cfg.seed), in_memory_phase
+                m = trainer.update(stages.sft_batch(batches.batch(k), stages.TRAIN_LEN), kind="sft")
+                k += 1
+                bar.update(1)
+                bar.set_postfix(nll_act=f"{m.get('nll/act', 0):.3f}", nll_reh=f"{m.get('nll/rehearse', 0):.3f}")
+                if cfg.eval_every and k % cfg.eval_every == 0 and k < cfg.steps:
+                    point = {"step": k, **validate(model, codec, val, demo_cfg)}
+                    curve.append(point)
+                    with open(curve_path, "a") as f:
+                        f.write(json.dumps(point) + "\n")
+                    log(f"pretrain validation at step {k}: {json.dumps(point)}")
+                if guard.check() or k % cfg.checkpoint_every == 0 or k == cfg.steps:
+                    ckpt.save(k, trainer.state_dict())
+                if guard.preempted:
+                    ckpt.close()
+                    log(f"pretrain: preempted at step {k}; rerun to resume")
+                    raise SystemExit(0)
+        ckpt.wait()
+    final = {"step": cfg.steps, **validate(model, codec, val, demo_cfg)}
+    if not curve or curve[-1]["step"] != cfg.steps:
+        curve.append(final)
+    hf_io.save_hf(model, os.path.join(out_dir, "model"))
+    manifest = {"config": dataclasses.asdict(cfg), "params": int(model.config.num_params()), "vocab": len(tok),
+                "corpus": {"demonstrations": len(demos),
+                           "push_back_demonstrations": sum(t["branch"] != BRANCHES[0] for t in demos),
+                           "act_rows": len(groups[ACT]), "rehearse_rows": len(groups[REHEARSE]),
+                           "memory_rows": len(groups[MEMORY_GROUP])},
+                "validation": {"tasks": len(val), "push_back_share": cfg.validation_push_back_share, **final},
+                "curve": curve, "wall_s_this_run": round(time.perf_counter() - t_start, 1),
+                "jax": jax.__version__}
+    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    plot_curve(curve, os.path.join(out_dir, "curve.png"))
+    shutil.rmtree(ckpt_dir, ignore_errors=True)  # the shipped base is model/ + tokenizer/ + manifest
+    return manifest
+
+
+def plot_curve(curve: Sequence[Mapping[str, Any]], out_png: str) -> None:
+    if not curve:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [p["step"] for p in curve]
+    for key, label in (("success", "all"), ("success_happy", "happy path"), ("success_push_back", "push-back")):
+        ax.plot(steps, [p.get(key, float("nan")) for p in curve], marker="o", label=label)
+    ax.set_xlabel("pretraining step")
+    ax.set_ylabel("greedy real-tool success (validation)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,126 @@
+"""The demo's pretraining stage: step-indexed batches, rehearsal-memory rows built by the test-time code,
+and a tiny run that writes a loadable base and resumes bit-exactly after a preemption."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import numpy as np
+import pytest
+
+from envace_jax.demo import pretrain as pt
+from envace_jax.eval.rehearsal import MEMORY_HEADER
+from envace_jax.rl.types import ACT, REHEARSE, Generation
+
+
+def _rows(role, n):
+    return [Generation(role, [1, 2], [3], [0.0], f"{role}-{i}", i, 0) for i in range(n)]
+
+
+def test_indexed_batches_are_a_pure_function_of_the_step():
+    groups = {ACT: _rows(ACT, 7), REHEARSE: _rows(REHEARSE, 30)}
+    a = pt.IndexedBatches(groups, {ACT: 3, REHEARSE: 5}, seed=4)
+    b = pt.IndexedBatches(groups, {ACT: 3, REHEARSE: 5}, seed=4)
+    for k in (0, 5, 17, 3):
+        assert [r.uid for r in a.batch(k)] == [r.uid for r in b.batch(k)]
+        assert collections.Counter(r.role for r in a.batch(k)) == {ACT: 3, REHEARSE: 5}
+    assert [r.uid for r in a.batch(0)] != [r.uid for r in pt.IndexedBatches(groups, {ACT: 3, REHEARSE: 5}, 5).batch(0)]
+    # 7 ACT rows at 3 per batch: the first 7 positions of the stream are one permutation of all rows
+    stream = [r.uid for k in range(3) for r in a.batch(k) if r.role == ACT]
+    assert sorted(stream[:7]) == sorted(r.uid for r in groups[ACT])
+    with pytest.raises(ValueError, match="no rows"):
+        pt.IndexedBatches({ACT: [], REHEARSE: _rows(REHEARSE, 2)}, {ACT: 1, REHEARSE: 1}, 0)
+
+
+def test_split_shares_keeps_the_role_halves():
+    assert pt.split_shares(32, 0.25) == ({ACT: 16, REHEARSE: 16}, {ACT: 12, pt.MEMORY_GROUP: 4, REHEARSE: 16})
+    assert pt.split_shares(8, 0.01) == ({ACT: 4, REHEARSE: 4}, {ACT: 3, pt.MEMORY_GROUP: 1, REHEARSE: 4})
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="push_back_share"):
+        pt.tiny().replace(push_back_share=1.5)
+    with pytest.raises(ValueError, match="steps"):
+        pt.tiny().replace(steps=0)
+    assert pt.tiny().memory_step == 3 and pt.tiny().replace(memory_share=0.0).memory_step is None
+
+
+def _params(model_dir):
+    from safetensors.numpy import load_file
+    out = {}
+    for f in sorted(os.listdir(model_dir)):
+        if f.endswith(".safetensors"):
+            out.update(load_file(os.path.join(model_dir, f)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("pretrain") / "base")
+    manifest = pt.run_pretrain(pt.tiny(), out, progress=False)
+    return out, manifest
+
+
+def test_tiny_run_writes_a_base_that_transformers_loads(tiny_run):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, manifest = tiny_run
+    assert sorted(os.listdir(out)) >= ["curve.png", "manifest.json", "memories.json", "model", "tokenizer"]
+    assert not os.path.exists(os.path.join(out, "checkpoints"))
+    on_disk = json.load(open(os.path.join(out, "manifest.json")))
+    assert on_disk["config"] == manifest["config"] and on_disk["corpus"]["demonstrations"] == 24
+    assert on_disk["corpus"]["push_back_demonstrations"] == 6            # 24 x 0.25, by construction
+    assert {"success", "success_happy", "success_push_back"} <= set(on_disk["validation"])
+    tok = AutoTokenizer.from_pretrained(os.path.join(out, "tokenizer"))
+    hf = AutoModelForCausalLM.from_pretrained(os.path.join(out, "model")).eval()
+    ids = tok("<|im_start|>user\nWhat is ana's balance?<|im_end|>", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = hf(ids).logits
+    assert logits.shape[-1] == len(tok) and torch.isfinite(logits).all()
+
+
+def test_memory_rows_carry_memories_built_by_the_test_time_code(tiny_run):
+    from envace_jax.chat import load_tokenizer
+    from envace_jax.demo import data as demo_data
+
+    out, manifest = tiny_run
+    memories = json.load(open(os.path.join(out, "memories.json")))
+    assert len(memories) == 4 and all(m.startswith(MEMORY_HEADER) for m in memories.values())
+    codec = demo_data.make_codec(load_tokenizer(os.path.join(out, "tokenizer")))
+    demos = pt.demonstrations(pt.tiny())[:4]
+    rows = pt.memory_rows(demos, memories, codec)
+    plain = [r for t in demos for r in demo_data.act_rows(t, codec)]
+    assert manifest["corpus"]["memory_rows"] == len(rows) == len(plain)
+    for r, p in zip(rows, plain):
+        assert r.gen_ids == p.gen_ids                                   # same demonstration target
+        text = codec.decode(r.prompt_ids)
+        assert MEMORY_HEADER in text and MEMORY_HEADER not in codec.decode(p.prompt_ids)
+
+
+def test_preempted_run_resumes_to_the_same_parameters(tiny_run, tmp_path, monkeypatch):
+    from envace_jax import checkpoint
+
+    out, _ = tiny_run
+    calls = {"n": 0}
+    real_check = checkpoint.PreemptionGuard.check
+
+    def check_then_preempt(self):
+        calls["n"] += 1
+        if calls["n"] == 4:                 # after step 4, past the memory step (3)
+            self._flag.set()
+        return real_check(self)
+
+    monkeypatch.setattr(checkpoint.PreemptionGuard, "check", check_then_preempt)
+    resumed = str(tmp_path / "base")
+    with pytest.raises(SystemExit) as stop:
+        pt.run_pretrain(pt.tiny(), resumed, progress=False)
+    assert stop.value.code == 0 and os.path.exists(os.path.join(resumed, "checkpoints"))
+    monkeypatch.setattr(checkpoint.PreemptionGuard, "check", real_check)
+    pt.run_pretrain(pt.tiny(), resumed, progress=False)
+    a, b = _params(os.path.join(out, "model")), _params(os.path.join(resumed, "model"))
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
