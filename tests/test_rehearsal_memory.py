@@ -263,6 +263,19 @@ def test_token_budget_ends_long_rehearsals():
         assert o.generated_tokens < 40 + 40
 
 
+def test_imagined_episodes_sample_at_their_own_temperature_and_the_committed_run_does_not():
+    tasks = balance_tasks(2)
+    runner, _, _, client = _run(R.RehearsalConfig(n=2, mode="parallel", temperature=0.7), tasks)
+    imagined = [r for call in client.requests[:-2] for r in call]
+    committed = [r for call in client.requests[-2:] for r in call]
+    assert imagined and {r.sampling.temperature for r in imagined} == {0.7}
+    assert {r.sampling.temperature for r in committed} == {ROLLOUT.act.temperature}
+    default, _ = make_runner(R.RehearsalConfig(n=1))
+    assert default.imagined_cfg.act.temperature == ROLLOUT.act.temperature
+    with pytest.raises(ValueError, match="rehearsal.temperature"):
+        R.RehearsalConfig(temperature=-1.0)
+
+
 def test_config_errors_name_the_field():
     for kw, field in [({"mode": "both"}, "mode"), ({"memory": "x"}, "memory"), ({"n": -1}, "n"),
                       ({"max_memory_chars": 0}, "max_memory_chars"), ({"placement": "user"}, "placement")]:

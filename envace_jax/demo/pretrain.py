@@ -204,13 +204,14 @@ def rehearsal_memories(model, codec, tasks: Sequence[Mapping[str, Any]], cfg: Pr
     from envace_jax.eval.rehearsal import RehearsalConfig, TestTimeRehearsal
 
     client = stages.make_client(model, codec)
-    rollout_cfg = stages.rollout_config(demo_cfg.replace(temperature=cfg.memory_temperature), "real", greedy=False)
+    rollout_cfg = stages.rollout_config(demo_cfg, "real", greedy=True)  # the committed run's, as at test time
     out: dict[str, str] = {}
     plans = {}
     for i, t in enumerate(tasks):
         plans.setdefault((1 + i % 2, ("parallel", "sequential")[(i // 2) % 2]), []).append(t)
     for (n, mode), group in sorted(plans.items()):
-        rcfg = RehearsalConfig(n=n, mode=mode, max_memory_chars=cfg.memory_max_chars, seed=cfg.seed)
+        rcfg = RehearsalConfig(n=n, mode=mode, max_memory_chars=cfg.memory_max_chars,
+                               temperature=cfg.memory_temperature, seed=cfg.seed)
         ttr = TestTimeRehearsal(rcfg, rollout_cfg, codec, client, judge=None, make_env=None)
         for s in range(0, len(group), demo_cfg.eval_batch):
             chunk = [dict(t) for t in group[s:s + demo_cfg.eval_batch]]

@@ -73,6 +73,9 @@ class RehearsalConfig:
     grounding: str = "none"                 # "reference" keeps the few-shot logged results (privileged)
     user_turns: str = "first"               # "all" rehearses every scripted user turn
     summary: RoleSampling = RoleSampling(temperature=0.0, max_new_tokens=256)
+    # sampling temperature of the imagined episodes (both roles); None: the committed run's. With a greedy
+    # committed run, N > 1 parallel rehearsals at temperature None are N copies of one episode.
+    temperature: float | None = None
     seed: int = 0
 
     def __post_init__(self):
@@ -81,6 +84,8 @@ class RehearsalConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"rehearsal.{name}={getattr(self, name)!r}; choose one of {allowed}")
+        if self.temperature is not None and not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
+            raise ValueError(f"rehearsal.temperature must be None or >= 0, got {self.temperature!r}")
         for name in ("n", "max_tokens_per_rehearsal", "max_memory_chars"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < (0 if name == "n" else 1):
@@ -328,11 +333,12 @@ class TestTimeRehearsal:
         self.simulator, self.imagined_judge = simulator, imagined_judge
         self.real_cfg = dataclasses.replace(rollout_cfg, mode="real")
         cap = cfg.max_tokens_per_rehearsal
+        temp = {} if cfg.temperature is None else {"temperature": float(cfg.temperature)}
         self.imagined_cfg = dataclasses.replace(
             rollout_cfg, mode="simulator" if simulator is not None else "rehearsal",
-            act=dataclasses.replace(rollout_cfg.act, max_new_tokens=min(rollout_cfg.act.max_new_tokens, cap)),
+            act=dataclasses.replace(rollout_cfg.act, max_new_tokens=min(rollout_cfg.act.max_new_tokens, cap), **temp),
             rehearse=dataclasses.replace(rollout_cfg.rehearse,
-                                         max_new_tokens=min(rollout_cfg.rehearse.max_new_tokens, cap)))
+                                         max_new_tokens=min(rollout_cfg.rehearse.max_new_tokens, cap), **temp))
         self.imagined_engines: list[ImaginedEngine] = []
 
     # ---------------------------------------------------------------- imagined runs
