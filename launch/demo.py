@@ -17,33 +17,18 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _parse_set(items: list[str], cfg):
-    fields = {f.name: f for f in dataclasses.fields(cfg)}
-    kw = {}
-    for item in items:
-        if "=" not in item:
-            raise SystemExit(f"--set {item!r}: expected field=value")
-        k, v = item.split("=", 1)
-        if k not in fields:
-            raise SystemExit(f"--set {k}: unknown demo field; known: {sorted(fields)}")
-        cur = getattr(cfg, k)
-        if isinstance(cur, bool):
-            kw[k] = v.lower() in ("1", "true", "yes")
-        else:
-            kw[k] = type(cur)(v)
-    return cfg.replace(**kw)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run_dir", default="runs/demo")
-    p.add_argument("--preset", default="default", choices=["default", "reduced"])
+    p.add_argument("--preset", default="default", choices=["default", "legacy", "reduced"])
     p.add_argument("--eval_split", default=None, choices=["validation", "test"])
     p.add_argument("--compare", action="store_true", help="RL in modes real, simulator and rehearsal")
     p.add_argument("--rehearsal_sweep", action="store_true",
                    help="after a demo run in --run_dir: test-time rehearsal N=0,1,2 (parallel, sequential) "
                         "with its exported model, into rehearsal_sweep.md")
     p.add_argument("--sweep_tasks", type=int, default=0, help="tasks for --rehearsal_sweep (0: the whole split)")
+    p.add_argument("--leverage", action="store_true",
+                   help="greedy success and pass@1/4/16 of the RL start per branch kind and task type (leverage.md)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--no_progress", action="store_true")
     args = p.parse_args(argv)
@@ -64,13 +49,21 @@ def main(argv=None) -> int:
     cfg = demo_config.PRESETS[args.preset]()
     if args.eval_split:
         cfg = cfg.replace(eval_split=args.eval_split)
-    cfg = _parse_set(args.set, cfg)
+    try:
+        cfg = demo_config.parse_overrides(cfg, args.set)
+    except ValueError as e:
+        raise SystemExit(str(e))
     if args.rehearsal_sweep:
         from envace_jax.demo.rehearsal_table import run_rehearsal_table
 
         out = run_rehearsal_table(cfg, args.run_dir, num_tasks=args.sweep_tasks or None)
         print(out["markdown"])
         print(f"wrote {os.path.join(args.run_dir, 'rehearsal_sweep.md')}")
+        return 0
+    if args.leverage:
+        table = pipeline.run_leverage(cfg, args.run_dir, progress=not args.no_progress)
+        print(table.to_markdown())
+        print(f"wrote {os.path.join(args.run_dir, 'leverage.md')}")
         return 0
     if args.compare:
         out = pipeline.run_compare(cfg, args.run_dir, progress=not args.no_progress)

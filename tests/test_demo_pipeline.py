@@ -101,3 +101,60 @@ def test_exported_model_runs_the_rehearsal_sweep(reduced_run):
         lo, hi = r["success_ci95"]
         assert 0.0 <= lo <= r["success"] <= hi <= 1.0
     assert (run_dir / "rehearsal_sweep.md").read_text().count("| parallel |") == 2
+
+
+# ----------------------------------------------------------------------------- from a pretrained base
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    """`make pretrain` at its tiny preset, then the reduced demo from that base (the default's path)."""
+    root = tmp_path_factory.mktemp("demo_base")
+    base_dir, run_dir = root / "base", root / "run"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
+               ENVACE_JAX_CACHE=os.path.join(ROOT, "runs", ".jax_cache_test"),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "pretrain.py"), "--preset=tiny",
+                           f"--out={base_dir}", "--no_progress"], env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "demo.py"), "--preset=reduced",
+                           f"--set=base_dir={base_dir}", "--set=sft_steps=0", "--set=more_sft_lr=1e-4",
+                           f"--run_dir={run_dir}", "--no_progress"], env=env, capture_output=True, text=True,
+                          timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return base_dir, run_dir
+
+
+def test_demo_from_a_base_starts_from_it_and_reports_per_branch(base_run):
+    from envace_jax.data.demo_tasks import BRANCHES
+    from envace_jax.demo import pretrain
+
+    base_dir, run_dir = base_run
+    s = json.loads((run_dir / "summary.json").read_text())
+    report.check_summary(s)
+    assert s["start"] == "base" and s["base"]["dir"] == str(base_dir) and s["base"]["pretrain_steps"] == 6
+    # the RL start is the shipped base itself: its evaluation is the base's, and the tokenizer is the base's
+    assert (run_dir / "tokenizer" / "tokenizer.json").read_text() == (base_dir / "tokenizer" / "tokenizer.json").read_text()
+    # RL prompts never repeat a task of the pretraining corpus; the stated mixes are the drawn ones
+    b = pretrain.load_base(str(base_dir))
+    demos = b.demonstrations()
+    from envace_jax.demo import data as demo_data
+    used = b.corpus_uids(b.corpus_rows(demos, demo_data.make_codec(b.tokenizer)), demos)
+    rl = [json.loads(line) for line in (run_dir / "metrics_rl.jsonl").read_text().splitlines()]
+    assert len(rl) == 2
+    assert s["data"]["branch_share"]["eval"]["push_back"] == pytest.approx(0.5)
+    assert s["data"]["sft_tasks"] == 24
+    for tag in ("before", "after"):
+        assert set(s[f"success_by_branch_{tag}"]) == set(BRANCHES)
+        n_b = s["eval"][tag]["episodes_by_branch"]
+        # the overall success is the episode-weighted mean of the per-branch ones
+        assert s[f"real_success_{tag}"] == pytest.approx(
+            sum(s[f"success_by_branch_{tag}"][k] * n_b[k] for k in BRANCHES) / sum(n_b.values()))
+        for key in ("fidelity_state_changing", "fidelity_read_only", "optimistic_hallucination"):
+            v = s[f"{key}_{tag}"]
+            assert v is None or v != v or 0.0 <= v <= 1.0, key
+    text = (run_dir / "report.md").read_text()
+    assert "base (pretrained, shipped)" in text and "push_back (n=4)" in text
+    from envace_jax.data.tfds_builder import read_split
+    train = read_split(str(run_dir / "data"), demo_data.DATASET_NAME, "train")
+    rl_uids = {train[i]["uid"] for i in range(len(train))}
+    assert len(rl_uids) == 16 and not used & rl_uids

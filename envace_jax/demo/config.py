@@ -1,26 +1,43 @@
-"""Demo settings: one frozen dataclass, with the default preset (``make demo``) and a reduced one (CI).
+"""Demo settings: one frozen dataclass and its presets.
 
-The values of ``default()`` were chosen on the validation split (``launch/demo.py --eval_split=validation``);
+``default()`` (``make demo``) is the setting EnvACE is for. RL starts from the shipped base model
+(``assets/demo_base``, trained once by ``make pretrain`` on train-split tasks only: demonstrations plentiful
+on the paths where the tools simply answer and scarce on the branches where the environment pushes back, plus
+logs of real tool executions, errors included). RL prompts and held-out tasks carry a stated, larger share of
+push-back branches. ``legacy()`` is the previous default: SFT from scratch on 64 demonstrations of the natural
+mix, then RL, 256 test tasks. ``reduced()`` is a minutes-long end-to-end run for CI.
+
+The values of the presets were chosen on the validation split (``launch/demo.py --eval_split=validation``);
 the test split is read only for the reported numbers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 from envace_jax.data.demo_tasks import SPLITS
+
+DEFAULT_BASE_DIR = "assets/demo_base"
 
 
 @dataclasses.dataclass(frozen=True)
 class DemoConfig:
     seed: int = 0
+    # ---- the start of RL: a pretrained base directory (``make pretrain``), or "" for SFT from scratch on
+    # ``sft_tasks`` demonstrations with ``world_model_rows`` world-model rows (the legacy setting)
+    base_dir: str = ""
     # ---- data: splits are disjoint by construction (demo_tasks hashes task content into a split)
-    sft_tasks: int = 64              # the small fixed set of demonstrations (train split, first N)
-    rl_tasks: int = 512              # fresh train prompts after the demonstrations; they only ground REHEARSE and the judge
-    world_model_rows: int = 1536    # real executions of varied calls (errors included) on other worlds: REHEARSE's warm start
+    sft_tasks: int = 64              # from scratch: the small fixed set of demonstrations (train split, first N)
+    rl_tasks: int = 512              # fresh train prompts; they only ground REHEARSE and the judge
+    world_model_rows: int = 1536    # from scratch: real executions of varied calls (errors included) on other worlds
     validation_tasks: int = 128
     test_tasks: int = 256
     eval_split: str = "test"         # tune with "validation"; report with "test"
+    # share of push-back branches (data.demo_tasks.PUSH_BACK) in the RL prompts and the held-out tasks;
+    # None keeps the natural mix (about 23%)
+    rl_push_back_share: float | None = None
+    eval_push_back_share: float | None = None
     # ---- tokenizer / model
     vocab_size: int = 2048           # lines_digits BPE: prompts ~110 tokens, digits single tokens
     hidden_size: int = 128
@@ -53,10 +70,20 @@ class DemoConfig:
     eval_batch: int = 128            # episodes per rollout call in the real-tool evaluation
     fidelity_tasks: int = 32        # held-out tasks whose calls are teacher-forced for REHEARSE fidelity
     more_sft: bool = True            # the equal-compute baseline
+    more_sft_lr: float = 0.0         # its learning rate when RL starts from a base (0: sft_lr)
+    # ---- test-time rehearsal table (launch/demo.py --rehearsal_sweep)
+    rehearsal_temperature: float = 0.6   # sampling of the imagined episodes (the committed run is greedy)
+    rehearsal_max_memory_chars: int = 600
 
     def __post_init__(self):
         if self.eval_split not in SPLITS:
             raise ValueError(f"demo eval_split must be one of {SPLITS}, got {self.eval_split!r}")
+        for name in ("rl_push_back_share", "eval_push_back_share"):
+            v = getattr(self, name)
+            if v is not None and not 0.0 <= v <= 1.0:
+                raise ValueError(f"demo {name} must be None or in [0, 1], got {v!r}")
+        if self.temperature <= 0 or self.rehearsal_temperature < 0:
+            raise ValueError("demo temperature must be > 0 (training rollouts sample) and rehearsal_temperature >= 0")
         if self.rl_mode not in ("rehearsal", "real", "simulator"):
             raise ValueError(f"demo rl_mode must be rehearsal, real or simulator, got {self.rl_mode!r}")
         for name in ("sft_tasks", "rl_tasks", "test_tasks", "validation_tasks", "sft_batch_rows",
@@ -71,17 +98,59 @@ class DemoConfig:
         return dataclasses.replace(self, **kw)
 
 
+    @property
+    def from_base(self) -> bool:
+        return bool(self.base_dir)
+
+
 def default() -> DemoConfig:
+    """The EnvACE setting (module doc); RL settings chosen on validation."""
+    return DemoConfig(base_dir=DEFAULT_BASE_DIR, rl_tasks=1024, validation_tasks=256, test_tasks=1024,
+                      rl_push_back_share=0.5, eval_push_back_share=0.5, sft_steps=0, fidelity_tasks=128,
+                      more_sft_lr=3e-4)
+
+
+def legacy() -> DemoConfig:
+    """The previous default: SFT from scratch on 64 natural-mix demonstrations, then RL; 256 test tasks."""
     return DemoConfig()
 
 
 def reduced() -> DemoConfig:
-    """A minutes-long end-to-end run for CI: tiny model, few tasks, few steps."""
+    """A minutes-long end-to-end run for CI: tiny model from scratch, few tasks, few steps."""
     return DemoConfig(sft_tasks=8, rl_tasks=16, world_model_rows=8, validation_tasks=8, test_tasks=8,
                       vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
                       num_kv_heads=1, head_dim=16, sft_steps=3, sft_batch_rows=8, sft_warmup=0, micro_batch_size=8,
                       rl_steps=2, rl_replay_batches=1, prompts_per_step=2, n_rollouts=2, act_max_new_tokens=16,
-                      rehearse_max_new_tokens=16, max_model_len=1024, max_steps=4, eval_batch=8, fidelity_tasks=4)
+                      rehearse_max_new_tokens=16, max_model_len=1024, max_steps=4, eval_batch=8, fidelity_tasks=4,
+                      rl_push_back_share=0.5, eval_push_back_share=0.5)
 
 
-PRESETS = {"default": default, "reduced": reduced}
+PRESETS = {"default": default, "legacy": legacy, "reduced": reduced}
+
+
+def parse_overrides(cfg, items: typing.Sequence[str]):
+    """``cfg`` (a frozen dataclass) with ``field=value`` items applied; values are parsed by the field's
+    type (``none`` for an optional field, ``true``/``false`` for a flag). Unknown fields and unparsable
+    values are errors that name the field."""
+    hints = typing.get_type_hints(type(cfg))
+    kw = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected field=value")
+        k, v = item.split("=", 1)
+        if k not in hints:
+            raise ValueError(f"--set {k}: unknown field of {type(cfg).__name__}; known: {sorted(hints)}")
+        kinds = [t for t in typing.get_args(hints[k]) or (hints[k],) if t is not type(None)]
+        optional = type(None) in typing.get_args(hints[k])
+        if optional and v.lower() == "none":
+            kw[k] = None
+        elif kinds[0] is bool:
+            if v.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(f"--set {k}={v!r}: expected true or false")
+            kw[k] = v.lower() in ("1", "true", "yes")
+        else:
+            try:
+                kw[k] = kinds[0](v)
+            except ValueError:
+                raise ValueError(f"--set {k}={v!r}: expected {kinds[0].__name__}") from None
+    return dataclasses.replace(cfg, **kw)

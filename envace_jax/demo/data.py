@@ -69,13 +69,31 @@ def make_real_env(task: Mapping[str, Any]) -> ToolEnvironment:
 
 # ----------------------------------------------------------------------------- splits
 
-def split_sizes(cfg) -> dict[str, int]:
-    return {"train": cfg.sft_tasks + cfg.rl_tasks, "validation": cfg.validation_tasks, "test": cfg.test_tasks}
+def draw_rl_tasks(cfg, exclude_uids: frozenset[str] | set[str] = frozenset()) -> list[dict[str, Any]]:
+    """``cfg.rl_tasks`` train tasks at ``cfg.rl_push_back_share`` that are not in ``exclude_uids`` (the
+    demonstrations, or every task the base's pretraining corpus showed)."""
+    n = len(exclude_uids) + cfg.rl_tasks if not cfg.from_base else cfg.rl_tasks
+    while True:
+        pool = generate_tasks(n, cfg.seed, "train", push_back_share=cfg.rl_push_back_share)
+        kept = [t for t in pool if t["uid"] not in exclude_uids]
+        if len(kept) >= cfg.rl_tasks:
+            return [normalize_task(t) for t in kept[:cfg.rl_tasks]]
+        n += cfg.rl_tasks - len(kept) + 16
 
 
-def generate_splits(cfg) -> dict[str, list[dict[str, Any]]]:
-    return {split: [normalize_task(t) for t in generate_tasks(n, cfg.seed, split)]
-            for split, n in split_sizes(cfg).items()}
+def generate_splits(cfg, exclude_uids: frozenset[str] | set[str] = frozenset()) -> dict[str, list[dict[str, Any]]]:
+    """train: (from scratch) the first ``sft_tasks`` natural-mix demonstrations, then the RL prompts;
+    (from a base) the RL prompts only, none of them in ``exclude_uids``. validation and test: held-out tasks
+    at ``cfg.eval_push_back_share``."""
+    demos = [] if cfg.from_base else [normalize_task(t) for t in generate_tasks(cfg.sft_tasks, cfg.seed, "train")]
+    exclude = set(exclude_uids) | {t["uid"] for t in demos}
+    return {"train": demos + draw_rl_tasks(cfg, exclude),
+            "validation": held_out_tasks(cfg, "validation"), "test": held_out_tasks(cfg, "test")}
+
+
+def held_out_tasks(cfg, split: str) -> list[dict[str, Any]]:
+    n = {"validation": cfg.validation_tasks, "test": cfg.test_tasks}[split]
+    return [normalize_task(t) for t in generate_tasks(n, cfg.seed, split, push_back_share=cfg.eval_push_back_share)]
 
 
 def write_and_read(splits: Mapping[str, Sequence[Mapping[str, Any]]], data_dir: str) -> dict[str, list[dict]]:
@@ -228,4 +246,4 @@ def sft_rows(demos: Sequence[Mapping[str, Any]], codec: Qwen3ChatCodec, wm_rows:
 
 __all__ = ["DATASET_NAME", "NormalizedEnv", "SIM_OPTIONS", "act_rows", "build_tokenizer", "generate_splits",
            "make_codec", "make_real_env", "normal_json", "normalize_task", "rehearse_rows", "rehearse_target",
-           "sft_rows", "split_sizes", "world_model_rows", "write_and_read"]
+           "sft_rows", "draw_rl_tasks", "held_out_tasks", "world_model_rows", "write_and_read"]

@@ -4,6 +4,7 @@ baseline -> report. ``run_compare`` runs the same RL budget in modes real, simul
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import sys
@@ -12,9 +13,11 @@ from typing import Any
 import numpy as np
 
 from envace_jax.demo import data as demo_data
+from envace_jax.demo import pretrain
 from envace_jax.demo import report as rep
 from envace_jax.demo import stages
 from envace_jax.demo.config import DemoConfig
+from envace_jax.data.demo_tasks import BRANCHES
 from envace_jax.rl.types import ROLES
 
 
@@ -38,21 +41,39 @@ class Demo:
     # ------------------------------------------------------------------ stages
     def prepare(self) -> None:
         cfg = self.cfg
-        with self.clock("data+tokenizer"), _bar(3, "data+tokenizer", self.progress) as bar:
-            splits = demo_data.generate_splits(cfg)
+        with self.clock("data+tokenizer"), _bar(4, "data+tokenizer", self.progress) as bar:
+            corpus_uids: set[str] = set()
+            if cfg.from_base:
+                # the base's pretraining corpus, regenerated from its manifest: the rows of the more-SFT
+                # baseline and of RL's replay batches, and the tasks RL prompts must not repeat
+                self.base = pretrain.load_base(cfg.base_dir)
+                self.tok = self.base.tokenizer
+                self.codec = demo_data.make_codec(self.tok)
+                self.demos = self.base.demonstrations()
+                self.rows = self.base.corpus_rows(self.demos, self.codec)
+                corpus_uids = self.base.corpus_uids(self.rows, self.demos)
+                self.base.copy_tokenizer(os.path.join(self.run_dir, "tokenizer"))
+            bar.update(1)
+            splits = demo_data.generate_splits(cfg, exclude_uids=corpus_uids)
             bar.update(1)
             self.splits = demo_data.write_and_read(splits, os.path.join(self.run_dir, "data"))
             bar.update(1)
             train = self.splits["train"]
-            self.demos, self.rl_tasks = train[:cfg.sft_tasks], train[cfg.sft_tasks:]
-            self.tok = demo_data.build_tokenizer(self.demos + self.rl_tasks, os.path.join(self.run_dir, "tokenizer"),
-                                                 cfg.vocab_size)
-            self.codec = demo_data.make_codec(self.tok)
+            if cfg.from_base:
+                self.rl_tasks = train
+            else:
+                self.demos, self.rl_tasks = train[:cfg.sft_tasks], train[cfg.sft_tasks:]
+                self.tok = demo_data.build_tokenizer(self.demos + self.rl_tasks,
+                                                     os.path.join(self.run_dir, "tokenizer"), cfg.vocab_size)
+                self.codec = demo_data.make_codec(self.tok)
             bar.update(1)
         self.eval_tasks = self.splits[cfg.eval_split]
-        self.model = stages.build_model(cfg, len(self.tok))
-        self.rows = demo_data.sft_rows(self.demos, self.codec, cfg.world_model_rows, cfg.seed,
-                                       exclude_uids={t['uid'] for t in self.rl_tasks})
+        if cfg.from_base:
+            self.model = self.base.model()
+        else:
+            self.model = stages.build_model(cfg, len(self.tok))
+            self.rows = demo_data.sft_rows(self.demos, self.codec, cfg.world_model_rows, cfg.seed,
+                                           exclude_uids={t['uid'] for t in self.rl_tasks})
         self.max_len = stages.TRAIN_LEN
 
     def _sft_stream(self, seed: int):
@@ -60,16 +81,20 @@ class Demo:
         return stages.sft_batches(self.rows, min(self.cfg.sft_batch_rows, len(self.rows)), seed)
 
     def sft(self) -> None:
+        """The SFT stage (``sft_steps`` on the warm-start rows; none when RL starts from a base). Its end
+        is the start of RL and of the more-SFT baseline."""
         cfg = self.cfg
-        self.sft_trainer = stages.make_trainer(self.model, cfg, cfg.sft_lr, cfg.sft_warmup, cfg.seed)
+        lr = (cfg.more_sft_lr or cfg.sft_lr) if cfg.from_base else cfg.sft_lr
+        self.sft_trainer = stages.make_trainer(self.model, cfg, lr, 0 if cfg.from_base else cfg.sft_warmup, cfg.seed)
         self.sft_stream = self._sft_stream(cfg.seed)
         self.sft_log = []
-        with self.clock("sft"), _bar(cfg.sft_steps, "sft", self.progress) as bar:
-            def on_step(k, m):
-                self.sft_log.append({"step": k, **m})
-                bar.update(1)
-                bar.set_postfix(nll_act=f"{m.get('nll/act', 0):.3f}", nll_reh=f"{m.get('nll/rehearse', 0):.3f}")
-            stages.run_sft(self.sft_trainer, self.sft_stream, self.max_len, steps=cfg.sft_steps, on_step=on_step)
+        if cfg.sft_steps:
+            with self.clock("sft"), _bar(cfg.sft_steps, "sft", self.progress) as bar:
+                def on_step(k, m):
+                    self.sft_log.append({"step": k, **m})
+                    bar.update(1)
+                    bar.set_postfix(nll_act=f"{m.get('nll/act', 0):.3f}", nll_reh=f"{m.get('nll/rehearse', 0):.3f}")
+                stages.run_sft(self.sft_trainer, self.sft_stream, self.max_len, steps=cfg.sft_steps, on_step=on_step)
         self.sft_params = stages.snapshot(self.model)
         self.sft_state = stages.host_copy(self.sft_trainer.state_dict())
 
@@ -77,6 +102,7 @@ class Demo:
         cfg = self.cfg
         with self.clock(f"eval {tag}"), _bar(len(self.eval_tasks), f"eval {tag} (real tools)", self.progress) as bar:
             res = stages.evaluate_real(cfg, self.model, self.codec, self.eval_tasks, progress=bar.update)
+            # the fidelity tasks keep the split's branch mix, so error responses are represented
             fid = stages.evaluate_fidelity(cfg, self.model, self.codec, self.eval_tasks[:cfg.fidelity_tasks])
         with open(os.path.join(self.run_dir, f"fidelity_{tag}.md"), "w") as f:
             f.write(fid.to_markdown())
@@ -132,11 +158,21 @@ class Demo:
     def base_summary(self) -> dict[str, Any]:
         cfg, mc = self.cfg, self.model.config
         by_role = collections.Counter(r.role for r in self.rows)
+        branch_share = lambda tasks: {b: sum(t.get("branch") == b for t in tasks) / max(1, len(tasks))
+                                      for b in BRANCHES}
         return {"config": cfg.__dict__, "eval_split": cfg.eval_split, "rl_mode": cfg.rl_mode,
+                "start": ("base" if cfg.from_base else "sft"),
+                "base": (None if not cfg.from_base else
+                         {"dir": cfg.base_dir, "pretrain_steps": self.base.config.steps,
+                          "pretrain_config": dataclasses.asdict(self.base.config),
+                          "validation": self.base.manifest.get("validation")}),
                 "model": {"params": int(mc.num_params()), "layers": mc.num_layers, "hidden": mc.hidden_size,
                           "vocab": len(self.tok)},
                 "data": {"sft_tasks": len(self.demos), "rl_tasks": len(self.rl_tasks),
-                         "sft_rows": len(self.rows), "sft_rows_by_role": {r: by_role.get(r, 0) for r in ROLES}},
+                         "sft_rows": len(self.rows), "sft_rows_by_role": {r: by_role.get(r, 0) for r in ROLES},
+                         "branch_share": {"demonstrations": branch_share(self.demos),
+                                          "rl_prompts": branch_share(self.rl_tasks),
+                                          "eval": branch_share(self.eval_tasks)}},
                 "rl": {"steps": cfg.rl_steps, "prompts_per_step": cfg.prompts_per_step,
                        "n_rollouts": cfg.n_rollouts, "lr": cfg.rl_lr,
                        "replay_batches": cfg.rl_replay_batches},
@@ -179,6 +215,14 @@ def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[st
              real_score_before=ev_b["score"], real_score_after=ev_a["score"],
              fidelity_before=fid_b["overall"]["exact"], fidelity_after=fid_a["overall"]["exact"],
              fidelity_field_before=fid_b["overall"]["field"], fidelity_field_after=fid_a["overall"]["field"])
+    for tag, ev, fid in (("before", ev_b, fid_b), ("after", ev_a, fid_a)):
+        s[f"success_by_branch_{tag}"] = ev["success_by_branch"]
+        s[f"fidelity_state_changing_{tag}"] = fid["kinds"]["fidelity_state_changing"]
+        s[f"fidelity_read_only_{tag}"] = fid["kinds"]["fidelity_read_only"]
+        s[f"optimistic_hallucination_{tag}"] = fid["kinds"]["optimistic_hallucination"]
+        s[f"pessimistic_hallucination_{tag}"] = fid["kinds"]["pessimistic_hallucination"]
+    if cfg.more_sft:
+        s["more_sft_success_by_branch"] = s["eval"]["more_sft"]["success_by_branch"]
     s["rl"]["train"] = rl_train_stats(log)
     s["timing"] = {k: v.as_dict() for k, v in d.timing.items()}
     s["timing"]["total"] = {"wall_s": round(sum(v.wall for v in d.timing.values()), 2),
@@ -190,29 +234,74 @@ def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[st
 
 def run_compare(cfg: DemoConfig, run_dir: str, *, progress: bool = True,
                 modes: tuple[str, ...] = ("real", "simulator", "rehearsal")) -> dict[str, Any]:
-    """The same RL budget from one SFT start in each mode; one comparison table (compare.md/.json)."""
+    """The same RL budget from one start in each mode, plus more SFT for the rehearsal run's wall time; one
+    table (compare.md/.json) with success per branch kind and the share of the real-tools gain each recovers."""
     d = Demo(cfg, run_dir, progress)
     d.prepare()
     d.sft()
     ev_b, fid_b = d.evaluate("before")
-    rows = [["SFT start", "-", f"{ev_b['success']:.3f}", rep._fmt_ci(ev_b["success_ci"]), f"{ev_b['score']:.3f}",
-             f"{fid_b['overall']['exact']:.3f}", "-"]]
     out: dict[str, Any] = {"before": {"eval": ev_b, "fidelity": fid_b}, "modes": {}}
+    results = [("start (" + ("base" if cfg.from_base else "SFT") + ")", None, ev_b, fid_b)]
     for mode in modes:
         log = d.rl(mode, tag=f"rl_{mode}")
         ev, fid = d.evaluate(f"after_{mode}")
         wall = d.timing[f"rl_{mode}"].wall
         out["modes"][mode] = {"eval": ev, "fidelity": fid, "rl_wall_s": wall,
                               "train_reward_last": log[-1].get("episode/score_mean") if log else None}
-        rows.append([f"RL {mode}", f"{wall:.0f}", f"{ev['success']:.3f}", rep._fmt_ci(ev["success_ci"]),
-                     f"{ev['score']:.3f}", f"{fid['overall']['exact']:.3f}",
-                     "yes" if rep.cis_separate(ev["success_ci"], ev_b["success_ci"]) else "no"])
-    header = ["model", "RL wall s", "real success", "95% CI", "score", "REHEARSE exact", "CI apart from SFT"]
+        results.append((f"RL {mode}", wall, ev, fid))
+    if cfg.more_sft:
+        wall = d.timing[f"rl_{modes[-1]}"].wall
+        steps = d.more_sft(wall)
+        ev, fid = d.evaluate("more_sft")
+        out["more_sft"] = {"eval": ev, "fidelity": fid, "wall_s": wall, "steps": steps}
+        results.append(("more SFT", wall, ev, fid))
+    real_gain = out["modes"]["real"]["eval"]["success"] - ev_b["success"] if "real" in out["modes"] else None
+    branches = sorted(ev_b["success_by_branch"])
+    rows = []
+    for name, wall, ev, fid in results:
+        gain = ev["success"] - ev_b["success"]
+        share = "-" if wall is None or not real_gain or real_gain <= 0 else f"{gain / real_gain:.2f}"
+        rows.append([name, "-" if wall is None else f"{wall:.0f}", f"{ev['success']:.3f}",
+                     rep._fmt_ci(ev["success_ci"])]
+                    + [f"{ev['success_by_branch'][b]:.3f}" for b in branches]
+                    + [f"{ev['score']:.3f}", f"{fid['overall']['exact']:.3f}",
+                       f"{fid['kinds']['optimistic_hallucination']:.3f}", share,
+                       "-" if wall is None else ("yes" if rep.cis_separate(ev["success_ci"], ev_b["success_ci"])
+                                                 else "no")])
+    out["real_gain_recovered"] = {name: (ev["success"] - ev_b["success"]) / real_gain
+                                  for name, wall, ev, _ in results[1:] if real_gain and real_gain > 0}
+    header = (["model", "wall s", "real success", "95% CI"] + [f"success {b}" for b in branches]
+              + ["score", "REHEARSE exact", "optimistic halluc.", "share of real-tools gain", "CI apart from start"])
     text = rep.table(rows, header)
     with open(os.path.join(run_dir, "compare.md"), "w") as f:
-        f.write(f"# RL modes from one SFT start ({cfg.eval_split} split, {len(d.eval_tasks)} real-tool episodes)\n\n"
+        f.write(f"# RL modes from one start ({cfg.eval_split} split, {len(d.eval_tasks)} real-tool episodes)\n\n"
                 + text + "\n")
     with open(os.path.join(run_dir, "compare.json"), "w") as f:
         json.dump(out, f, indent=1)
     out["table"] = text
     return out
+
+
+def run_leverage(cfg: DemoConfig, run_dir: str, *, ks: tuple[int, ...] = (1, 4, 16), progress: bool = True):
+    """Greedy success and pass@k at the training temperature of the RL start, per branch kind and task type
+    (``leverage.md``): what RL can sharpen."""
+    from envace_jax.demo.leverage import measure_leverage
+
+    d = Demo(cfg, run_dir, progress)
+    d.prepare()
+    d.sft()
+
+    def run_real(tasks, temperature, seed):
+        c = cfg.replace(seed=cfg.seed * 1000 + seed)
+        return stages.evaluate_real(c, d.model, d.codec, tasks, greedy=temperature == 0).successes
+
+    with d.clock("leverage"), _bar(max(ks), f"pass@k (T={cfg.temperature:g})", progress) as bar:
+        table = measure_leverage(run_real, d.eval_tasks, ks=ks, temperature=cfg.temperature, progress=bar.update)
+    text = (f"# Leverage of the RL start ({cfg.eval_split} split, {len(d.eval_tasks)} tasks, real tools)\n\n"
+            f"Greedy success and pass@k over {table.samples} samples per task at the training temperature.\n\n"
+            + table.to_markdown())
+    with open(os.path.join(run_dir, "leverage.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(run_dir, "leverage.json"), "w") as f:
+        json.dump({"ks": list(table.ks), "temperature": table.temperature, "rows": table.rows}, f, indent=1)
+    return table

@@ -233,6 +233,54 @@ def memory_rows(tasks: Sequence[Mapping[str, Any]], memories: Mapping[str, str],
     return rows
 
 
+# ----------------------------------------------------------------------------- the shipped base
+
+@dataclasses.dataclass
+class Base:
+    """A pretrained base directory (``model/``, ``tokenizer/``, ``manifest.json``) and its corpus."""
+    directory: str
+    config: PretrainConfig
+    manifest: dict[str, Any]
+    tokenizer: Any
+
+    def model(self):
+        from envace_jax.models import hf_io
+
+        return hf_io.load_hf(os.path.join(self.directory, "model"), dtype="float32")
+
+    def demonstrations(self) -> list[dict[str, Any]]:
+        return demonstrations(self.config)
+
+    def corpus_rows(self, demos, codec) -> list[Generation]:
+        return corpus_rows(self.config, demos, codec)
+
+    @staticmethod
+    def corpus_uids(rows, demos) -> set[str]:
+        return corpus_uids(rows, demos)
+
+    def copy_tokenizer(self, out_dir: str) -> None:
+        if not os.path.exists(os.path.join(out_dir, "tokenizer.json")):
+            shutil.copytree(os.path.join(self.directory, "tokenizer"), out_dir, dirs_exist_ok=True)
+
+
+def load_base(directory: str) -> Base:
+    """Reads a base written by ``run_pretrain``; a missing or incomplete one is an error that says how to
+    make it."""
+    from envace_jax.chat import load_tokenizer
+
+    need = [os.path.join(directory, p) for p in ("manifest.json", "model/config.json", "tokenizer/tokenizer.json")]
+    missing = [p for p in need if not os.path.exists(p)]
+    if missing:
+        raise FileNotFoundError(f"demo base {directory!r} is missing {missing}: run `make pretrain` (about two hours "
+                                "on 2 CPU cores; it resumes if interrupted), or use `--preset=legacy` to train "
+                                "from scratch")
+    with open(os.path.join(directory, "manifest.json")) as f:
+        manifest = json.load(f)
+    fields = {f.name for f in dataclasses.fields(PretrainConfig)}
+    cfg = PretrainConfig(**{k: v for k, v in manifest["config"].items() if k in fields})
+    return Base(directory, cfg, manifest, load_tokenizer(os.path.join(directory, "tokenizer")))
+
+
 # ----------------------------------------------------------------------------- the run
 
 def build_model(cfg: PretrainConfig, vocab: int):

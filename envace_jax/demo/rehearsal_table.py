@@ -44,12 +44,14 @@ def run_rehearsal_table(cfg: DemoConfig, run_dir: str, *, ns: Sequence[int] = (0
     model = hf_io.load_hf(model_dir)
     # The tasks go through the same tfds + grain path as in the demo run (reused from run_dir/data when it
     # exists), so the prompts are the very records the model was trained and evaluated on.
-    tasks = demo_data.write_and_read(demo_data.generate_splits(cfg), os.path.join(run_dir, "data"))[cfg.eval_split]
+    split = cfg.eval_split
+    tasks = demo_data.write_and_read({split: demo_data.held_out_tasks(cfg, split)}, os.path.join(run_dir, "data"))[split]
     tasks = tasks[: num_tasks or len(tasks)]
     # The rehearsal memory goes into the system prompt: leave room for it.
     rollout = stages.rollout_config(cfg, "real", greedy=True)
     rollout = dataclasses.replace(rollout, max_model_len=max(cfg.max_model_len, 1536))
-    base = RehearsalConfig(n=0, max_tokens_per_rehearsal=1024, seed=cfg.seed)
+    base = RehearsalConfig(n=0, max_tokens_per_rehearsal=1024, max_memory_chars=cfg.rehearsal_max_memory_chars,
+                           temperature=cfg.rehearsal_temperature, seed=cfg.seed)
     result, _ = demo_eval.sweep(tasks, codec, stages.make_client(model, codec), rollout, base, ns, modes,
                                 make_env=demo_data.make_real_env)
     header = (f"# Test-time rehearsal on the demo suite ({cfg.eval_split} split, {len(tasks)} tasks, real tools, "

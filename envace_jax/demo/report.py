@@ -10,7 +10,10 @@ from typing import Any, Mapping, Sequence
 from envace_jax.eval.results import wilson_ci
 
 REQUIRED_KEYS = ("real_success_before", "real_success_after", "real_success_ci_before", "real_success_ci_after",
-                 "fidelity_before", "fidelity_after", "test_episodes", "more_sft_success", "more_sft_success_ci")
+                 "fidelity_before", "fidelity_after", "test_episodes", "more_sft_success", "more_sft_success_ci",
+                 "success_by_branch_before", "success_by_branch_after", "fidelity_state_changing_before",
+                 "fidelity_state_changing_after", "fidelity_read_only_before", "fidelity_read_only_after",
+                 "optimistic_hallucination_before", "optimistic_hallucination_after")
 
 
 def mean_ci(xs: Sequence[float]) -> list[float]:
@@ -24,18 +27,30 @@ def mean_ci(xs: Sequence[float]) -> list[float]:
     return [max(0.0, m - h), min(1.0, m + h)]
 
 
+def _success_rate(scores: Sequence[float]) -> float:
+    return sum(s >= 1 - 1e-9 for s in scores) / len(scores)
+
+
 def eval_summary(res) -> dict[str, Any]:
     wins = sum(res.successes)
     n = max(1, res.n)
+    by_branch = {b: [s >= 1 - 1e-9 for s in v] for b, v in sorted(res.by_branch.items())}
     return {"episodes": res.n, "success": wins / n, "success_ci": wilson_ci(wins, res.n),
             "score": sum(res.scores) / n, "score_ci": mean_ci(res.scores),
-            "success_by_world": {w: sum(s >= 1 - 1e-9 for s in v) / len(v) for w, v in sorted(res.by_world.items())},
+            "success_by_world": {w: _success_rate(v) for w, v in sorted(res.by_world.items())},
+            "success_by_branch": {b: sum(v) / len(v) for b, v in by_branch.items()},
+            "success_by_branch_ci": {b: wilson_ci(sum(v), len(v)) for b, v in by_branch.items()},
+            "episodes_by_branch": {b: len(v) for b, v in by_branch.items()},
+            "success_by_type": {t: _success_rate(v) for t, v in sorted(res.by_type.items())},
             "terminations": dict(sorted(res.terminations.items())), "tool_calls_mean": res.tool_calls_mean}
 
 
 def fidelity_summary(report) -> dict[str, Any]:
+    from envace_jax.eval.fidelity_report import kind_headline
+
     s = report.summary()
-    return {"overall": s["overall"], "by_domain": s["by_domain"]}
+    return {"overall": s["overall"], "by_domain": s["by_domain"], "by_kind": s["by_kind"],
+            "by_kind_outcome": s["by_kind_outcome"], "kinds": kind_headline(s)}
 
 
 def _fmt_ci(ci: Sequence[float]) -> str:
@@ -97,9 +112,13 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 
+def _start_name(summary: Mapping[str, Any]) -> str:
+    return "base (pretrained, shipped)" if summary.get("start") == "base" else "SFT warm start"
+
+
 def results_rows(summary: Mapping[str, Any]) -> list[list[str]]:
     rows = []
-    for name, key in (("SFT warm start", "before"), (f"after RL ({summary['rl_mode']})", "after"),
+    for name, key in ((_start_name(summary), "before"), (f"after RL ({summary['rl_mode']})", "after"),
                       ("more SFT (equal wall time)", "more_sft")):
         ev = summary["eval"].get(key)
         if ev is None:
@@ -114,13 +133,44 @@ def results_rows(summary: Mapping[str, Any]) -> list[list[str]]:
 RESULT_HEADER = ["model", "real success", "95% CI", "checklist score", "95% CI", "REHEARSE exact", "REHEARSE field"]
 
 
+def branch_rows(summary: Mapping[str, Any]) -> tuple[list[list[str]], list[str]]:
+    """Success per branch kind (with Wilson CIs) for each evaluated model."""
+    branches = sorted({b for ev in summary["eval"].values() for b in ev.get("success_by_branch", {})})
+    header = ["model"] + [f"{b} (n={summary['eval']['before'].get('episodes_by_branch', {}).get(b, 0)})"
+                          for b in branches]
+    rows = []
+    for name, key in ((_start_name(summary), "before"), (f"after RL ({summary['rl_mode']})", "after"),
+                      ("more SFT (equal wall time)", "more_sft")):
+        ev = summary["eval"].get(key)
+        if ev is None:
+            continue
+        rows.append([name] + [f"{ev['success_by_branch'][b]:.3f} {_fmt_ci(ev['success_by_branch_ci'][b])}"
+                              for b in branches])
+    return rows, header
+
+
+def fidelity_kind_rows(summary: Mapping[str, Any]) -> tuple[list[list[str]], list[str]]:
+    """REHEARSE exact match on read-only vs state-changing calls, and the hallucination rates."""
+    header = ["model", "read-only exact", "state-changing exact", "optimistic hallucination",
+              "pessimistic hallucination"]
+    rows = []
+    for name, key in ((_start_name(summary), "before"), (f"after RL ({summary['rl_mode']})", "after"),
+                      ("more SFT (equal wall time)", "more_sft")):
+        k = summary["fidelity"].get(key, {}).get("kinds")
+        if k:
+            rows.append([name] + [f"{k[f]:.3f}" for f in ("fidelity_read_only", "fidelity_state_changing",
+                                                           "optimistic_hallucination", "pessimistic_hallucination")])
+    return rows, header
+
+
 def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mapping[str, Any]]) -> str:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, sort_keys=True)
     plot_rewards(rl_steps, os.path.join(run_dir, "rewards.png"), f"RL ({summary['rl_mode']}) training reward per role")
-    bars = [("SFT", summary["real_success_before"], summary["real_success_ci_before"]),
-            ("SFT+RL", summary["real_success_after"], summary["real_success_ci_after"])]
+    start = "base" if summary.get("start") == "base" else "SFT"
+    bars = [(start, summary["real_success_before"], summary["real_success_ci_before"]),
+            (f"{start}+RL", summary["real_success_after"], summary["real_success_ci_after"])]
     if summary.get("more_sft_success") is not None:
         bars.append(("more SFT", summary["more_sft_success"], summary["more_sft_success_ci"]))
     plot_success(bars, os.path.join(run_dir, "success.png"),
@@ -128,7 +178,14 @@ def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mappi
     verdict = _verdict(summary)
     timing = table([[k, f"{v['wall_s']:.1f}", f"{v['cpu_s']:.1f}"] for k, v in summary["timing"].items()],
                    ["stage", "wall s", "CPU s"])
-    md = [f"# EnvACE demo report ({summary['eval_split']} split)", "",
+    start = ""
+    if summary.get("start") == "base":
+        b = summary["base"]
+        start = (f"Start: the shipped base `{b['dir']}` ({b['pretrain_steps']} pretraining steps by `make pretrain`, "
+                 "train-split tasks only); the demo's wall time counts from it. Branch mix (push-back share): "
+                 + ", ".join(f"{k} {v.get('push_back', 0):.2f}" for k, v in summary['data']['branch_share'].items())
+                 + ".")
+    md = [f"# EnvACE demo report ({summary['eval_split']} split)", "", start, "",
           f"Model: {summary['model']['params']:,} parameters ({summary['model']['layers']} layers, hidden "
           f"{summary['model']['hidden']}), demo tokenizer of {summary['model']['vocab']} tokens, thinking off.",
           f"Data: {summary['data']['sft_tasks']} demonstration tasks -> {summary['data']['sft_rows']} SFT rows "
@@ -139,6 +196,12 @@ def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mappi
           f"Adam lr {summary['rl']['lr']}, {summary['rl'].get('replay_batches', 0)} SFT replay batch(es) after each "
           "RL step, rule judge, role-wise GRPO.",
           "", "## Results", "", table(results_rows(summary), RESULT_HEADER), "", verdict, "",
+          "Success by branch kind (happy: every tool answers; push_back: a tool errs or a returned value makes the "
+          "user's condition fail, so the right reply depends on what the tool said):", "",
+          table(*branch_rows(summary)), "",
+          "REHEARSE fidelity by kind of call (state-changing: the real call changed the world's state) and "
+          "hallucination rates (optimistic: a real error rehearsed as a success; pessimistic: the reverse):", "",
+          table(*fidelity_kind_rows(summary)), "",
           "Success = every checklist item of every user turn passed, with real tools and greedy decoding. "
           "Success CIs are 95% Wilson intervals; score CIs are normal-approximation intervals of the mean.",
           "REHEARSE fidelity is teacher-forced on the held-out tasks' logged calls: `exact` = the rehearsed "
@@ -173,7 +236,11 @@ def _verdict(s: Mapping[str, Any]) -> str:
     else:
         head = f"RL did not raise real success ({b:.3f} -> {a:.3f})."
     ms = s.get("more_sft_success")
-    tail = "" if ms is None else f" More SFT for the same wall time reached {ms:.3f}."
+    tail = ""
+    if ms is not None:
+        apart = cis_separate(s["real_success_ci_after"], s["more_sft_success_ci"])
+        tail = (f" More SFT for the same wall time reached {ms:.3f} "
+                f"({'CIs apart from' if apart else 'CIs overlapping'} RL's).")
     return f"{head} REHEARSE exact fidelity {fb:.3f} before, {fa:.3f} after RL.{tail}"
 
 
