@@ -5,7 +5,7 @@ PYBIN := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUN_DIR ?= runs/demo
 
-.PHONY: venv test demo demo-compare eval-deps clean
+.PHONY: venv test demo demo-compare pretrain eval-deps clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PYBIN) || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -23,6 +23,12 @@ demo: $(STAMP)
 
 demo-compare: $(STAMP)
 	$(PYBIN) launch/demo.py --run_dir=$(RUN_DIR)-compare --compare
+
+# The demo's base model (about 2 h on 2 CPU cores; rerunning resumes). Its output is committed in
+# assets/demo_base, so `make demo` does not need this.
+BASE_DIR ?= assets/demo_base
+pretrain: $(STAMP)
+	$(PYBIN) launch/pretrain.py --out=$(BASE_DIR)
 
 # Benchmark packages pin old numpy; install them without their dependency
 # pins and add only what their executable environments and checkers import

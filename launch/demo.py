@@ -10,17 +10,18 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from envace_jax.demo import config as demo_config  # noqa: E402  (no jax: the flags parse fast)
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run_dir", default="runs/demo")
-    p.add_argument("--preset", default="default", choices=["default", "legacy", "reduced"])
+    p.add_argument("--preset", default="default", choices=sorted(demo_config.PRESETS))
     p.add_argument("--eval_split", default=None, choices=["validation", "test"])
     p.add_argument("--compare", action="store_true", help="RL in modes real, simulator and rehearsal")
     p.add_argument("--rehearsal_sweep", action="store_true",
@@ -43,7 +44,6 @@ def main(argv=None) -> int:
     import tensorflow_datasets as tfds
 
     tfds.disable_progress_bar()  # our own bars say what each stage does
-    from envace_jax.demo import config as demo_config
     from envace_jax.demo import pipeline, report
 
     cfg = demo_config.PRESETS[args.preset]()

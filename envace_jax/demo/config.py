@@ -104,6 +104,11 @@ class DemoConfig:
 
 
 def default() -> DemoConfig:
+    # Until a base is shipped in assets/demo_base, `make demo` runs the legacy setting.
+    return legacy()
+
+
+def envace() -> DemoConfig:
     """The EnvACE setting (module doc); RL settings chosen on validation."""
     return DemoConfig(base_dir=DEFAULT_BASE_DIR, rl_tasks=1024, validation_tasks=256, test_tasks=1024,
                       rl_push_back_share=0.5, eval_push_back_share=0.5, sft_steps=0, fidelity_tasks=128,
@@ -125,7 +130,7 @@ def reduced() -> DemoConfig:
                       rl_push_back_share=0.5, eval_push_back_share=0.5)
 
 
-PRESETS = {"default": default, "legacy": legacy, "reduced": reduced}
+PRESETS = {"default": default, "envace": envace, "legacy": legacy, "reduced": reduced}
 
 
 def parse_overrides(cfg, items: typing.Sequence[str]):
