@@ -5,7 +5,7 @@ import ml_collections
 
 def base_eval_config(suite: str) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.suite = suite                  # bfcl | tau2 | demo | rehearsal_sweep
+    c.suite = suite                  # bfcl | tau2 | demo | rehearsal_sweep | fidelity
     c.policy = "oracle"              # oracle (replays ground truth) | model
     c.output_dir = ""                # results.json, results.md, <category>.jsonl go here
     c.seed = 0

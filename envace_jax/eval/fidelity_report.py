@@ -32,6 +32,8 @@ import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
+from envace_jax.eval.results import nan_to_none
+
 MEASURES = ("exact", "structure", "field", "error_agreement", "parsed")
 KINDS = ("read_only", "state_changing")
 UNKNOWN_KIND = "unknown"
@@ -65,6 +67,10 @@ class CallScore:
     @property
     def outcome(self) -> str:
         return "error" if self.real_error else "success"
+
+
+def _num(x: float) -> str:
+    return "n/a" if x != x else f"{x:.3f}"   # an empty group's NaN
 
 
 def _rate(hits: int, n: int) -> float:
@@ -140,10 +146,11 @@ class FidelityReport:
                 "pessimistic_hallucination": overall["pessimistic_hallucination"]}
 
     def to_json(self, *, with_calls: bool = False) -> str:
+        """The summary (and every call) as strict JSON: an empty group's NaN is written as null."""
         out = self.summary()
         if with_calls:
             out["calls"] = [dataclasses.asdict(s) for s in self.scores]
-        return json.dumps(out, indent=2, ensure_ascii=False)
+        return json.dumps(nan_to_none(out), indent=2, ensure_ascii=False)
 
     def to_markdown(self) -> str:
         summ = self.summary()
@@ -164,7 +171,7 @@ class FidelityReport:
     def _kind_markdown(self, summ: Mapping[str, Any]) -> list[str]:
         def kind_row(kind: str, outcome: str, s: Mapping[str, Any]) -> str:
             return (f"| {_KIND_WORDS[kind]} | {outcome} | {s['count']} | " +
-                    " | ".join(f"{s[m]:.3f}" for m in ("exact", "field", "error_agreement", "parsed")) + " |")
+                    " | ".join(_num(s[m]) for m in ("exact", "field", "error_agreement", "parsed")) + " |")
         lines = ["### Rehearsal fidelity by kind of call", "",
                  "State-changing: executing the call in the logged conversation changed the real environment's "
                  "state (compared before and after); read-only: it did not. Error: the real response is an error.",
@@ -176,9 +183,9 @@ class FidelityReport:
             lines.append(kind_row(kind, "all", stats))
         h = hallucination_counts(self.scores)
         lines += ["", f"Optimistic hallucination (real error rehearsed as a success): {h['optimistic']}/"
-                      f"{h['real_errors']} = {summ['optimistic_hallucination']:.3f}.",
+                      f"{h['real_errors']} = {_num(summ['optimistic_hallucination'])}.",
                   f"Pessimistic hallucination (real success rehearsed as an error; an unparseable prediction counts "
-                  f"as an error): {h['pessimistic']}/{h['real_successes']} = {summ['pessimistic_hallucination']:.3f}"
+                  f"as an error): {h['pessimistic']}/{h['real_successes']} = {_num(summ['pessimistic_hallucination'])}"
                   f" ({h['pessimistic_unparsed']} of them unparseable).", "",
                   "### By domain and kind of call", "",
                   "| domain | kind | calls | real errors | exact | field | error agreement | optimistic | pessimistic |",
@@ -186,7 +193,7 @@ class FidelityReport:
         for dom, kinds in summ["by_domain_kind"].items():
             for kind, s in kinds.items():
                 lines.append(f"| {dom} | {_KIND_WORDS[kind]} | {s['count']} | {s['real_errors']} | " + " | ".join(
-                    f"{s[m]:.3f}" for m in ("exact", "field", "error_agreement", "optimistic_hallucination",
+                    _num(s[m]) for m in ("exact", "field", "error_agreement", "optimistic_hallucination",
                                             "pessimistic_hallucination")) + " |")
         if summ["by_label"]:
             lines += ["", "### Benchmark tool labels and the executed state change", "",

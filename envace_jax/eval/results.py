@@ -63,15 +63,18 @@ class CategoryResult:
         return out
 
 
-def _finite(x: Any) -> Any:
+def nan_to_none(x: Any) -> Any:
     """JSON has no NaN: empty categories report null."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, list):
-        return [_finite(v) for v in x]
+        return [nan_to_none(v) for v in x]
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: nan_to_none(v) for k, v in x.items()}
     return x
+
+
+_finite = nan_to_none
 
 
 def results_dict(suite: str, policy: str, categories: Sequence[CategoryResult],

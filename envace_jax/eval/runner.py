@@ -1,6 +1,6 @@
 """``run_eval(config)``: one evaluation from an ml-collections config (used by launch/eval.py).
 
-Config fields (see configs/eval_*.py): ``suite`` (bfcl | tau2 | demo | rehearsal_sweep), ``policy``
+Config fields (see configs/eval_*.py): ``suite`` (bfcl | tau2 | demo | rehearsal_sweep | fidelity), ``policy``
 (oracle | model), ``output_dir``, ``model`` (model_path, tokenizer_path, random_tiny, dtype),
 ``sampling`` (temperature, top_p, top_k, max_new_tokens), optional ``sampler`` shape buckets
 (batch_buckets, length_buckets, window_buckets, max_chunk; see ``harness.SamplerShapes``),
@@ -20,7 +20,7 @@ from envace_jax.eval import results as R
 from envace_jax.eval.harness import ModelSpec, SamplerShapes, build_model_agent
 from envace_jax.rl.rollout import RoleSampling
 
-SUITES = ("bfcl", "tau2", "demo", "rehearsal_sweep")
+SUITES = ("bfcl", "tau2", "demo", "rehearsal_sweep", "fidelity")
 POLICIES = ("oracle", "model")
 
 
@@ -147,6 +147,15 @@ def run_eval(cfg: Any) -> dict[str, Any]:
                 user_agent = (_agent(cfg, out_dir, "tau2.user_model_path")[0] if _get(cfg, "tau2.user_model_path", "")
                               else _agent(cfg, out_dir)[0])
             cats = tau2_eval.evaluate(agent, tcfg, user_agent)
+    elif suite == "fidelity":
+        # REHEARSE on the benchmarks' logged calls; the rehearser (oracle | constant | model) names the run
+        from envace_jax.eval import fidelity_bench
+        fcfg = fidelity_bench.FidelityBenchConfig.from_mapping(_get(cfg, "fidelity", {}), seed=int(_get(cfg, "seed", 0)))
+        codec = client = None
+        if fcfg.rehearser == "model":
+            _, codec, client = _agent(cfg, out_dir)
+        _, cats, extra_files = fidelity_bench.run(fcfg, out_dir, codec=codec, client=client, sampling=_sampling(cfg))
+        policy = fcfg.rehearser
     else:
         from envace_jax.eval import demo_eval
         dcfg = demo_eval.DemoConfig(num_tasks=int(_get(cfg, "demo.num_tasks", 40)), seed=int(_get(cfg, "demo.seed", 0)),
