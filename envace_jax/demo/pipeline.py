@@ -18,6 +18,7 @@ from envace_jax.demo import report as rep
 from envace_jax.demo import stages
 from envace_jax.demo.config import DemoConfig
 from envace_jax.data.demo_tasks import BRANCHES
+from envace_jax.eval.results import nan_to_none
 from envace_jax.rl.types import ROLES
 
 
@@ -277,7 +278,7 @@ def run_compare(cfg: DemoConfig, run_dir: str, *, progress: bool = True,
         f.write(f"# RL modes from one start ({cfg.eval_split} split, {len(d.eval_tasks)} real-tool episodes)\n\n"
                 + text + "\n")
     with open(os.path.join(run_dir, "compare.json"), "w") as f:
-        json.dump(out, f, indent=1)
+        json.dump(nan_to_none(out), f, indent=1, allow_nan=False)
     out["table"] = text
     return out
 
@@ -303,5 +304,6 @@ def run_leverage(cfg: DemoConfig, run_dir: str, *, ks: tuple[int, ...] = (1, 4, 
     with open(os.path.join(run_dir, "leverage.md"), "w") as f:
         f.write(text)
     with open(os.path.join(run_dir, "leverage.json"), "w") as f:
-        json.dump({"ks": list(table.ks), "temperature": table.temperature, "rows": table.rows}, f, indent=1)
+        json.dump(nan_to_none({"ks": list(table.ks), "temperature": table.temperature, "rows": table.rows}), f,
+                  indent=1, allow_nan=False)
     return table

@@ -7,7 +7,7 @@ import math
 import os
 from typing import Any, Mapping, Sequence
 
-from envace_jax.eval.results import wilson_ci
+from envace_jax.eval.results import nan_to_none, wilson_ci
 
 REQUIRED_KEYS = ("real_success_before", "real_success_after", "real_success_ci_before", "real_success_ci_after",
                  "fidelity_before", "fidelity_after", "test_episodes", "more_sft_success", "more_sft_success_ci",
@@ -166,7 +166,8 @@ def fidelity_kind_rows(summary: Mapping[str, Any]) -> tuple[list[list[str]], lis
 def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mapping[str, Any]]) -> str:
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1, sort_keys=True)
+        # strict JSON: a rate over an empty group (NaN) is written as null
+        json.dump(nan_to_none(summary), f, indent=1, sort_keys=True, allow_nan=False)
     plot_rewards(rl_steps, os.path.join(run_dir, "rewards.png"), f"RL ({summary['rl_mode']}) training reward per role")
     start = "base" if summary.get("start") == "base" else "SFT"
     bars = [(start, summary["real_success_before"], summary["real_success_ci_before"]),
