@@ -127,8 +127,10 @@ def make_codec(tok) -> Qwen3ChatCodec:
     return Qwen3ChatCodec(tok, enable_thinking=False, simulator_thinking=False, simulator_options=SIM_OPTIONS)
 
 
-def build_tokenizer(tasks: Sequence[Mapping[str, Any]], out_dir: str, vocab_size: int):
-    """Trains the demo BPE on ACT transcripts and REHEARSE prompts of ``tasks`` (train split only)."""
+def build_tokenizer(tasks: Sequence[Mapping[str, Any]], out_dir: str, vocab_size: int,
+                    extra_texts: Sequence[str] = ()):
+    """Trains the demo BPE on ACT transcripts and REHEARSE prompts of ``tasks`` (train split only), plus
+    ``extra_texts`` (e.g. rehearsal memories, so their fixed wording merges into a few tokens)."""
     if os.path.exists(os.path.join(out_dir, "tokenizer.json")):
         return load_tokenizer(out_dir)
     from envace_jax.chat import build_simulator_messages, render_chat_text
@@ -142,6 +144,7 @@ def build_tokenizer(tasks: Sequence[Mapping[str, Any]], out_dir: str, vocab_size
                                             call_name=c.call[1], call_arguments=c.call[2],
                                             reference_messages=t["reference_messages"], options=SIM_OPTIONS)
             texts.append(render_chat_text(msgs, None, enable_thinking=False) + rehearse_target(c.real_content, False))
+    texts += list(extra_texts)
     tmp = f"{out_dir}.tmp{os.getpid()}"
     build_demo_tokenizer(texts, tmp, vocab_size=vocab_size, pre_split=PRE_SPLIT)
     os.replace(tmp, out_dir)

@@ -46,6 +46,9 @@ from envace_jax.rl.types import ACT, REHEARSE, Generation
 # another one, and the demo removes any task the pretraining corpus used).
 PRETRAIN_SEED_OFFSET = 104729
 MEMORY_GROUP = "act+memory"
+# Rows are padded to a multiple of 64 up to this length: a rehearsal memory adds ~100-200 tokens to an
+# ACT prompt (plain rows are at most ~250), and a left-truncated row would lose its system prompt.
+MAX_LEN = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +224,35 @@ def rehearsal_memories(model, codec, tasks: Sequence[Mapping[str, Any]], cfg: Pr
     return out
 
 
+def reference_trace(task: Mapping[str, Any], index: int = 1):
+    """The reference conversation seen as one rehearsal (its real responses in place of imagined ones): the
+    shape of text a rehearsal memory holds, for the tokenizer's training texts."""
+    from envace_jax.eval.rehearsal import RehearsalTrace, StepTrace
+    from envace_jax.eval.rehearsal import _is_error as is_error_response  # issue 14 gives it one public home
+
+    ref = task["reference_messages"]
+    answers = {m["tool_call_id"]: m["content"] for m in ref if m["role"] == "tool"}
+    steps, final, turn = [], None, -1
+    for m in ref:
+        if m["role"] == "user":
+            turn += 1
+        elif m["role"] == "assistant":
+            for c in m.get("tool_calls") or []:
+                resp = answers[c["id"]]
+                steps.append(StepTrace(turn, c["function"]["name"], c["function"]["arguments"], resp,
+                                       is_error_response(resp)))
+            if not m.get("tool_calls"):
+                final = m["content"]
+    return RehearsalTrace(index, steps, final, "", None)
+
+
+def reference_memories(tasks: Sequence[Mapping[str, Any]], max_chars: int) -> list[str]:
+    from envace_jax.eval.rehearsal import build_template_memory
+
+    return [build_template_memory([reference_trace(t, k) for k in range(1, 1 + 1 + i % 2)], max_chars)
+            for i, t in enumerate(tasks)]
+
+
 def memory_rows(tasks: Sequence[Mapping[str, Any]], memories: Mapping[str, str], codec) -> list[Generation]:
     """The ACT rows of ``tasks`` with each task's memory placed as the test-time run places it."""
     from envace_jax.eval.rehearsal import with_memory
@@ -330,7 +362,10 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
     t_start = time.perf_counter()
     demo_cfg = _demo_cfg(cfg)
     demos = demonstrations(cfg)
-    tok = demo_data.build_tokenizer(demos[:cfg.tokenizer_tasks], os.path.join(out_dir, "tokenizer"), cfg.vocab_size)
+    tok_tasks = demos[:cfg.tokenizer_tasks]
+    tok = demo_data.build_tokenizer(tok_tasks, os.path.join(out_dir, "tokenizer"), cfg.vocab_size,
+                                    extra_texts=reference_memories(tok_tasks, cfg.memory_max_chars)
+                                    if cfg.memory_step is not None else ())
     codec = demo_data.make_codec(tok)
     rows = corpus_rows(cfg, demos, codec)
     groups: dict[str, list[Generation]] = {ACT: [r for r in rows if r.role == ACT],
@@ -382,7 +417,7 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
                 if phase != in_memory_phase:
                     use = after if in_memory_phase and groups[MEMORY_GROUP] else before
                     batches, phase = IndexedBatches(groups, use, cfg.seed), in_memory_phase
-                m = trainer.update(stages.sft_batch(batches.batch(k), stages.TRAIN_LEN), kind="sft")
+                m = trainer.update(stages.sft_batch(batches.batch(k), MAX_LEN), kind="sft")
                 k += 1
                 bar.update(1)
                 bar.set_postfix(nll_act=f"{m.get('nll/act', 0):.3f}", nll_reh=f"{m.get('nll/rehearse', 0):.3f}")
