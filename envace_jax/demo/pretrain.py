@@ -68,7 +68,7 @@ class PretrainConfig:
     num_kv_heads: int = 2
     head_dim: int = 32
     # ---- optimisation
-    steps: int = 8000
+    steps: int = 6000
     batch_rows: int = 32              # half ACT, half REHEARSE
     micro_batch_size: int = 16
     lr: float = 3e-3
