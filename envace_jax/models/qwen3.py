@@ -33,6 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from envace_jax import sharding as shd
+from envace_jax.models import vjp_ops
 # Re-exported: outside code reaches the cache and dtype helpers through ``qwen3``.
 from envace_jax.models.kv_cache import (CACHE_K_AXES, CACHE_K_SLOT_AXIS, CACHE_V_AXES,  # noqa: F401
                                         CACHE_V_SLOT_AXIS, KVCache, cached_attention, write_chunk)
@@ -303,17 +304,15 @@ class DecoderStack(nnx.Module):
         return {k: v[...] for k, v in vars(self).items() if isinstance(v, nnx.Param)}
 
 
-def _attention(q, k, v, mask):
-    """q ``[B,T,N,H]``, k/v ``[B,S,K,H]``, mask ``[B,T,S]`` bool -> ``[B,T,N,H]``."""
-    B, T, N, H = q.shape
-    K = k.shape[2]
-    qg = q.reshape(B, T, K, N // K, H)
-    scores = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32)
-    scores = scores * (H ** -0.5)
-    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
-    return out.reshape(B, T, N, H)
+def _project(x, w, spec: str, n_in: int, train: bool):
+    """``einsum(spec, x, w)`` for x ``[B, T, *in]`` and w ``[*in, *out]`` (``n_in`` contracted dims). On
+    the cache-free path (training, scoring) it runs as ``vjp_ops.dense`` on 2-D views, whose backward
+    writes gradients in the arrays' own layouts; the sampler's cached path keeps the plain einsum."""
+    if not train:
+        return jnp.einsum(spec, x, w)
+    k_in = int(np.prod(w.shape[:n_in]))
+    y = vjp_ops.dense(x.reshape(-1, k_in), w.reshape(k_in, -1))
+    return y.reshape(x.shape[:2] + w.shape[n_in:])
 
 
 def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv):
@@ -323,27 +322,28 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv)
     w = {k: v.astype(dt) if k not in ("input_norm", "post_norm", "q_norm", "k_norm") else v
          for k, v in p.items()}
     eps = cfg.rms_norm_eps
+    train = cache_kv is None
     h = rms_norm(x, w["input_norm"], eps)
-    q = jnp.einsum("btd,dnh->btnh", h, w["q_proj"])
-    k = jnp.einsum("btd,dkh->btkh", h, w["k_proj"])
-    v = jnp.einsum("btd,dkh->btkh", h, w["v_proj"])
+    q = _project(h, w["q_proj"], "btd,dnh->btnh", 1, train)
+    k = _project(h, w["k_proj"], "btd,dkh->btkh", 1, train)
+    v = _project(h, w["v_proj"], "btd,dkh->btkh", 1, train)
     q = rotary(rms_norm(q, w["q_norm"], eps), positions, cfg.rope_theta)
     k = rotary(rms_norm(k, w["k_norm"], eps), positions, cfg.rope_theta)
     q = shd.constrain(q, ("batch", "length", "act_heads", None), mesh, rules)
     if cache_kv is None:
         new_kv = None
-        attn = _attention(q, k, v, mask)
+        attn = vjp_ops.attention(q, k, v, mask)
     else:
         k_cache, v_cache = cache_kv
         new_kv = (k, v)
         attn = cached_attention(q, k, v, k_cache.astype(dt), v_cache.astype(dt), mask)
-    x = x + jnp.einsum("btnh,nhd->btd", attn, w["o_proj"])
+    x = x + _project(attn, w["o_proj"], "btnh,nhd->btd", 2, train)
     x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
     h = rms_norm(x, w["post_norm"], eps)
-    g = jnp.einsum("btd,df->btf", h, w["gate_proj"])
-    u = jnp.einsum("btd,df->btf", h, w["up_proj"])
+    g = _project(h, w["gate_proj"], "btd,df->btf", 1, train)
+    u = _project(h, w["up_proj"], "btd,df->btf", 1, train)
     act = shd.constrain(jax.nn.silu(g) * u, ("batch", "length", "act_mlp"), mesh, rules)
-    x = x + jnp.einsum("btf,fd->btd", act, w["down_proj"])
+    x = x + _project(act, w["down_proj"], "btf,fd->btd", 1, train)
     x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
     return x, new_kv
 
@@ -379,17 +379,21 @@ class Qwen3(nnx.Module):
     def set_sharding(self, mesh: Mesh | None, rules: shd.Rules | None) -> None:
         self.mesh, self.rules = mesh, (dict(rules) if rules is not None else None)
 
+    def head_weight(self) -> tuple[jax.Array, str]:
+        """The vocabulary projection and its layout: the embedding ``[V, D]`` (``"vd"``) when tied,
+        else the lm_head ``[D, V]`` (``"dv"``)."""
+        if self.config.tie_word_embeddings:
+            return self.embed.embedding[...], "vd"
+        return self.lm_head[...], "dv"
+
+    def _final_norm(self, x: jax.Array) -> jax.Array:
+        return rms_norm(x, self.norm.scale[...], self.config.rms_norm_eps)
+
     def _head(self, x: jax.Array) -> jax.Array:
-        cfg = self.config
-        x = rms_norm(x, self.norm.scale[...], cfg.rms_norm_eps)
-        dt = as_dtype(cfg.dtype)
-        if cfg.tie_word_embeddings:
-            w = self.embed.embedding[...].astype(dt)
-            logits = jnp.einsum("...d,vd->...v", x, w, preferred_element_type=jnp.float32)
-        else:
-            logits = jnp.einsum("...d,dv->...v", x, self.lm_head[...].astype(dt),
-                                preferred_element_type=jnp.float32)
-        return logits
+        x = self._final_norm(x)
+        w, layout = self.head_weight()
+        spec = "...d,vd->...v" if layout == "vd" else "...d,dv->...v"
+        return jnp.einsum(spec, x, w.astype(as_dtype(self.config.dtype)), preferred_element_type=jnp.float32)
 
     def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
         x = jnp.take(self.embed.embedding[...], input_ids, axis=0).astype(as_dtype(self.config.dtype))
@@ -421,7 +425,29 @@ class Qwen3(nnx.Module):
             hidden, new_kv = jax.tree.map(lambda *a: jnp.stack(a), *outs) if outs else (None, None)
         return x, new_kv, hidden
 
+    @staticmethod
+    def _no_cache_mask(input_ids, positions, segment_ids):
+        """Default positions and the ``[B, T, T]`` causal same-segment mask of a cache-free call."""
+        B, T = input_ids.shape
+        idx = jnp.arange(T, dtype=jnp.int32)
+        if segment_ids is None:
+            segment_ids = jnp.ones((B, T), jnp.int32)
+        if positions is None:
+            positions = jnp.broadcast_to(idx, (B, T))
+        mask = (idx[None, :, None] >= idx[None, None, :]) & (
+            segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)
+        return positions, mask
+
     # -- forward --------------------------------------------------------------------------
+    def final_hidden(self, input_ids: jax.Array, positions: jax.Array | None = None,
+                     segment_ids: jax.Array | None = None) -> jax.Array:
+        """Hidden states ``[B, T, D]`` after the final norm (what the vocabulary projection reads), for
+        callers that fuse the projection with their loss (``rl.head_logprobs``). Cache-free; arguments
+        as in ``__call__``."""
+        positions, mask = self._no_cache_mask(input_ids, positions, segment_ids)
+        x, _, _ = self._run_layers(self.embed_tokens(input_ids), positions, mask, None, False)
+        return self._final_norm(x)
+
     def __call__(
         self,
         input_ids: jax.Array,
@@ -453,13 +479,7 @@ class Qwen3(nnx.Module):
         """
         B, T = input_ids.shape
         if cache is None:
-            idx = jnp.arange(T, dtype=jnp.int32)
-            if segment_ids is None:
-                segment_ids = jnp.ones((B, T), jnp.int32)
-            if positions is None:
-                positions = jnp.broadcast_to(idx, (B, T))
-            mask = (idx[None, :, None] >= idx[None, None, :]) & (
-                segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)
+            positions, mask = self._no_cache_mask(input_ids, positions, segment_ids)
         else:
             if segment_ids is not None:
                 raise ValueError("segment_ids are not used with a KV cache; right-pad chunks and pass chunk_lengths")

@@ -27,6 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from envace_jax import sharding as shd
 from envace_jax.rl import loss as loss_lib
 from envace_jax.rl.batch import TrainBatch
+from envace_jax.rl.head_logprobs import fused_token_logprobs
 from envace_jax.rl.types import ROLE_ID
 
 
@@ -171,8 +172,11 @@ class Trainer:
     # ------------------------------------------------------------------ losses
     def _forward_logp(self, params, mb):
         model = nnx.merge(self.graphdef, params, self.rest)
-        logits = model(mb["tokens"], mb["positions"], mb["segment_ids"])
-        return loss_lib.token_logprobs(logits, mb["targets"], mb["temperature"][:, None, None])
+        # The vocabulary projection is fused with the log-softmax (no [B, T, V] logits kept twice).
+        hidden = model.final_hidden(mb["tokens"], mb["positions"], mb["segment_ids"])
+        head, layout = model.head_weight()
+        return fused_token_logprobs(hidden, head, mb["targets"], mb["temperature"][:, None], head_layout=layout,
+                                    compute_dtype=model.config.dtype)
 
     def _rl_sums(self, params, mb, ref_params):
         c = self.loss_cfg
