@@ -41,7 +41,6 @@ def get_config():
     c.rollout.max_model_len = 2048
     for role in (c.rollout.act, c.rollout.rehearse):
         role.max_new_tokens = 24
-    c.val_sampling.max_new_tokens = 24
 
     c.judge.kind = "rule"
 
@@ -49,8 +48,7 @@ def get_config():
     c.rl.micro_batch_size = 4
     c.rl.max_row_length = 2048
 
-    c.optim.lr = 1e-3
-    c.optim.total_steps = 20
+    c.optim.lr = 1e-3                       # constant schedule; its length follows total_steps
 
     c.mesh.fsdp = -1
     c.checkpoint.every = 5

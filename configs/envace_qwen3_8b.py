@@ -3,7 +3,8 @@
 16 prompts x n=4 rollouts per step; AdamW lr 1e-6 constant, betas (0.9, 0.999), weight decay 0.01,
 global-norm clip 1.0; PPO clip 0.2/0.2 with dual clip 3.0; KL off (k3 with coefficient 1e-4 when
 turned on); no entropy bonus; seq-mean-token-mean aggregation (what micro-batch 1 token-mean does);
-train sampling T=1.0/top_p=1.0, validation T=0.6/top_p=0.95; 8000 new tokens per generation;
+train sampling T=1.0/top_p=1.0 (the reference validates at T=0.6/top_p=0.95: set that in the eval
+configs' ``sampling``); 8000 new tokens per generation;
 20000-token context budget; 30 assistant and 30 user turns; 200 micro-steps; an HTTP judge
 serving Qwen3-30B-A3B (T=0.6, top_p=0.8, 6000 tokens, 5 attempts, 120 s timeout); bf16 compute
 over fp32 parameters; thinking on for both roles.
@@ -52,9 +53,6 @@ def get_config():
         role.top_p = 1.0
         role.top_k = 0
         role.max_new_tokens = 8000
-    c.val_sampling.temperature = 0.6
-    c.val_sampling.top_p = 0.95
-    c.val_sampling.max_new_tokens = 8000
 
     c.judge.kind = "http"
     c.judge.http.model = "Qwen/Qwen3-30B-A3B"
@@ -87,7 +85,6 @@ def get_config():
     c.optim.b2 = 0.999
     c.optim.weight_decay = 0.01
     c.optim.grad_clip = 1.0
-    c.optim.total_steps = 470
 
     c.loss.clip_low = 0.2
     c.loss.clip_high = 0.2

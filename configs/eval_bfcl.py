@@ -15,12 +15,10 @@ from eval_common import base_eval_config  # noqa: E402
 
 def get_config():
     c = base_eval_config("bfcl")
-    c.bfcl = dict(
-        categories=("multi_turn_base,multi_turn_miss_func,multi_turn_miss_param,multi_turn_long_context,"
-                    "simple_python,multiple,parallel,parallel_multiple,live_simple,live_multiple,"
-                    "live_parallel,live_parallel_multiple"),
-        limit=0,                     # entries per category (0 = all)
-        max_steps_per_turn=20,       # BFCL's MAXIMUM_STEP_LIMIT
-        batch_size=16,               # conversations per sampler batch
-    )
+    c.bfcl.categories = ("multi_turn_base,multi_turn_miss_func,multi_turn_miss_param,multi_turn_long_context,"
+                         "simple_python,multiple,parallel,parallel_multiple,live_simple,live_multiple,"
+                         "live_parallel,live_parallel_multiple")
+    c.bfcl.limit = 0                 # entries per category (0 = all)
+    c.bfcl.max_steps_per_turn = 20   # BFCL's MAXIMUM_STEP_LIMIT
+    c.bfcl.batch_size = 16           # conversations per sampler batch
     return c

@@ -6,8 +6,6 @@ Scores are expected near zero; the run must finish and write results.json.
 import os
 import sys
 
-import ml_collections
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from eval_bfcl import get_config as bfcl_config  # noqa: E402
 
@@ -20,8 +18,8 @@ def get_config():
     # with Qwen3's word-level pre-split even when trained on BFCL. A line-level BPE trained on the
     # schemas and questions (tokens up to 64 characters) brings them to ~300-800 tokens (mean ~540),
     # so prefill no longer dominates the run. The model is as small as Qwen3's shape allows.
-    c.model.tiny = dict(hidden=32, layers=1, heads=2, kv_heads=1, head_dim=8, vocab_size=8192,
-                        tokenizer_corpus="demo+bfcl", pre_split="lines", max_token_chars=64)
+    c.model.tiny.update(dict(hidden=32, layers=1, heads=2, kv_heads=1, head_dim=8, vocab_size=8192,
+                             tokenizer_corpus="demo+bfcl", pre_split="lines", max_token_chars=64))
     c.bfcl.categories = "multi_turn_base"
     c.bfcl.max_steps_per_turn = 2
     c.bfcl.batch_size = 32           # live entries; a finished entry's slot goes to the next one
@@ -32,7 +30,6 @@ def get_config():
     c.max_model_len = 2048
     # Compilation, not compute, dominates this run on CPU: one batch size, one cache window and two
     # chunk lengths keep it to a few prefill programs and one decode program.
-    c.sampler = ml_collections.ConfigDict()
     c.sampler.max_chunk = 512
     c.sampler.batch_buckets = "32"
     c.sampler.length_buckets = "64,512"

@@ -13,7 +13,7 @@ from eval_common import base_eval_config  # noqa: E402
 
 def get_config():
     c = base_eval_config("demo")
-    c.demo = dict(num_tasks=40, seed=0, split="test", max_steps=24, max_assistant_turns=8, max_user_turns=4)
+    c.demo.update(dict(num_tasks=40, seed=0, split="test", max_steps=24, max_assistant_turns=8, max_user_turns=4))
     c.sampling.max_new_tokens = 256
     c.max_model_len = 4096
     return c

@@ -18,7 +18,7 @@ from eval_common import base_eval_config  # noqa: E402
 
 def get_config():
     c = base_eval_config("fidelity")
-    c.fidelity = dict(
+    c.fidelity.update(dict(
         rehearser="oracle",              # oracle | constant | model
         bfcl_categories="multi_turn_base,multi_turn_miss_func,multi_turn_miss_param,multi_turn_long_context",
         tau2_domains="airline,retail,telecom",
@@ -28,5 +28,5 @@ def get_config():
         limit=0,                         # entries / tasks per category and domain (0 = all)
         with_reference=False,            # show the whole replay in the REHEARSE few-shot block (an upper bound)
         batch_size=16,                   # REHEARSE prompts per generate call (model)
-    )
+    ))
     return c

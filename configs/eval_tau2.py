@@ -13,6 +13,6 @@ from eval_common import base_eval_config  # noqa: E402
 
 def get_config():
     c = base_eval_config("tau2")
-    c.tau2 = dict(domains="airline,retail,telecom", split="test", limit=0, user="model", user_model_path="",
-                  max_steps=60, batch_size=8)
+    c.tau2.update(dict(domains="airline,retail,telecom", split="test", limit=0, user="model", user_model_path="",
+                       max_steps=60, batch_size=8))
     return c

@@ -1,12 +1,15 @@
-"""Experiment configuration: ml_collections ConfigDict -> validated frozen dataclasses.
+"""Every knob of a run, in one place: frozen dataclasses, their ranges, and ConfigDict <-> dataclass.
 
 Config files under ``configs/`` build a ``ConfigDict`` (so every field can be overridden from the
 command line with ``--config.a.b=v``); ``load_config`` turns it into an ``ExperimentConfig``. Every
-field is checked against its dataclass type and range, and an error names the dotted config field
-(``config.optim.lr``), so a typo in a launch command fails before any device work starts.
+knob is defined once, here, with its default and its range; the classes that use a knob (the trainer's
+``OptimConfig``/``LossConfig``, the rollout engine's ``RolloutConfig``, the HTTP judge's
+``HttpJudgeConfig``, the RL step's ``RLSection``) import it from here. There is one validation path:
+each dataclass checks its own fields when it is built (``__post_init__``), whether from a config file
+or in code, and ``load_config`` only adds the dotted name of the field (``config.optim.lr``) to the
+message, so a typo in a launch command fails before any device work starts.
 
-The trainer's ``OptimConfig``/``LossConfig`` and the rollout's ``RolloutConfig`` are used as they are
-(one definition of each knob); the remaining sections are defined here.
+This module imports neither jax nor the model: reading a config file is cheap.
 """
 
 from __future__ import annotations
@@ -15,27 +18,87 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any, Mapping
-
-from envace_jax.rl.judges import HttpJudgeConfig
-from envace_jax.rl.rollout import MODES, RoleSampling, RolloutConfig
-from envace_jax.rl.trainer import LossConfig, OptimConfig
-from envace_jax.rl.advantages import BASELINES
-from envace_jax.rl.loss import AGG_MODES, KL_TYPES
-
+from typing import Any, Callable, ClassVar, Mapping
 
 class ConfigError(ValueError):
-    """A config field has the wrong type, an out-of-range value, or is unknown."""
+    """A config field has the wrong type, an out-of-range value, or is unknown.
 
+    Range errors carry ``leaf`` (the field's path inside the dataclass that raised), ``what`` (the
+    rule) and ``value``, so that ``load_config`` can name the full dotted field.
+    """
+
+    def __init__(self, message: str, *, leaf: str = "", what: str = "", value: Any = None):
+        super().__init__(message)
+        self.leaf, self.what, self.value = leaf, what, value
+
+
+Rule = tuple[str, Callable[[Any], bool], str]   # (field, predicate, what the value must be)
+
+_POS = lambda v: v > 0
+_NONNEG = lambda v: v >= 0
+_PROB = lambda v: 0 < v <= 1
+
+
+def one_of(choices: tuple) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v in choices), f"one of {choices}"
+
+
+def check_rules(obj: Any, label: str, rules: tuple[Rule, ...]) -> None:
+    """Raises ``ConfigError`` for the first field of ``obj`` that breaks its rule."""
+    for field, ok, what in rules:
+        value = getattr(obj, field)
+        if not ok(value):
+            raise ConfigError(f"{label}.{field} must be {what}, got {value!r}", leaf=field, what=what, value=value)
+
+
+class Checked:
+    """Mixin: a frozen dataclass whose ``RULES`` are checked when it is built."""
+
+    LABEL: ClassVar[str] = ""
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+
+    def __post_init__(self):
+        check_rules(self, self.LABEL, self.RULES)
+
+
+# ----------------------------------------------------------------------------- choice lists
+
+MODES = ("rehearsal", "simulator", "real", "noshare", "caller_frozen")   # rollout.mode (rl/rollout.py)
+BASELINES = ("row_mean", "trajectory_mean", "rloo", "none")              # rl.baseline (rl/advantages.py)
+AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")  # loss.agg (rl/loss.py)
+KL_TYPES = ("k1", "k2", "k3")                                            # loss.kl_type (rl/loss.py)
+DTYPES = ("float32", "bfloat16", "float16")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# model.preset: "tiny" (sizes from the model section) or a Qwen3Config preset of the same name
+MODEL_PRESETS = ("tiny", "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_4b_2507", "qwen3_8b", "qwen3_14b",
+                 "qwen3_32b")
+
+
+# ----------------------------------------------------------------------------- sections
 
 @dataclasses.dataclass(frozen=True)
-class ModelSection:
-    """Where the policy comes from: a local HF directory (``hf_path``) or a random init of ``preset``."""
+class ModelSection(Checked):
+    """Which architecture (``preset``) and which weights (``hf_path``) the policy has.
 
-    hf_path: str = ""               # local Hugging Face directory; empty = random init (tiny configs)
-    preset: str = "tiny"            # used for random init: tiny | qwen3_0_6b | qwen3_8b | ...
+    ``preset="tiny"`` builds the architecture from the size fields below (random init unless
+    ``hf_path``); a named preset (``qwen3_8b``, ...) is that Qwen3 architecture: with ``hf_path`` the
+    checkpoint must have it, without one it is randomly initialised (compile and memory planning; a
+    training run needs ``hf_path``, see ``check_runnable``).
+    """
+
+    LABEL: ClassVar[str] = "model"
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        ("preset", *one_of(MODEL_PRESETS)),
+        ("vocab_size", _POS, "> 0"), ("hidden_size", _POS, "> 0"), ("intermediate_size", _POS, "> 0"),
+        ("num_layers", _POS, "> 0"), ("num_heads", _POS, "> 0"), ("num_kv_heads", _POS, "> 0"),
+        ("head_dim", _POS, "> 0"), ("param_dtype", *one_of(DTYPES)), ("dtype", *one_of(DTYPES)),
+        ("remat_policy", *one_of(REMAT_POLICIES)),
+    )
+
+    hf_path: str = ""               # local Hugging Face directory; empty = random init
+    preset: str = "tiny"            # the architecture: tiny (the sizes below) or qwen3_0_6b ... qwen3_32b
     vocab_size: int = 512           # tiny preset only (overridden by the tokenizer's size when larger)
-    hidden_size: int = 64
+    hidden_size: int = 64           # tiny preset only, like the fields up to head_dim
     intermediate_size: int = 96
     num_layers: int = 2
     num_heads: int = 4
@@ -49,7 +112,10 @@ class ModelSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class TokenizerSection:
+class TokenizerSection(Checked):
+    LABEL: ClassVar[str] = "tokenizer"
+    RULES: ClassVar[tuple[Rule, ...]] = (("demo_vocab_size", lambda v: v >= 300, ">= 300"),)
+
     path: str = ""                  # local HF tokenizer directory; empty = build the offline demo tokenizer
     enable_thinking: bool = True    # reference: thinking on for both roles
     simulator_thinking: bool = True
@@ -57,7 +123,14 @@ class TokenizerSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSection:
+class DataSection(Checked):
+    LABEL: ClassVar[str] = "data"
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        ("source", *one_of(("demo", "jsonl", "parquet", "tfds"))),
+        ("num_demo_tasks", _POS, "> 0"), ("prompts_per_step", _POS, "> 0"), ("num_epochs", _NONNEG, ">= 0"),
+        ("max_prompt_length", _POS, "> 0"),
+    )
+
     source: str = "demo"            # demo | jsonl | parquet | tfds
     path: str = ""                  # file (jsonl/parquet) or tfds data_dir
     tfds_name: str = "envace_records"
@@ -71,27 +144,166 @@ class DataSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class JudgeSection:
+class RoleSampling(Checked):
+    """How one role samples. ``temperature=0`` is greedy (evaluation); training needs ``> 0``."""
+
+    LABEL: ClassVar[str] = "sampling"
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        ("temperature", _NONNEG, ">= 0"), ("top_p", _PROB, "in (0, 1]"), ("top_k", _NONNEG, ">= 0"),
+        ("max_new_tokens", _POS, "> 0"),
+    )
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 8000
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig(Checked):
+    """The rollout engine's knobs; defaults are the reference's (spec 1.2), see configs/ for the demo's."""
+
+    LABEL: ClassVar[str] = "rollout"
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        ("mode", *one_of(MODES)), ("max_steps", _POS, "> 0"), ("max_assistant_turns", _POS, "> 0"),
+        ("max_user_turns", _POS, "> 0"), ("max_model_len", _POS, "> 0"),
+    )
+
+    mode: str = "rehearsal"
+    max_steps: int = 200                 # env.max_steps micro-steps
+    max_assistant_turns: int = 30
+    max_user_turns: int = 30
+    max_model_len: int = 20000           # caller terminates when len(ctx) + act.max_new_tokens >= this
+    act: RoleSampling = RoleSampling()
+    rehearse: RoleSampling = RoleSampling()
+    ignore_think_tool_calls: bool = False  # faithful: the reference regex scans <think> too
+    # faithful: one pending call simulated per micro-step; False answers all calls of a turn in one step
+    sequential_simulation: bool = True
+    progress_bar: bool = False           # a tqdm bar over micro-steps
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class HttpJudgeConfig(Checked):
+    """An OpenAI-compatible judge endpoint. Defaults are the reference's (spec section 4.1)."""
+
+    LABEL: ClassVar[str] = "judge.http"
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        ("base_url", lambda v: v.startswith(("http://", "https://")), "an http:// or https:// URL"),
+        ("max_attempts", _POS, ">= 1"), ("max_concurrency", _POS, ">= 1"), ("max_tokens", _POS, ">= 1"),
+        ("timeout_s", _NONNEG, ">= 0"), ("backoff_base_s", _NONNEG, ">= 0"), ("backoff_max_s", _NONNEG, ">= 0"),
+    )
+
+    base_url: str = "http://127.0.0.1:8000"
+    model: str = "Qwen/Qwen3-30B-A3B"
+    temperature: float = 0.6
+    top_p: float = 0.8
+    max_tokens: int = 6000
+    max_attempts: int = 5              # total attempts per verdict, first one included
+    backoff_base_s: float = 1.0        # sleep after the a-th failure (a from 0): min(base*2^a, max)
+    backoff_max_s: float = 30.0
+    timeout_s: float = 300.0           # per HTTP attempt, applied to connect and to each socket read
+    max_concurrency: int = 32          # HTTP requests in flight at once, across all callers
+    api_key_env: str | None = None     # name of an env var holding a bearer token
+    use_response_format: bool = True   # send the strict json_schema (servers without it: False)
+
+    def validate(self) -> None:
+        """The construction-time checks again (kept for callers that validate explicitly)."""
+        check_rules(self, self.LABEL, self.RULES)
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeSection(Checked):
+    LABEL: ClassVar[str] = "judge"
+    RULES: ClassVar[tuple[Rule, ...]] = (("kind", *one_of(("rule", "http", "rule_then_http"))),)
+
     kind: str = "rule"              # rule | http | rule_then_http (rules first, HTTP for items without one)
     http: HttpJudgeConfig = dataclasses.field(default_factory=HttpJudgeConfig)
 
 
 @dataclasses.dataclass(frozen=True)
-class RLSection:
+class RLSection(Checked):
+    """Knobs of one RL iteration (``rl.step.RLStep``) and of its update; defaults are the reference's
+    (spec 1.2, 4.3, 5)."""
+
+    LABEL: ClassVar[str] = "rl"
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        ("n_rollouts", _POS, "> 0"), ("baseline", *one_of(BASELINES)), ("empty_output_penalty", _NONNEG, ">= 0"),
+        ("ppo_epochs", _POS, "> 0"), ("mini_batches", _POS, "> 0"), ("micro_batch_size", _POS, "> 0"),
+        ("max_row_length", lambda v: v > 1, "> 1"), ("length_multiple", _POS, "> 0"),
+        ("adjust_batch_multiple", _NONNEG, ">= 0"), ("overlong_rows", *one_of(("drop", "truncate"))),
+    )
+
     n_rollouts: int = 4             # env.rollout.n
     baseline: str = "row_mean"
     normalize_std: bool = False
+    # the reference's use_invalid_action_penalty: subtracted from the score of every row whose decoded
+    # output is empty text (spec 4.3), in the RL step and nowhere else; 0 turns it off
     empty_output_penalty: float = 0.1
     recompute_old_logprobs: bool = True
     ppo_epochs: int = 1
     mini_batches: int = 1
-    micro_batch_size: int = 1
+    micro_batch_size: int = 1       # rows per trainer micro-batch (gradients are accumulated exactly)
     max_row_length: int = 20000     # prompt + response tokens of one row (prompts left-truncated)
     length_multiple: int = 64
     adjust_batch_multiple: int = 0  # faithful: duplicate random rows up to a multiple (reference 128); 0 = off
-    # rows longer than max_row_length: drop (default; the trainer never scores a context the sampler did
-    # not see) or truncate (left-truncate the prompt, as the reference's row padding does)
+    # Rows longer than max_row_length: "drop" leaves them out of the update (default; the trainer never
+    # scores a context the sampler did not see); "truncate" keeps them with the prompt left-truncated
+    # (the reference's row padding). A truncated row is scored under a context the sampler never saw
+    # (and from position 0), so its log-probs and ratio are not those of the sampled policy.
     overlong_rows: str = "drop"
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig(Checked):
+    """Reference values (spec 1.2): AdamW 1e-6 constant, betas (0.9, 0.999), wd 0.01, clip 1.0.
+
+    ``total_steps`` is the schedule's length in optimizer steps. In an ``ExperimentConfig`` leave it at
+    0: it is derived from the run (``total_steps x rl.ppo_epochs x rl.mini_batches``). Used on its own
+    (a Trainer in code), 0 is only valid for the constant schedule.
+    """
+
+    LABEL: ClassVar[str] = "optim"
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        ("lr", _POS, "> 0"), ("schedule", *one_of(("constant", "cosine", "linear"))),
+        ("warmup_steps", _NONNEG, ">= 0"), ("total_steps", _NONNEG, ">= 0"),
+        ("b1", lambda v: 0 <= v < 1, "in [0, 1)"), ("b2", lambda v: 0 <= v < 1, "in [0, 1)"), ("eps", _POS, "> 0"),
+        ("weight_decay", _NONNEG, ">= 0"), ("grad_clip", _POS, "> 0"), ("max_consecutive_nonfinite", _POS, "> 0"),
+    )
+
+    lr: float = 1e-6
+    schedule: str = "constant"      # constant | cosine | linear
+    warmup_steps: int = 0
+    total_steps: int = 0            # 0: derived from the run (see the class doc)
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    max_consecutive_nonfinite: int = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig(Checked):
+    """Reference values (spec 5.3): clip 0.2/0.2, dual clip 3.0, KL off, entropy 0."""
+
+    LABEL: ClassVar[str] = "loss"
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        ("clip_low", lambda v: 0 <= v < 1, "in [0, 1)"), ("clip_high", _NONNEG, ">= 0"),
+        ("dual_clip", lambda v: v is None or v > 1, "> 1 or None"), ("log_ratio_clamp", _POS, "> 0"),
+        ("agg", *one_of(AGG_MODES)), ("kl_type", *one_of(KL_TYPES)), ("kl_coef", _NONNEG, ">= 0"),
+        ("entropy_coef", _NONNEG, ">= 0"),
+    )
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    log_ratio_clamp: float = 20.0
+    agg: str = "seq_mean_token_mean"
+    kl_coef: float = 0.0
+    kl_type: str = "k3"
+    entropy_coef: float = 0.0
+    role_balanced: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +314,10 @@ class MeshSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class CheckpointSection:
+class CheckpointSection(Checked):
+    LABEL: ClassVar[str] = "checkpoint"
+    RULES: ClassVar[tuple[Rule, ...]] = (("every", _POS, "> 0"), ("keep", _POS, "> 0"))
+
     every: int = 50                 # reference save_freq
     keep: int = 3
     async_save: bool = True
@@ -110,7 +325,10 @@ class CheckpointSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class LogSection:
+class LogSection(Checked):
+    LABEL: ClassVar[str] = "log"
+    RULES: ClassVar[tuple[Rule, ...]] = (("every", _POS, "> 0"),)
+
     every: int = 1
     tensorboard: bool = True
     plot: bool = True
@@ -118,16 +336,20 @@ class LogSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class ExperimentConfig:
+class ExperimentConfig(Checked):
+    """A whole training run. Checks that span sections live here (``__post_init__``)."""
+
+    LABEL: ClassVar[str] = "config"
+    RULES: ClassVar[tuple[Rule, ...]] = (("total_steps", _POS, "> 0"),)
+
     name: str = "envace"
     run_dir: str = "runs/envace"
     seed: int = 0
-    total_steps: int = 200
+    total_steps: int = 200          # RL iterations
     model: ModelSection = ModelSection()
     tokenizer: TokenizerSection = TokenizerSection()
     data: DataSection = DataSection()
     rollout: RolloutConfig = RolloutConfig()
-    val_sampling: RoleSampling = RoleSampling(temperature=0.6, top_p=0.95)
     judge: JudgeSection = JudgeSection()
     rl: RLSection = RLSection()
     optim: OptimConfig = OptimConfig()
@@ -136,53 +358,24 @@ class ExperimentConfig:
     checkpoint: CheckpointSection = CheckpointSection()
     log: LogSection = LogSection()
 
+    def __post_init__(self):
+        super().__post_init__()
+        # Training rows are scored at their sampling temperature (log-probs of logits / T): a greedy
+        # training rollout has no distribution to score.
+        for role in ("act", "rehearse"):
+            t = getattr(self.rollout, role).temperature
+            if not t > 0:
+                raise ConfigError(f"config.rollout.{role}.temperature must be > 0 for training (greedy "
+                                  f"sampling is for evaluation), got {t!r}",
+                                  leaf=f"rollout.{role}.temperature", what="> 0 for training", value=t)
 
-# ----------------------------------------------------------------------------- range rules
-
-_POS = lambda v: v > 0
-_NONNEG = lambda v: v >= 0
-_PROB = lambda v: 0 < v <= 1
-
-# (dotted field, predicate, what it must be)
-_RANGES: list[tuple[str, Any, str]] = [
-    ("total_steps", _POS, "> 0"),
-    ("model.vocab_size", _POS, "> 0"), ("model.hidden_size", _POS, "> 0"),
-    ("model.intermediate_size", _POS, "> 0"), ("model.num_layers", _POS, "> 0"),
-    ("model.num_heads", _POS, "> 0"), ("model.num_kv_heads", _POS, "> 0"), ("model.head_dim", _POS, "> 0"),
-    ("model.param_dtype", lambda v: v in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
-    ("model.dtype", lambda v: v in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
-    ("model.remat_policy", lambda v: v in ("none", "full", "dots", "dots_no_batch"), "none, full, dots or dots_no_batch"),
-    ("tokenizer.demo_vocab_size", lambda v: v >= 300, ">= 300"),
-    ("data.source", lambda v: v in ("demo", "jsonl", "parquet", "tfds"), "demo, jsonl, parquet or tfds"),
-    ("data.num_demo_tasks", _POS, "> 0"), ("data.prompts_per_step", _POS, "> 0"),
-    ("data.num_epochs", _NONNEG, ">= 0"), ("data.max_prompt_length", _POS, "> 0"),
-    ("rollout.mode", lambda v: v in MODES, f"one of {MODES}"),
-    ("rollout.act.temperature", _NONNEG, ">= 0"), ("rollout.act.top_p", _PROB, "in (0, 1]"),
-    ("rollout.act.top_k", _NONNEG, ">= 0"), ("rollout.act.max_new_tokens", _POS, "> 0"),
-    ("rollout.rehearse.temperature", _NONNEG, ">= 0"), ("rollout.rehearse.top_p", _PROB, "in (0, 1]"),
-    ("rollout.rehearse.top_k", _NONNEG, ">= 0"), ("rollout.rehearse.max_new_tokens", _POS, "> 0"),
-    ("val_sampling.temperature", _NONNEG, ">= 0"), ("val_sampling.top_p", _PROB, "in (0, 1]"),
-    ("judge.kind", lambda v: v in ("rule", "http", "rule_then_http"), "rule, http or rule_then_http"),
-    ("judge.http.max_attempts", _POS, ">= 1"), ("judge.http.max_concurrency", _POS, ">= 1"),
-    ("judge.http.timeout_s", _NONNEG, ">= 0"),
-    ("rl.n_rollouts", _POS, "> 0"), ("rl.baseline", lambda v: v in BASELINES, f"one of {BASELINES}"),
-    ("rl.empty_output_penalty", _NONNEG, ">= 0"), ("rl.ppo_epochs", _POS, "> 0"),
-    ("rl.mini_batches", _POS, "> 0"), ("rl.micro_batch_size", _POS, "> 0"),
-    ("rl.max_row_length", lambda v: v > 1, "> 1"), ("rl.length_multiple", _POS, "> 0"),
-    ("rl.adjust_batch_multiple", _NONNEG, ">= 0"),
-    ("rl.overlong_rows", lambda v: v in ("drop", "truncate"), "drop or truncate"),
-    ("optim.lr", _POS, "> 0"), ("optim.schedule", lambda v: v in ("constant", "cosine", "linear"),
-                                "constant, cosine or linear"),
-    ("optim.warmup_steps", _NONNEG, ">= 0"), ("optim.b1", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("optim.b2", lambda v: 0 <= v < 1, "in [0, 1)"), ("optim.eps", _POS, "> 0"),
-    ("optim.weight_decay", _NONNEG, ">= 0"), ("optim.grad_clip", _POS, "> 0"),
-    ("loss.clip_low", lambda v: 0 <= v < 1, "in [0, 1)"), ("loss.clip_high", _NONNEG, ">= 0"),
-    ("loss.dual_clip", lambda v: v is None or v > 1, "> 1 or None"),
-    ("loss.agg", lambda v: v in AGG_MODES, f"one of {AGG_MODES}"),
-    ("loss.kl_type", lambda v: v in KL_TYPES, f"one of {KL_TYPES}"),
-    ("loss.kl_coef", _NONNEG, ">= 0"), ("loss.entropy_coef", _NONNEG, ">= 0"),
-    ("checkpoint.every", _POS, "> 0"), ("checkpoint.keep", _POS, "> 0"), ("log.every", _POS, "> 0"),
-]
+    def run_optim(self) -> OptimConfig:
+        """``optim`` with the schedule's length filled in: ``optim.total_steps`` when set, else one
+        optimizer step per mini-batch per PPO epoch of each of the run's ``total_steps`` iterations."""
+        if self.optim.total_steps:
+            return self.optim
+        steps = self.total_steps * self.rl.ppo_epochs * self.rl.mini_batches
+        return dataclasses.replace(self.optim, total_steps=steps)
 
 
 # ----------------------------------------------------------------------------- conversion
@@ -191,8 +384,9 @@ def _type_name(t: Any) -> str:
     return getattr(t, "__name__", str(t))
 
 
-def _convert(value: Any, hint: Any, where: str) -> Any:
-    """Checks ``value`` against a type hint (int, float, str, bool, X | None, nested dataclass)."""
+def _convert(value: Any, hint: Any, where: str, default: Any = None) -> Any:
+    """Checks ``value`` against a type hint (int, float, str, bool, X | None, tuple[X, ...], nested
+    dataclass; a nested section fills the fields it does not give from ``default``)."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(hint)
@@ -208,7 +402,22 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
                 errors.append(str(e))
         raise ConfigError(f"{where} must be {' or '.join(_type_name(a) for a in args)}, got {value!r}")
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, where)
+        return _build(hint, value, where, default if isinstance(default, hint) else None)
+    if origin is tuple:
+        # tuple[X, ...]: a list, or a comma-separated string (which overrides cleanly from the command line)
+        args = typing.get_args(hint)
+        if len(args) != 2 or args[1] is not Ellipsis:
+            raise ConfigError(f"{where}: unsupported field type {hint!r}")
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+            if args[0] is int:
+                try:
+                    value = [int(v) for v in value]
+                except ValueError:
+                    raise ConfigError(f"{where} must be comma-separated ints, got {value!r}") from None
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list or a comma-separated string, got {value!r}")
+        return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{where} must be a bool, got {type(value).__name__} {value!r}")
@@ -238,45 +447,45 @@ def _as_mapping(value: Any, where: str) -> Mapping[str, Any]:
     return value
 
 
-def _build(cls: type, value: Any, where: str) -> Any:
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _build(cls: type, value: Any, where: str, base: Any = None) -> Any:
+    """``value`` (a mapping) -> ``cls``. Fields it does not give keep their value in ``base`` (the parent
+    section's default for this field, e.g. an eval config's greedy ``sampling``), else the class default."""
     if isinstance(value, cls):
         return value
     data = _as_mapping(value, where)
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"{where} has unknown field(s) {unknown}; known: {sorted(names)}")
-    kwargs = {k: _convert(v, hints[k], f"{where}.{k}") for k, v in data.items()}
-    # Range rules run before the section's own __post_init__ so the message names the full field.
-    for field, ok, what in _RANGES:
-        full = f"config.{field}"
-        parent, _, leaf = full.rpartition(".")
-        if parent == where and leaf in kwargs and not ok(kwargs[leaf]):
-            raise ConfigError(f"{full} must be {what}, got {kwargs[leaf]!r}")
+        raise ConfigError(f"{where} has unknown field(s) {unknown}; known: {sorted(fields)}")
+    defaults = {k: getattr(base, k) if base is not None else _field_default(f) for k, f in fields.items()}
+    kwargs = {k: v for k, v in defaults.items() if k not in data and base is not None}
+    kwargs.update({k: _convert(v, hints[k], f"{where}.{k}", defaults[k]) for k, v in data.items()})
     try:
         return cls(**kwargs)
-    except (ValueError, TypeError) as e:  # the section's own __post_init__ checks
-        raise ConfigError(f"{where}: {e}") from e
+    except ConfigError as e:  # the dataclass's own range rules: name the full dotted field
+        if not e.leaf:
+            raise
+        raise ConfigError(f"{where}.{e.leaf} must be {e.what}, got {e.value!r}", leaf=e.leaf, what=e.what,
+                          value=e.value) from e
+    except (ValueError, TypeError) as e:  # other construction-time checks
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from e
 
 
-def _get(cfg: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
-def validate(cfg: ExperimentConfig) -> ExperimentConfig:
-    for field, ok, what in _RANGES:
-        v = _get(cfg, field)
-        if not ok(v):
-            raise ConfigError(f"config.{field} must be {what}, got {v!r}")
-    if cfg.judge.kind != "rule":
-        try:
-            cfg.judge.http.validate()
-        except ValueError as e:
-            raise ConfigError(f"config.judge.http: {e}") from e
-    return cfg
+def load_section(cls: type, value: Any, where: str = "config") -> Any:
+    """A mapping (dict / ConfigDict) -> the frozen dataclass ``cls``, every field type- and range-checked;
+    errors name the dotted field under ``where``. The one converter for every config shape (training
+    runs, eval runs, the demo)."""
+    return _build(cls, value, where)
 
 
 def check_runnable(cfg: ExperimentConfig) -> None:
@@ -285,7 +494,8 @@ def check_runnable(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"config.data.path is required for data.source={cfg.data.source!r}")
     if cfg.model.preset != "tiny" and not cfg.model.hf_path:
         raise ConfigError(f"config.model.hf_path is required for model.preset={cfg.model.preset!r} "
-                          f"(random init is only for the tiny preset)")
+                          f"(a training run starts from pretrained weights; random init is only for the tiny "
+                          f"preset)")
     if cfg.model.hf_path and not cfg.tokenizer.path:
         raise ConfigError("config.tokenizer.path is required with a pretrained model.hf_path")
     if cfg.rollout.mode in ("simulator", "noshare") and cfg.model.hf_path and not cfg.model.simulator_hf_path:
@@ -295,14 +505,29 @@ def check_runnable(cfg: ExperimentConfig) -> None:
 
 def load_config(config: Any) -> ExperimentConfig:
     """A ConfigDict / dict (as written in configs/*.py) -> validated ``ExperimentConfig``."""
-    return validate(_build(ExperimentConfig, config, "config"))
+    return load_section(ExperimentConfig, config, "config")
 
 
-def to_config_dict(cfg: ExperimentConfig):
-    """The inverse of ``load_config`` (for writing the resolved config next to a run)."""
+def _config_value(value: Any, hint: Any) -> Any:
     import ml_collections
 
-    return ml_collections.ConfigDict(dataclasses.asdict(cfg))
+    if dataclasses.is_dataclass(value):
+        hints = typing.get_type_hints(type(value))
+        return ml_collections.ConfigDict({f.name: _config_value(getattr(value, f.name), hints[f.name])
+                                          for f in dataclasses.fields(value)})
+    if isinstance(value, tuple):  # comma-separated, so ``--config.x=a,b`` overrides it
+        return ",".join(str(v) for v in value)
+    if value is None:  # a typed placeholder, so ``--config.x=v`` can still set an optional field
+        kinds = [a for a in typing.get_args(hint) if a is not type(None)]
+        return ml_collections.config_dict.placeholder(kinds[0] if len(kinds) == 1 else object)
+    return value
+
+
+def to_config_dict(cfg: Any):
+    """The inverse of ``load_section`` / ``load_config``: a ConfigDict of a frozen config dataclass in which
+    every field can be overridden from the command line (tuples as comma-separated strings, unset optional
+    fields as typed placeholders)."""
+    return _config_value(cfg, type(cfg))
 
 
 def as_dict(cfg: ExperimentConfig) -> dict[str, Any]:

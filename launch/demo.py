@@ -1,41 +1,85 @@
 """``make demo``: the whole EnvACE loop on a tiny Qwen3 on CPU, with a report in --run_dir.
 
-    python launch/demo.py --run_dir=runs/demo                 # default preset, test split reported
-    python launch/demo.py --run_dir=runs/val --eval_split=validation   # how the config was chosen
-    python launch/demo.py --run_dir=runs/cmp --compare        # RL modes real / simulator / rehearsal
-    python launch/demo.py --set rl_steps=10 --set rl_lr=1e-4  # any DemoConfig field
-    python launch/demo.py --run_dir=runs/demo --rehearsal_sweep   # test-time rehearsal table, after a run
+The demo's settings are an ml-collections config like every other main's (``configs/demo.py``, the fields
+of ``envace_jax/demo/config.py``); any field can be overridden with ``--config.field=value``:
+
+    python launch/demo.py --run_dir=runs/demo                                # default preset, test split reported
+    python launch/demo.py --run_dir=runs/val --config.eval_split=validation  # how the config was chosen
+    python launch/demo.py --run_dir=runs/cmp --compare                       # RL modes real / simulator / rehearsal
+    python launch/demo.py --config=configs/demo.py:reduced                   # a preset (envace, legacy, reduced)
+    python launch/demo.py --config.rl_steps=10 --config.rl_lr=1e-4           # any DemoConfig field
+    python launch/demo.py --run_dir=runs/demo --rehearsal_sweep              # test-time rehearsal table, after a run
+    python launch/demo.py --leverage                                         # pass@k of the RL start
+
+The earlier spellings ``--preset=NAME``, ``--eval_split=SPLIT`` and ``--set FIELD=VALUE`` still work: they
+are rewritten to the ``--config`` forms above.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
-from envace_jax.demo import config as demo_config  # noqa: E402  (no jax: the flags parse fast)
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+DEFAULT_CONFIG = os.path.join(ROOT, "configs", "demo.py")
+_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "demo config file (configs/demo.py[:preset])",
+                                          lock_config=True)
+_RUN_DIR = flags.DEFINE_string("run_dir", "runs/demo", "where the data, models, report and summary go")
+_COMPARE = flags.DEFINE_bool("compare", False, "RL in modes real, simulator and rehearsal")
+_SWEEP = flags.DEFINE_bool("rehearsal_sweep", False, "after a demo run in --run_dir: test-time rehearsal N=0,1,2 "
+                           "(parallel, sequential) with its exported model, into rehearsal_sweep.md")
+_SWEEP_TASKS = flags.DEFINE_integer("sweep_tasks", 0, "tasks for --rehearsal_sweep (0: the whole split)")
+_LEVERAGE = flags.DEFINE_bool("leverage", False, "greedy success and pass@1/4/16 of the RL start per branch kind and "
+                              "task type (leverage.md)")
+_NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "no progress bars")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run_dir", default="runs/demo")
-    p.add_argument("--preset", default="default", choices=sorted(demo_config.PRESETS))
-    p.add_argument("--eval_split", default=None, choices=["validation", "test"])
-    p.add_argument("--compare", action="store_true", help="RL in modes real, simulator and rehearsal")
-    p.add_argument("--rehearsal_sweep", action="store_true",
-                   help="after a demo run in --run_dir: test-time rehearsal N=0,1,2 (parallel, sequential) "
-                        "with its exported model, into rehearsal_sweep.md")
-    p.add_argument("--sweep_tasks", type=int, default=0, help="tasks for --rehearsal_sweep (0: the whole split)")
-    p.add_argument("--leverage", action="store_true",
-                   help="greedy success and pass@1/4/16 of the RL start per branch kind and task type (leverage.md)")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
-    p.add_argument("--no_progress", action="store_true")
-    args = p.parse_args(argv)
+def legacy_argv(argv: list[str]) -> list[str]:
+    """``--preset X``, ``--eval_split X`` and ``--set K=V`` (the earlier argparse options) -> ``--config`` flags."""
+    out, preset, i = [], None, 0
+    while i < len(argv):
+        a = argv[i]
+        name, eq, value = a.partition("=")
+        if name in ("--preset", "--eval_split", "--set"):
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise SystemExit(f"{a} needs a value")
+                value, i = argv[i + 1], i + 1
+            if name == "--preset":
+                preset = value
+            elif name == "--eval_split":
+                out.append(f"--config.eval_split={value}")
+            else:
+                if "=" not in value:
+                    raise SystemExit(f"--set {value!r}: expected field=value")
+                out.append(f"--config.{value}")
+        else:
+            out.append(a)
+        i += 1
+    if preset is not None:
+        if any(a == "--config" or a.startswith("--config=") for a in out):
+            raise SystemExit("give the preset either with --preset or in --config=configs/demo.py:PRESET, not both")
+        out.insert(1, f"--config={DEFAULT_CONFIG}:{preset}")
+    return out
 
+
+def main(argv) -> int:
+    del argv
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from envace_jax.config import ConfigError
+    from envace_jax.demo.config import load_demo_config
+
+    try:
+        cfg = load_demo_config(_CONFIG.value)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     import jax
 
     # Compiled programs are reused across runs (a second `make demo` or the CI test skips most compiles).
@@ -46,38 +90,33 @@ def main(argv=None) -> int:
     tfds.disable_progress_bar()  # our own bars say what each stage does
     from envace_jax.demo import pipeline, report
 
-    cfg = demo_config.PRESETS[args.preset]()
-    if args.eval_split:
-        cfg = cfg.replace(eval_split=args.eval_split)
-    try:
-        cfg = demo_config.parse_overrides(cfg, args.set)
-    except ValueError as e:
-        raise SystemExit(str(e))
-    if args.rehearsal_sweep:
+    run_dir, progress = _RUN_DIR.value, not _NO_PROGRESS.value
+    if _SWEEP.value:
         from envace_jax.demo.rehearsal_table import run_rehearsal_table
 
-        out = run_rehearsal_table(cfg, args.run_dir, num_tasks=args.sweep_tasks or None)
+        out = run_rehearsal_table(cfg, run_dir, num_tasks=_SWEEP_TASKS.value or None)
         print(out["markdown"])
-        print(f"wrote {os.path.join(args.run_dir, 'rehearsal_sweep.md')}")
+        print(f"wrote {os.path.join(run_dir, 'rehearsal_sweep.md')}")
         return 0
-    if args.leverage:
-        table = pipeline.run_leverage(cfg, args.run_dir, progress=not args.no_progress)
+    if _LEVERAGE.value:
+        table = pipeline.run_leverage(cfg, run_dir, progress=progress)
         print(table.to_markdown())
-        print(f"wrote {os.path.join(args.run_dir, 'leverage.md')}")
+        print(f"wrote {os.path.join(run_dir, 'leverage.md')}")
         return 0
-    if args.compare:
-        out = pipeline.run_compare(cfg, args.run_dir, progress=not args.no_progress)
+    if _COMPARE.value:
+        out = pipeline.run_compare(cfg, run_dir, progress=progress)
         print(out["table"])
-        print(f"wrote {os.path.join(args.run_dir, 'compare.md')}")
+        print(f"wrote {os.path.join(run_dir, 'compare.md')}")
         return 0
-    s = pipeline.run_demo(cfg, args.run_dir, progress=not args.no_progress)
+    s = pipeline.run_demo(cfg, run_dir, progress=progress)
     print()
     print(report.table(report.results_rows(s), report.RESULT_HEADER))
     print(f"\n{report._verdict(s)}")
     t = s["timing"]["total"]
-    print(f"total: {t['wall_s']:.0f} s wall, {t['cpu_s']:.0f} s CPU; report: {os.path.join(args.run_dir, 'report.md')}")
+    print(f"total: {t['wall_s']:.0f} s wall, {t['cpu_s']:.0f} s CPU; report: {os.path.join(run_dir, 'report.md')}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.argv = legacy_argv(sys.argv)  # config_flags reads the overrides from sys.argv itself
+    app.run(main)

@@ -166,6 +166,21 @@ def test_is_error_result():
     assert not is_error_result("")
 
 
+def test_the_three_error_questions_differ_on_purpose():
+    from envace_jax.chat.simulator import is_error_tool_message, is_failed_result
+
+    verdict, real_error, ok = '{"error_tool_call": {"code": "X"}}', '{"error": "insufficient funds"}', '{"ok": 1}'
+    # ends an episode: only the simulator's / parser's verdict, not a real tool's ordinary error reply
+    assert [is_error_result(c) for c in (verdict, real_error, ok)] == [True, False, False]
+    # a call that did not work: either
+    assert [is_failed_result(c) for c in (verdict, real_error, ok, "not json")] == [True, True, False, False]
+    # the judge's message test (reference: content contains error_tool_call, or the parse-error message)
+    msg = lambda content, name="get": {"role": "tool", "name": name, "content": content}
+    assert is_error_tool_message(msg(verdict)) and is_error_tool_message(msg("x", name="error_tool_call"))
+    assert is_error_tool_message(msg("text mentioning error_tool_call"))
+    assert not is_error_tool_message(msg(real_error)) and not is_error_tool_message({"role": "user", "content": verdict})
+
+
 # ------------------------------------------------------------------ fuzzing
 _pieces = st.sampled_from(["\n", "<tool_call>", "</tool_call>", "<think>", "</think>", "<execution_result>",
                            "</execution_result>", "{", "}", "[", "]", '"name"', '"arguments"', '"parameters"',

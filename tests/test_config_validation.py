@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from envace_jax.config import ConfigError, ExperimentConfig, check_runnable, config_from_file, load_config
+from envace_jax.config import (MODEL_PRESETS, ConfigError, ModelSection, OptimConfig, RoleSampling, check_runnable,
+                               config_from_file, load_config, to_config_dict)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ["demo_cpu", "envace_qwen3_8b", "ablation_real_env", "ablation_frozen_simulator", "ablation_noshare"]
@@ -19,9 +20,58 @@ def _cfg(name):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_every_config_file_validates(name):
-    cfg = load_config(_cfg(name))
-    assert isinstance(cfg, ExperimentConfig)
+def test_every_config_file_loads_without_losing_a_value(name):
+    written = _cfg(name)
+    # every field the file holds arrives in the dataclasses unchanged (and nothing is added)
+    assert to_config_dict(load_config(written)).to_dict() == written.to_dict()
+
+
+def test_reading_a_config_file_loads_neither_jax_nor_the_rl_code():
+    code = ("import sys; from envace_jax.config import config_from_file, load_config; "
+            f"load_config(config_from_file({os.path.join(ROOT, 'configs', 'envace_qwen3_8b.py')!r})); "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax') "
+            "or m.startswith('envace_jax.rl')); print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_one_validation_path_in_code_and_from_a_file():
+    # The dataclass checks its own range when built in code; loading only adds the dotted field name.
+    with pytest.raises(ConfigError, match=r"^optim\.lr must be > 0, got -1\.0$"):
+        OptimConfig(lr=-1.0)
+    with pytest.raises(ConfigError, match=r"^sampling\.top_p must be in \(0, 1\], got 0\.0$"):
+        RoleSampling(top_p=0.0)
+    c = _cfg("demo_cpu")
+    c.rollout.rehearse.top_p = 0.0
+    with pytest.raises(ConfigError, match=r"^config\.rollout\.rehearse\.top_p must be in \(0, 1\], got 0\.0$"):
+        load_config(c)
+
+
+def test_the_schedule_length_follows_total_steps_unless_set():
+    c = _cfg("demo_cpu")
+    assert load_config(c).run_optim().total_steps == 20         # one optimizer step per iteration
+    c.rl.ppo_epochs, c.rl.mini_batches = 2, 3
+    assert load_config(c).run_optim().total_steps == 20 * 2 * 3
+    c.optim.total_steps = 7                                     # set explicitly: used as written
+    assert load_config(c).run_optim().total_steps == 7
+    assert load_config(_cfg("envace_qwen3_8b")).run_optim().total_steps == 470
+    with pytest.raises(ValueError, match="optim.total_steps"):  # a decaying schedule needs a length
+        from envace_jax.rl.trainer import make_schedule
+        make_schedule(OptimConfig(schedule="cosine"))
+
+
+def test_model_preset_selects_the_architecture():
+    from envace_jax.models import qwen3
+    from envace_jax.rl.train import model_config
+
+    for name in MODEL_PRESETS[1:]:
+        assert callable(getattr(qwen3.Qwen3Config, name)), name
+    big = model_config(ModelSection(preset="qwen3_8b", dtype="bfloat16"), vocab=480)
+    assert big == qwen3.Qwen3Config.qwen3_8b(param_dtype="float32", dtype="bfloat16")
+    tiny = model_config(ModelSection(hidden_size=32, num_layers=3, vocab_size=100), vocab=480)
+    assert (tiny.hidden_size, tiny.num_layers, tiny.vocab_size) == (32, 3, 480)
+    with pytest.raises(ConfigError, match=r"model\.preset must be one of"):
+        ModelSection(preset="qwen9")
 
 
 def test_reference_hyperparameters():
@@ -32,7 +82,6 @@ def test_reference_hyperparameters():
     assert (c.loss.clip_low, c.loss.clip_high, c.loss.dual_clip) == (0.2, 0.2, 3.0)
     assert (c.loss.kl_coef, c.loss.kl_type, c.loss.entropy_coef, c.loss.agg) == (0.0, "k3", 0.0, "seq_mean_token_mean")
     assert (c.rollout.act.temperature, c.rollout.act.top_p) == (1.0, 1.0)
-    assert (c.val_sampling.temperature, c.val_sampling.top_p) == (0.6, 0.95)
     assert c.rollout.act.max_new_tokens == c.rollout.rehearse.max_new_tokens == 8000
     assert (c.rollout.max_model_len, c.rollout.max_assistant_turns, c.rollout.max_user_turns,
             c.rollout.max_steps) == (20000, 30, 30, 200)
@@ -76,6 +125,9 @@ def test_wrong_type_names_the_field(field, value, needle):
     ("rl.baseline", "median", "config.rl.baseline must be one of"),
     ("data.prompts_per_step", 0, "config.data.prompts_per_step must be > 0"),
     ("checkpoint.every", 0, "config.checkpoint.every must be > 0"),
+    # log-probs are taken at the sampling temperature: greedy training rollouts would divide by zero
+    ("rollout.act.temperature", 0.0, "config.rollout.act.temperature must be > 0 for training"),
+    ("rollout.rehearse.temperature", 0.0, "config.rollout.rehearse.temperature must be > 0 for training"),
 ])
 def test_out_of_range_names_the_field(field, value, needle):
     c = _cfg("demo_cpu")

@@ -21,7 +21,8 @@ def reduced_run(tmp_path_factory):
     env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
                ENVACE_JAX_CACHE=os.path.join(ROOT, "runs", ".jax_cache_test"),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "demo.py"), "--preset=reduced",
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "demo.py"),
+                           f"--config={ROOT}/configs/demo.py:reduced", "--config.prompts_per_step=3",
                            f"--run_dir={run_dir}", "--no_progress"], env=env, capture_output=True, text=True,
                           timeout=1500)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -54,6 +55,20 @@ def test_report_files_exist_and_summary_has_required_keys(reduced_run):
     assert "| model" in stdout and "total:" in stdout
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--config.sft_tasks=0"], "demo sft_tasks must be >= 1, got 0"),
+    (["--preset=reduced", "--set", "sft_tasks=0"], "demo sft_tasks must be >= 1, got 0"),   # the earlier spelling
+    (["--config.eval_split=dev"], "demo eval_split must be one of"),
+    (["--config.rl_push_back_share=1.5"], "demo rl_push_back_share must be None or in [0, 1], got 1.5"),
+])
+def test_demo_settings_are_one_typed_config(args, needle):
+    """launch/demo.py reads its settings like every other main (an ml-collections config, ``--config.f=v``,
+    checked by the shared converter); the earlier --preset/--set spellings are rewritten to it."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "demo.py"), *args, "--run_dir=/nonexistent"],
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr[-2000:]
+
+
 def test_rl_steps_logged_with_both_roles(reduced_run):
     run_dir, _ = reduced_run
     steps = [json.loads(line) for line in (run_dir / "metrics_rl.jsonl").read_text().splitlines()]
@@ -61,7 +76,7 @@ def test_rl_steps_logged_with_both_roles(reduced_run):
     for m in steps:
         # every rollout batch of rehearsal mode holds both roles' rows (unless no episode made a call)
         assert m["act/rows"] > 0
-        assert m["episode/count"] == 4
+        assert m["episode/count"] == 3 * 2   # --config.prompts_per_step=3 (reached the run) x 2 rollouts
         assert "update/loss" in m or "update/skipped_no_rows" in m
         # the reduced preset interleaves one SFT replay batch (both roles) after each RL step
         assert m["replay/nll/act"] > 0 and m["replay/nll/rehearse"] > 0

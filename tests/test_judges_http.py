@@ -61,6 +61,13 @@ class JudgeServer:
                     n = server.attempts[word] = server.attempts.get(word, 0) + 1
                 try:
                     status, payload = server.respond(self.path, word, n)
+                finally:
+                    # Counted as in flight until the answer is ready, not until it is written: once the
+                    # client has read it, it may start its next request while this thread is still
+                    # returning, which would count one request twice (a race seen on a loaded machine).
+                    with server.lock:
+                        server.inflight -= 1
+                try:
                     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
@@ -69,9 +76,6 @@ class JudgeServer:
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
                     pass        # the client gave up (timeout); that is the point of the case
-                finally:
-                    with server.lock:
-                        server.inflight -= 1
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

@@ -52,8 +52,10 @@ def test_sampler_logprobs_equal_trainer_recomputation(rollout_rows):
     assert sum(c.continued for c in client.calls) > 0, "no ACT row continued a cached context"
     assert sum(len(g.gen_ids) for g in gens) > 50
 
+    # each row carries the temperature it was sampled at, and the batch scores it at that temperature
     temps = [(ACT_SAMPLING if g.role == ACT else REHEARSE_SAMPLING).temperature for g in gens]
-    batch = build_batch(gens, np.zeros(len(gens)), np.arange(len(gens)), max_len=2048, temperatures=temps)
+    assert [g.temperature for g in gens] == temps
+    batch = build_batch(gens, np.zeros(len(gens)), np.arange(len(gens)), max_len=2048)
     assert batch.truncated_rows == 0
     np.testing.assert_allclose(batch.temperature, temps)
     got = Trainer(model, micro_batch_size=8).compute_logprobs(batch)
@@ -81,11 +83,14 @@ def test_overlong_rows_are_dropped_not_truncated(rollout_rows):
 
     seen = {}
 
-    class Spy(Trainer):
-        def ppo_update(self, batch, **kw):
+    class Spy(Trainer):  # sees the step's whole batch (old log-probs are recomputed on it), trains nothing
+        def compute_logprobs(self, batch):
             seen.setdefault("rows", []).append(batch.size)
             seen.setdefault("trunc", []).append(batch.truncated_rows)
-            return [{"loss": 0.0}]
+            return np.zeros(batch.tokens.shape, np.float32)
+
+        def update(self, batch, kind="rl"):
+            return {"loss": 0.0}
 
     trainer = Spy(model, micro_batch_size=8)
     for policy, want_rows, want_trunc in (("drop", short, 0), ("truncate", len(gens), len(gens) - short)):
@@ -97,6 +102,35 @@ def test_overlong_rows_are_dropped_not_truncated(rollout_rows):
         assert res.metrics.get("update/overlong_rows_dropped", 0.0) == (len(gens) - short if policy == "drop" else 0.0)
     with pytest.raises(ValueError, match="rl.overlong_rows"):
         StepConfig(overlong_rows="cut")
+
+
+def test_the_step_trains_rows_at_the_temperature_they_were_sampled_at(rollout_rows):
+    """Rows sampled at 1.3 (ACT) and 0.7 (REHEARSE) are scored at those temperatures even when the
+    engine's config now says otherwise (e.g. a run resumed with another sampling temperature)."""
+    from envace_jax.rl.step import RLStep, StepConfig
+
+    model, _, gens = rollout_rows
+
+    class Engine:
+        cfg = RolloutConfig(mode="rehearsal", act=RoleSampling(temperature=1.0), rehearse=RoleSampling(temperature=1.0))
+        policy = simulator = None
+
+    seen = {}
+
+    class Spy(Trainer):
+        def compute_logprobs(self, batch):
+            seen["temperature"] = batch.temperature[: batch.size].copy()
+            return np.zeros(batch.tokens.shape, np.float32)
+
+        def update(self, batch, kind="rl"):
+            return {"loss": 0.0}
+
+    trainer = Spy(model, micro_batch_size=8)
+    step = RLStep(StepConfig(n_rollouts=1), Engine(), {ACT: trainer, REHEARSE: trainer})
+    step.rollout = lambda records, iteration: _episodes_of(gens)
+    step([{"uid": "x"}], 0)
+    want = [(ACT_SAMPLING if g.role == ACT else REHEARSE_SAMPLING).temperature for g in gens]
+    np.testing.assert_allclose(seen["temperature"], want)
 
 
 def _episodes_of(gens):

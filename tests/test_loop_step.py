@@ -13,8 +13,9 @@ from envace_jax.rl.types import ACT, REHEARSE, Generation
 
 
 
-def _gen(role, uid, ep, n_tokens, score):
-    return Generation(role, [1, 2], list(range(3, 3 + n_tokens)), [-1.0] * n_tokens, uid, ep, 0, score=score)
+def _gen(role, uid, ep, n_tokens, score, text="x"):
+    return Generation(role, [1, 2], list(range(3, 3 + n_tokens)), [-1.0] * n_tokens, uid, ep, 0, score=score,
+                      text=text)
 
 
 def test_repeat_prompts_shares_uid_and_rejects_duplicates():
@@ -24,8 +25,9 @@ def test_repeat_prompts_shares_uid_and_rejects_duplicates():
         repeat_prompts([{"uid": "a"}, {"uid": "a"}], 2)
 
 
-def test_row_scores_penalise_only_empty_outputs():
-    gens = [_gen(ACT, "u", 0, 3, 0.5), _gen(REHEARSE, "u", 0, 0, 0.5), _gen(ACT, "u", 1, 1, 0.0)]
+def test_row_scores_penalise_only_empty_text():
+    # empty means the decoded text: a row of only <|im_end|> (one id, no text) is empty; whitespace is not
+    gens = [_gen(ACT, "u", 0, 3, 0.5), _gen(REHEARSE, "u", 0, 1, 0.5, text=""), _gen(ACT, "u", 1, 1, 0.0, text=" ")]
     np.testing.assert_allclose(row_scores(gens, 0.1), [0.5, 0.4, 0.0])
 
 
@@ -66,18 +68,18 @@ def test_one_iteration_advantages_match_hand_computation(tmp_path):
     cfg = h.tiny_config(str(tmp_path), 1)
     run = rl_train.build_run(cfg)
     seen = {}
-    real_update = run.trainers[ACT].ppo_update
+    real_update = run.trainers[ACT].update
 
-    def spy(batch, **kw):
+    def spy(batch, kind="rl"):
         seen["batch"] = batch
-        return real_update(batch, **kw)
+        return real_update(batch, kind)
 
-    run.trainers[ACT].ppo_update = spy
+    run.trainers[ACT].update = spy
     res = run.step_fn(next(run.data), 0)
     run.ckpt.close()
     gens = [g for e in res.episodes for g in e.generations]
     assert len(res.episodes) == 8 and all(g.role == ACT for g in gens) and len(gens) == 8
-    scores = np.asarray([g.score - (0.1 if not g.gen_ids else 0.0) for g in gens])
+    scores = np.asarray([g.score - (0.1 if not g.text else 0.0) for g in gens])
     uids = [g.uid for g in gens]
     want = np.asarray([s - scores[[u == v for v in uids]].mean() for s, u in zip(scores, uids)])
     np.testing.assert_allclose(seen["batch"].advantages, want, atol=1e-6)
@@ -88,3 +90,54 @@ def test_one_iteration_advantages_match_hand_computation(tmp_path):
     assert res.metrics["act/logp_mismatch_sampler_max"] < 1e-5
     assert res.metrics["act/rows"] == 8 and res.metrics["rehearse/rows"] == 0
     assert sum(v for k, v in res.metrics.items() if k.startswith("termination/")) == pytest.approx(1.0)
+
+
+class _RecordingTrainer:
+    """What RLStep needs of a Trainer; records the advantages of each update and trains nothing."""
+
+    step = 0
+
+    def __init__(self):
+        self.advantages = []
+
+    def compute_logprobs(self, batch):
+        return np.zeros(batch.tokens.shape, np.float32)
+
+    def update(self, batch, kind="rl"):
+        self.advantages.append(batch.advantages[: batch.size].copy())
+        return {"loss": 0.0}
+
+
+@pytest.mark.parametrize("penalty", [0.25, 0.0])
+def test_empty_output_penalty_rollout_and_step_together(penalty):
+    """Reference spec 4.3: every row of an episode gets the episode's score, and a row whose decoded output
+    is empty (the sampler emitted only <|im_end|>) loses ``rl.empty_output_penalty``, once; 0 turns it off.
+
+    Two rollouts of one prompt both pass the checklist (score 1); the first answers with empty text. The
+    ACT rows' scores are (1 - penalty, 1), so the row-mean baseline gives advantages (-penalty/2, +penalty/2)."""
+    from envace_jax.config import RLSection, RoleSampling, RolloutConfig
+    from envace_jax.rl.judges import RuleJudge
+    from envace_jax.rl.reward import ChecklistTurnJudge
+    from envace_jax.rl.rollout import RolloutEngine
+    from helpers_rollout import ScriptedClient, codec
+
+    c = codec()
+    item = {"question": "q", "focus_on": "assistant.content.user_visible_reply", "pass_condition": "p", "failure_examples": [],
+            "evidence": [], "weight": 1.0, "required_for_next_turn": False,
+            "rule": {"type": "reply_contains", "values": [""]}}
+    rec = {"uid": "p0", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}],
+           "tools": [], "reference_messages": [{"role": "user", "content": "Hi?"},
+                                               {"role": "assistant", "content": "Hello."}],
+           "checklist": [[[item]]]}
+    client = ScriptedClient(c, acts={0: [""], 1: ["<think>\nhi\n</think>\n\nHello."]})
+    sampling = RoleSampling(temperature=1.0, max_new_tokens=64)
+    engine = RolloutEngine(RolloutConfig(mode="rehearsal", max_model_len=4096, act=sampling, rehearse=sampling), c,
+                           client, ChecklistTurnJudge(RuleJudge()))
+    trainer = _RecordingTrainer()
+    step = RLStep(RLSection(n_rollouts=2, empty_output_penalty=penalty), engine, {ACT: trainer, REHEARSE: trainer})
+    res = step([rec], 0)
+    gens = [g for e in res.episodes for g in e.generations]
+    assert [e.score for e in res.episodes] == [1.0, 1.0]
+    assert gens[0].text == "" and gens[0].gen_ids == [c.renderer.im_end_id] and gens[1].text.endswith("Hello.")
+    np.testing.assert_allclose(trainer.advantages[-1], [-penalty / 2, penalty / 2], atol=1e-7)
+    assert res.metrics["act/reward_mean"] == pytest.approx(1.0 - penalty / 2)

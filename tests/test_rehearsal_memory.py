@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 
 import pytest
@@ -14,6 +15,7 @@ from envace_jax.data.demo_tasks import generate_tasks
 from envace_jax.envs.base import NoToolEnvironment, ToolEnvironment
 from envace_jax.envs.demo_worlds import make_env
 from envace_jax.eval import rehearsal as R
+from envace_jax.eval.results import mean_ci
 from envace_jax.rl.judges import RuleJudge
 from envace_jax.rl.reward import ChecklistTurnJudge
 from envace_jax.rl.rollout import RoleSampling, RolloutConfig
@@ -312,11 +314,11 @@ def test_wilson_interval_by_hand():
 
 
 def test_score_interval_by_hand_and_clipped_to_unit_range():
-    from envace_jax.eval.rehearsal import _mean_ci
-
     # [0, 1, 0.5, 0.5]: mean 0.5, sample sd 0.408248, half-width 1.96 * 0.408248 / 2
-    m, (lo, hi) = _mean_ci([0.0, 1.0, 0.5, 0.5])
-    assert m == 0.5 and lo == pytest.approx(0.5 - 0.400083, abs=1e-5) and hi == pytest.approx(0.5 + 0.400083, abs=1e-5)
+    lo, hi = mean_ci([0.0, 1.0, 0.5, 0.5])
+    assert lo == pytest.approx(0.5 - 0.400083, abs=1e-5) and hi == pytest.approx(0.5 + 0.400083, abs=1e-5)
     # one 0.3 among 255 zeros: the normal interval would start below 0
-    m, (lo, hi) = _mean_ci([0.0] * 255 + [0.3])
-    assert lo == 0.0 and 0.0 < m < hi < 0.01
+    lo, hi = mean_ci([0.0] * 255 + [0.3])
+    assert lo == 0.0 and 0.3 / 256 < hi < 0.01
+    # one score has no spread to estimate
+    assert all(math.isnan(x) for x in mean_ci([0.4]))

@@ -4,20 +4,17 @@ complete, count its extra tokens, and leave every imagined episode's no-tool gua
 
 from __future__ import annotations
 
-import pytest
-
 from envace_jax.data.demo_tasks import generate_tasks
 from envace_jax.envs.base import NoToolEnvironment
 from envace_jax.envs.demo_worlds import make_env
 from envace_jax.models import qwen3
 from envace_jax.eval import rehearsal as R
 from envace_jax.rl.judges import RuleJudge
+from envace_jax.rl.policy_client import SamplerClient
 from envace_jax.rl.reward import ChecklistTurnJudge
 from envace_jax.rl.rollout import RoleSampling, RolloutConfig
 from envace_jax.sampling import Sampler
 from tests.helpers_rollout import codec
-
-policy_client = pytest.importorskip("envace_jax.rl.policy_client")
 
 
 def test_tiny_random_model_rehearses_and_executes():
@@ -28,7 +25,7 @@ def test_tiny_random_model_rehearses_and_executes():
     model = qwen3.init_model(cfg, seed=0)
     # Fixed buckets keep the number of compiled programs (the cost of this test) small.
     sampler = Sampler(model, cache_size=1024, length_buckets=(512, 1024), batch_buckets=(4,), window_buckets=(1536,))
-    client = policy_client.SamplerClient(sampler, c.stop_token_ids)
+    client = SamplerClient(sampler, c.stop_token_ids)
     rollout = RolloutConfig(max_steps=6, max_model_len=100000, act=RoleSampling(max_new_tokens=12),
                             rehearse=RoleSampling(max_new_tokens=12), seed=1)
     tasks = generate_tasks(2, 11, "test")

@@ -197,8 +197,9 @@ def test_empty_output_penalty():
 
 
 @pytest.mark.parametrize("bad, msg", [
-    ([[[{**REPLIED, "weight": "0.5"}]]], r"checklist_list\[0\]\[0\]\[0\]: 'weight'"),
-    ([[[{**REPLIED, "focus_on": "assistant.vibes"}]]], r"\[0\]\[0\]\[0\]: 'focus_on'"),
+    ([[[{**REPLIED, "weight": "0.5"}]]], r"checklist_list\[0\]\[0\]\[0\]\.weight: must be a finite"),
+    ([[[{**REPLIED, "weight": -0.5}]]], r"checklist_list\[0\]\[0\]\[0\]\.weight: must be a finite non-negative"),
+    ([[[{**REPLIED, "focus_on": "assistant.vibes"}]]], r"\[0\]\[0\]\[0\]\.focus_on: must be one of"),
     ([[[REPLIED], "turn"]], r"checklist_list\[0\]\[1\] must be a list"),
     ({"c": 1}, "checklist_list must be a list"),
 ])

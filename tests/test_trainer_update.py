@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from envace_jax.models import qwen3
-from envace_jax.rl.batch import build_batch
+from envace_jax.rl.batch import build_batch, pad_rows
 from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
 from envace_jax.rl.types import ACT, REHEARSE, Generation
 
@@ -46,14 +46,39 @@ def _params(trainer):
 def test_micro_batches_equal_one_big_batch(agg):
     batch = _batch()
     results = []
-    for mbs in (batch.size, 2, 1):
+    # (micro-batch size, pad the short last micro-batch): 6 rows as 4 + 2 padded to 4 must change nothing
+    for mbs, pad in ((batch.size, False), (2, False), (1, False), (4, True)):
         tr = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)), OptimConfig(lr=1e-2), LossConfig(agg=agg),
-                     micro_batch_size=mbs)
+                     micro_batch_size=mbs, pad_micro_batches=pad)
+        logp = tr.compute_logprobs(batch)
         grads = jax.tree.map(np.asarray, tr.gradients(batch))
-        results.append((grads, tr.update(batch)["loss"]))
-    for g, loss in results[1:]:
+        results.append((grads, tr.update(batch)["loss"], logp))
+    for g, loss, logp in results[1:]:
         assert loss == pytest.approx(results[0][1], rel=1e-5, abs=1e-6)
+        np.testing.assert_allclose(logp, results[0][2], rtol=1e-5, atol=1e-6)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), results[0][0], g)
+
+
+def test_a_zero_temperature_row_is_refused_not_divided_by():
+    batch = _batch()
+    batch.temperature[2] = 0.0   # e.g. a batch built by hand from greedy rows
+    tr = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(5)), OptimConfig(lr=1e-2), LossConfig())
+    for call in (tr.compute_logprobs, tr.update):
+        with pytest.raises(ValueError, match="temperature must be > 0 in every row"):
+            call(batch)
+
+
+def test_padding_rows_carry_no_weight_and_no_group():
+    arrays = _batch().arrays()
+    padded = pad_rows(arrays, 8, width=40)
+    assert padded["tokens"].shape == (8, 40) and padded["advantages"].shape == (8,)
+    width = arrays["tokens"].shape[1]
+    np.testing.assert_array_equal(padded["tokens"][:6, :width], arrays["tokens"])
+    assert not padded["tokens"][:, width:].any() and not padded["loss_weights"][:, width:].any()
+    assert not padded["loss_weights"][6:].any() and not padded["segment_ids"][6:].any()
+    assert (padded["group_ids"][6:] == -1).all() and (padded["temperature"][6:] == 1.0).all()
+    with pytest.raises(ValueError, match="tokens"):
+        pad_rows(arrays, 4)
 
 
 def test_update_changes_params_and_rl_gradient_sign():

@@ -76,14 +76,41 @@ def parse_simulator_output(text: str) -> tuple[str | None, dict | None]:
                                      str(exc)[:200])
 
 
-def is_error_result(content: Any) -> bool:
-    """True iff the tool content is (or parses as) a JSON object with an ``error_tool_call`` key."""
+# ----------------------------------------------------------------------------- is this response an error?
+# The one home of these questions; they differ on purpose:
+#   is_error_result      a verdict that ENDS an episode: the simulator's / parser's ``error_tool_call``
+#                        (a real tool's ordinary ``{"error": ...}`` reply is just a response the caller reads)
+#   is_failed_result     a call that did not work, either way (rehearsal memory, fidelity views)
+#   is_error_tool_message the judge's test on a whole tool message (reference: the content *contains*
+#                        ``error_tool_call``, or the message is the parse-error message)
+
+def _as_json(content: Any) -> Any:
     if isinstance(content, str):
         try:
-            content = json.loads(content)
+            return json.loads(content)
         except (ValueError, RecursionError):
-            return False
+            return None
+    return content
+
+
+def is_error_result(content: Any) -> bool:
+    """True iff the tool content is (or parses as) a JSON object with an ``error_tool_call`` key."""
+    content = _as_json(content)
     return isinstance(content, dict) and ERROR_KEY in content
+
+
+def is_failed_result(content: Any) -> bool:
+    """True iff the tool content is (or parses as) a JSON object reporting a failure: an ``error_tool_call``
+    verdict or a real tool's ``error`` reply."""
+    content = _as_json(content)
+    return isinstance(content, dict) and (ERROR_KEY in content or "error" in content)
+
+
+def is_error_tool_message(message: Mapping[str, Any]) -> bool:
+    """A tool message that reports a parse/simulation failure (the reference's error payload)."""
+    if message.get("role") != "tool":
+        return False
+    return message.get("name") == ERROR_KEY or ERROR_KEY in str(message.get("content") or "")
 
 
 # ----------------------------------------------------------------------------- prompt

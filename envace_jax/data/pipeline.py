@@ -24,15 +24,16 @@ from envace_jax.data.tfds_builder import decode_example
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
-    """How prompts are drawn. ``shard_index``/``shard_count`` None means this JAX process's."""
+    """How prompts are drawn. ``shard_index``/``shard_count``: which of the disjoint shards this reader
+    takes (a multi-process run passes its process index and count; data code never asks jax)."""
 
     batch_size: int
     seed: int = 0
     shuffle: bool = True
     num_epochs: int | None = 1           # None repeats forever
     drop_remainder: bool = True          # drop a short last batch (finite epochs only)
-    shard_index: int | None = None
-    shard_count: int | None = None
+    shard_index: int = 0
+    shard_count: int = 1
     read_threads: int = 2                # decode threads; the box may be small
     prefetch: int = 16                   # elements decoded ahead of the consumer
 
@@ -41,9 +42,7 @@ class PipelineConfig:
             raise ValueError(f"PipelineConfig.batch_size must be a positive int, got {self.batch_size!r}")
         if self.num_epochs is not None and (not isinstance(self.num_epochs, int) or self.num_epochs < 1):
             raise ValueError(f"PipelineConfig.num_epochs must be None or a positive int, got {self.num_epochs!r}")
-        if (self.shard_index is None) != (self.shard_count is None):
-            raise ValueError("PipelineConfig.shard_index and shard_count must be given together")
-        if self.shard_count is not None and not 0 <= self.shard_index < self.shard_count:
+        if not 0 <= self.shard_index < self.shard_count:
             raise ValueError(f"PipelineConfig.shard_index={self.shard_index} is outside "
                              f"[0, shard_count={self.shard_count})")
         if self.read_threads < 0 or self.prefetch < 0:
@@ -51,12 +50,8 @@ class PipelineConfig:
 
 
 def resolve_shard(cfg: PipelineConfig) -> tuple[int, int]:
-    """(shard_index, shard_count): explicit values, else this JAX process and the process count."""
-    if cfg.shard_count is not None:
-        return cfg.shard_index, cfg.shard_count
-    import jax
-
-    return jax.process_index(), jax.process_count()
+    """(shard_index, shard_count) of ``cfg``."""
+    return cfg.shard_index, cfg.shard_count
 
 
 def build_dataset(source: Any, cfg: PipelineConfig,

@@ -166,27 +166,49 @@ def validate_rule(rule: Any, where: str = "rule") -> None:
             validate_rule(sub, f"{where}.rules[{k}]")
 
 
-def _validate_item(item: Any, where: str) -> None:
+def check_scoring_fields(item: Any, where: str) -> None:
+    """The fields the checklist scorer reads: ``weight`` (a finite number >= 0), ``focus_on``, and
+    ``required_for_next_turn`` (a bool, default False)."""
     if not isinstance(item, Mapping):
         raise RecordError(f"{where}: checklist item must be a dict")
+    if not _is_number(item.get("weight")) or item["weight"] < 0:
+        raise RecordError(f"{where}.weight: must be a finite non-negative number, got {item.get('weight')!r}")
+    if item.get("focus_on") not in FOCUS_ON:
+        raise RecordError(f"{where}.focus_on: must be one of {FOCUS_ON}, got {item.get('focus_on')!r}")
+    if not isinstance(item.get("required_for_next_turn", False), bool):
+        raise RecordError(f"{where}.required_for_next_turn: must be a bool, "
+                          f"got {item.get('required_for_next_turn')!r}")
+
+
+def validate_checklist_list(checklist_list: Any, where: str = "checklist_list") -> None:
+    """What scoring a turn needs of a checklist list (``rl.reward`` calls it on every judged turn):
+    lists of checklists of turns of items, each item's scoring fields valid. ``validate_record`` checks
+    a stored record more strictly (every item key, non-empty turns, weights summing to 1)."""
+    if not isinstance(checklist_list, (list, tuple)):
+        raise RecordError(f"{where} must be a list, got {type(checklist_list).__name__}")
+    for c, checklist in enumerate(checklist_list):
+        if not isinstance(checklist, (list, tuple)):
+            raise RecordError(f"{where}[{c}] must be a list of turns")
+        for t, turn in enumerate(checklist):
+            if not isinstance(turn, (list, tuple)):
+                raise RecordError(f"{where}[{c}][{t}] must be a list of items")
+            for k, item in enumerate(turn):
+                check_scoring_fields(item, f"{where}[{c}][{t}][{k}]")
+
+
+def _validate_item(item: Any, where: str) -> None:
+    check_scoring_fields(item, where)
     for key in ITEM_KEYS:
         if key not in item:
             raise RecordError(f"{where}: checklist item is missing key {key!r}")
     for key in ("question", "pass_condition"):
         if not isinstance(item[key], str):
             raise RecordError(f"{where}.{key}: must be a string")
-    if item["focus_on"] not in FOCUS_ON:
-        raise RecordError(f"{where}.focus_on: must be one of {FOCUS_ON}, got {item['focus_on']!r}")
     if not isinstance(item["failure_examples"], list) or not all(
             isinstance(x, str) for x in item["failure_examples"]):
         raise RecordError(f"{where}.failure_examples: must be a list of strings")
     if not isinstance(item["evidence"], list) or not all(isinstance(x, Mapping) for x in item["evidence"]):
         raise RecordError(f"{where}.evidence: must be a list of dicts")
-    if not _is_number(item["weight"]) or item["weight"] < 0:
-        raise RecordError(f"{where}.weight: must be a finite non-negative number, got {item['weight']!r}")
-    if not isinstance(item["required_for_next_turn"], bool):
-        raise RecordError(f"{where}.required_for_next_turn: must be a bool, "
-                          f"got {item['required_for_next_turn']!r}")
     if "rule" in item and item["rule"] is not None:
         validate_rule(item["rule"], f"{where}.rule")
 

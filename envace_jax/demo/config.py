@@ -133,6 +133,23 @@ def reduced() -> DemoConfig:
 PRESETS = {"default": default, "envace": envace, "legacy": legacy, "reduced": reduced}
 
 
+def demo_config_dict(preset: str = "default"):
+    """A ConfigDict of every ``DemoConfig`` field of ``preset`` (what ``configs/demo.py`` returns, so each
+    field can be overridden with ``--config.field=value``); read it back with ``load_demo_config``."""
+    from envace_jax.config import to_config_dict
+
+    if preset not in PRESETS:
+        raise ValueError(f"demo preset {preset!r}; choose one of {sorted(PRESETS)}")
+    return to_config_dict(PRESETS[preset]())
+
+
+def load_demo_config(cfg) -> DemoConfig:
+    """A ConfigDict / dict -> a checked ``DemoConfig`` (the converter of every other config)."""
+    from envace_jax.config import load_section
+
+    return load_section(DemoConfig, cfg, "config")
+
+
 def parse_overrides(cfg, items: typing.Sequence[str]):
     """``cfg`` (a frozen dataclass) with ``field=value`` items applied; values are parsed by the field's
     type (``none`` for an optional field, ``true``/``false`` for a flag). Unknown fields and unparsable

@@ -15,6 +15,7 @@ import os
 from typing import Any, Mapping, Sequence
 
 from envace_jax.chat import Qwen3ChatCodec, SimulatorPromptOptions, build_demo_tokenizer, load_tokenizer
+from envace_jax.chat.simulator import is_failed_result
 from envace_jax.data.demo_tasks import generate_tasks, world_model_examples
 from envace_jax.envs.base import ToolEnvironment, ToolResult
 from envace_jax.envs.demo_worlds import make_env
@@ -229,7 +230,7 @@ def world_model_rows(n: int, seed: int, codec: Qwen3ChatCodec, episode0: int = 0
         prompt = codec.simulator_prompt(task, system + [first_user], caller,
                                         ("call_wm", ex.call["name"], ex.call["arguments"]))
         content = normal_json(ex.response)
-        err = isinstance(json.loads(content), dict) and "error" in json.loads(content)
+        err = is_failed_result(content)
         target = codec.renderer.encode(rehearse_target(content, err)) + end
         rows.append(_row(REHEARSE, prompt, target, task["uid"], episode0 + k, 0))
     return rows

@@ -86,7 +86,7 @@ class Demo:
         is the start of RL and of the more-SFT baseline."""
         cfg = self.cfg
         lr = (cfg.more_sft_lr or cfg.sft_lr) if cfg.from_base else cfg.sft_lr
-        self.sft_trainer = stages.make_trainer(self.model, cfg, lr, 0 if cfg.from_base else cfg.sft_warmup, cfg.seed)
+        self.sft_trainer = stages.make_trainer(self.model, cfg, lr, 0 if cfg.from_base else cfg.sft_warmup)
         self.sft_stream = self._sft_stream(cfg.seed)
         self.sft_log = []
         if cfg.sft_steps:
@@ -119,7 +119,7 @@ class Demo:
 
         cfg = self.cfg
         stages.restore(self.model, self.sft_params)
-        trainer = stages.make_trainer(self.model, cfg, cfg.rl_lr, 0, cfg.seed + 1)
+        trainer = stages.make_trainer(self.model, cfg, cfg.rl_lr, 0)
         sim_model = None
         if mode == "simulator":  # the frozen simulator is the SFT model
             sim_model = stages.build_model(cfg, len(self.tok))

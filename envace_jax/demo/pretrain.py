@@ -318,10 +318,9 @@ def load_base(directory: str) -> Base:
 def build_model(cfg: PretrainConfig, vocab: int):
     from envace_jax.models import qwen3
 
-    mc = qwen3.Qwen3Config(vocab_size=vocab, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                           num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                           head_dim=cfg.head_dim, tie_word_embeddings=True, rope_theta=10000.0,
-                           max_position_embeddings=1 << 14, param_dtype="float32", dtype="float32")
+    mc = qwen3.Qwen3Config.tiny(vocab, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                                num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                                head_dim=cfg.head_dim, tie_word_embeddings=True)
     return qwen3.init_model(mc, seed=cfg.seed)
 
 
@@ -356,7 +355,7 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
     from envace_jax.checkpoint import Checkpointer, PreemptionGuard
     from envace_jax.demo import stages
     from envace_jax.models import hf_io
-    from envace_jax.rl.trainer import LossConfig, OptimConfig
+    from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
 
     os.makedirs(out_dir, exist_ok=True)
     t_start = time.perf_counter()
@@ -380,7 +379,7 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
     model = build_model(cfg, len(tok))
     optim = OptimConfig(lr=cfg.lr, schedule="cosine", warmup_steps=cfg.warmup, total_steps=cfg.steps,
                         weight_decay=0.0, grad_clip=1.0)
-    trainer = stages.PaddedTrainer(model, optim, LossConfig(), micro_batch_size=cfg.micro_batch_size, seed=cfg.seed)
+    trainer = Trainer(model, optim, LossConfig(), micro_batch_size=cfg.micro_batch_size, pad_micro_batches=True)
     ckpt_dir = os.path.abspath(os.path.join(out_dir, "checkpoints"))
     mem_path = os.path.join(out_dir, "memories.json")
     curve_path = os.path.join(out_dir, "curve.jsonl")

@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any, Mapping, Sequence
 
-from envace_jax.eval.results import nan_to_none, wilson_ci
+from envace_jax.eval.results import mean_ci, nan_to_none, wilson_ci  # noqa: F401  (report.mean_ci / wilson_ci still resolve)
 
 REQUIRED_KEYS = ("real_success_before", "real_success_after", "real_success_ci_before", "real_success_ci_after",
                  "fidelity_before", "fidelity_after", "test_episodes", "more_sft_success", "more_sft_success_ci",
                  "success_by_branch_before", "success_by_branch_after", "fidelity_state_changing_before",
                  "fidelity_state_changing_after", "fidelity_read_only_before", "fidelity_read_only_after",
                  "optimistic_hallucination_before", "optimistic_hallucination_after")
-
-
-def mean_ci(xs: Sequence[float]) -> list[float]:
-    """Normal-approximation 95% interval of a mean (checklist scores are not binomial)."""
-    n = len(xs)
-    if n < 2:
-        return [float("nan"), float("nan")]
-    m = sum(xs) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    h = 1.96 * sd / math.sqrt(n)
-    return [max(0.0, m - h), min(1.0, m + h)]
 
 
 def _success_rate(scores: Sequence[float]) -> float:

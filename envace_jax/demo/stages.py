@@ -56,10 +56,9 @@ class Clock:
 
 
 def build_model(cfg: DemoConfig, vocab: int) -> qwen3.Qwen3:
-    mc = qwen3.Qwen3Config(vocab_size=vocab, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                           num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                           head_dim=cfg.head_dim, tie_word_embeddings=True, rope_theta=10000.0,
-                           max_position_embeddings=1 << 14, param_dtype="float32", dtype="float32")
+    mc = qwen3.Qwen3Config.tiny(vocab, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                                num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                                head_dim=cfg.head_dim, tie_word_embeddings=True)
     return qwen3.init_model(mc, seed=cfg.seed)
 
 
@@ -75,35 +74,11 @@ def host_copy(tree: Any) -> Any:
     return jax.tree.map(lambda x: np.array(x) if isinstance(x, (jax.Array, np.ndarray)) else x, tree)
 
 
-class PaddedTrainer(Trainer):
-    """A Trainer whose batches are padded (zero-weight rows) to a multiple of the micro-batch size, so a
-    varying number of RL rows never compiles a new program for a short last micro-batch."""
-
-    def _pad(self, batch: TrainBatch) -> TrainBatch:
-        extra = -batch.size % self.micro_batch_size
-        if extra == 0:
-            return batch
-        arrays = {}
-        for k, v in batch.arrays().items():
-            pad = np.zeros((extra,) + v.shape[1:], v.dtype)
-            if k == "group_ids":
-                pad[:] = -1
-            elif k == "temperature":
-                pad[:] = 1.0
-            arrays[k] = np.concatenate([v, pad], 0)
-        return TrainBatch(**arrays, truncated_rows=batch.truncated_rows)
-
-    def compute_logprobs(self, batch: TrainBatch) -> np.ndarray:
-        return super().compute_logprobs(self._pad(batch))[: batch.size]
-
-    def update(self, batch: TrainBatch, kind: str = "rl") -> dict[str, float]:
-        return super().update(self._pad(batch), kind)
-
-
-def make_trainer(model, cfg: DemoConfig, lr: float, warmup: int, seed: int) -> PaddedTrainer:
-    optim = OptimConfig(lr=lr, schedule="constant", warmup_steps=warmup, total_steps=10**6, weight_decay=0.0,
-                        grad_clip=1.0)
-    return PaddedTrainer(model, optim, LossConfig(), micro_batch_size=cfg.micro_batch_size, seed=seed)
+def make_trainer(model, cfg: DemoConfig, lr: float, warmup: int) -> Trainer:
+    """A Trainer whose short last micro-batch is padded (zero-weight rows), so a varying number of RL rows
+    never compiles a new program."""
+    optim = OptimConfig(lr=lr, schedule="constant", warmup_steps=warmup, weight_decay=0.0, grad_clip=1.0)
+    return Trainer(model, optim, LossConfig(), micro_batch_size=cfg.micro_batch_size, pad_micro_batches=True)
 
 
 # ----------------------------------------------------------------------------- SFT
@@ -235,15 +210,16 @@ def evaluate_fidelity(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str
 # ----------------------------------------------------------------------------- RL
 
 def make_rl_step(cfg: DemoConfig, mode: str, model, codec, trainer: Trainer, simulator_model=None):
-    from envace_jax.rl.rollout import TRAINED_ROLES
-    from envace_jax.rl.step import RLStep, StepConfig
+    from envace_jax.config import RLSection
+    from envace_jax.rl.step import build_rl_step
 
     client = make_client(model, codec)
     sim_client = make_client(simulator_model, codec) if simulator_model is not None else None
-    engine = make_engine(cfg, mode, codec, client, greedy=False, simulator=sim_client)
-    step_cfg = StepConfig(n_rollouts=cfg.n_rollouts, baseline="row_mean", normalize_std=False,
-                          empty_output_penalty=0.1, recompute_old_logprobs=True, ppo_epochs=1, mini_batches=1,
-                          max_row_length=TRAIN_LEN,
-                          length_multiple=LENGTH_MULTIPLE, pad_id=0, seed=cfg.seed)
-    step = RLStep(step_cfg, engine, {r: trainer for r in TRAINED_ROLES[mode]})
+    # The reference's step (row-mean baseline, 0.1 empty-output penalty, recomputed old log-probs, one
+    # optimizer step) on the demo's short rows.
+    rl = RLSection(n_rollouts=cfg.n_rollouts, micro_batch_size=cfg.micro_batch_size, max_row_length=TRAIN_LEN,
+                   length_multiple=LENGTH_MULTIPLE)
+    step = build_rl_step(rl, rollout_config(cfg, mode, greedy=False), codec, client, ChecklistTurnJudge(RuleJudge()),
+                         trainer, simulator=sim_client, make_env=make_real_env if mode == "real" else None,
+                         pad_id=0, seed=cfg.seed)
     return step, client

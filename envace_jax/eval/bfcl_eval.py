@@ -23,30 +23,12 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from envace_jax.envs import bfcl
+from envace_jax.eval.config import BfclConfig  # noqa: F401  (the suite's knobs live with every eval knob)
 from envace_jax.eval.harness import LENGTH_BUDGET, Agent, AgentTurn, Conversation, number_calls, parse_turn, \
     tool_call_text
 from envace_jax.eval.results import CategoryResult, EntryResult
 
 MISS_FUNC_PROMPT = "I have updated some more functions you can choose from. What about now?"
-
-
-@dataclasses.dataclass(frozen=True)
-class BfclConfig:
-    categories: tuple[str, ...] = ("multi_turn_base",)
-    limit: int = 0                      # entries per category (0 = all)
-    max_steps_per_turn: int = 20        # BFCL's MAXIMUM_STEP_LIMIT
-    batch_size: int = 16                # entries played at once
-
-    def __post_init__(self):
-        for c in self.categories:
-            if c not in bfcl.MULTI_TURN_CATEGORIES + bfcl.SINGLE_TURN_CATEGORIES:
-                raise ValueError(f"config.bfcl.categories: unsupported category {c!r}; expected some of "
-                                 f"{bfcl.MULTI_TURN_CATEGORIES + bfcl.SINGLE_TURN_CATEGORIES}")
-        for name in ("max_steps_per_turn", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"config.bfcl.{name} must be >= 1, got {getattr(self, name)}")
-        if self.limit < 0:
-            raise ValueError(f"config.bfcl.limit must be >= 0, got {self.limit}")
 
 
 def _checkable(call: tuple[str, Mapping[str, Any]]) -> bool:

@@ -11,29 +11,19 @@ N private rehearsals (``eval.rehearsal.TestTimeRehearsal``). ``valid`` = every c
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Sequence
 
+from envace_jax.eval.config import DemoSuiteConfig
 from envace_jax.eval.results import CategoryResult, EntryResult
 from envace_jax.eval.rehearsal import RehearsalConfig, RehearsalRun, TestTimeRehearsal, rehearsal_sweep
 
 _EPS = 1e-9
 
 
-@dataclasses.dataclass(frozen=True)
-class DemoConfig:
-    num_tasks: int = 40
-    seed: int = 0
-    split: str = "test"
-
-    def __post_init__(self):
-        if self.num_tasks < 1:
-            raise ValueError(f"config.demo.num_tasks must be >= 1, got {self.num_tasks}")
-        if self.split not in ("train", "validation", "test"):
-            raise ValueError(f"config.demo.split={self.split!r}; choose train, validation or test")
+DemoConfig = DemoSuiteConfig  # the earlier name (not the demo pipeline's envace_jax.demo.config.DemoConfig)
 
 
-def load_tasks(cfg: DemoConfig) -> list[dict[str, Any]]:
+def load_tasks(cfg: DemoSuiteConfig) -> list[dict[str, Any]]:
     from envace_jax.data.demo_tasks import generate_tasks
     return generate_tasks(cfg.num_tasks, cfg.seed, cfg.split)
 

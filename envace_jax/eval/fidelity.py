@@ -42,7 +42,7 @@ import json
 import math
 from typing import Any, Callable, Mapping, Sequence
 
-from envace_jax.chat.simulator import parse_simulator_output
+from envace_jax.chat.simulator import is_failed_result, parse_simulator_output
 from envace_jax.chat.tool_parser import CALL_SEPARATOR
 from envace_jax.eval.fidelity_report import (MEASURES, CallScore, FidelityReport, hallucination_counts,  # noqa: F401
                                              kind_headline)
@@ -51,7 +51,7 @@ from envace_jax.rl.policy_client import GenRequest
 from envace_jax.rl.rollout import RoleSampling
 from envace_jax.rl.types import REHEARSE
 
-ERROR_KEYS = ("error", "error_tool_call")
+ERROR_KEYS = ("error", "error_tool_call")  # what ``chat.simulator.is_failed_result`` looks for
 
 
 # ----------------------------------------------------------------------------- cases
@@ -233,7 +233,7 @@ def _json_or_none(text: Any) -> Any:
 
 
 def _view_is_error(view: Any) -> bool:
-    return isinstance(view, dict) and any(k in view for k in ERROR_KEYS)
+    return is_failed_result(view) if isinstance(view, dict) else False
 
 
 def real_view(content: str, error: bool) -> Any:

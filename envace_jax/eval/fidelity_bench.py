@@ -19,69 +19,12 @@ Wilson interval, and the per-kind figures ride along as extra columns.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from envace_jax.eval import fidelity as F
+from envace_jax.eval.config import REHEARSERS, FidelityBenchConfig  # noqa: F401  (knobs live with every eval knob)
 from envace_jax.eval.results import CategoryResult, EntryResult
-
-REHEARSERS = ("oracle", "constant", "model")
-
-
-def _names(value: Any, field: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        return tuple(v.strip() for v in value.split(",") if v.strip())
-    if isinstance(value, (list, tuple)):
-        return tuple(str(v) for v in value)
-    raise ValueError(f"config.fidelity.{field} must be a comma-separated string or a list, got {value!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class FidelityBenchConfig:
-    bfcl_categories: tuple[str, ...] = ("multi_turn_base",)   # multi-turn categories (empty: none)
-    tau2_domains: tuple[str, ...] = ("airline", "retail", "telecom")
-    tau2_split: str = "test"
-    demo_tasks: int = 0               # demo reference conversations (0: none)
-    demo_split: str = "test"
-    limit: int = 0                    # entries / tasks per BFCL category and tau2 domain (0 = all)
-    with_reference: bool = False      # put the replay into the record's reference_messages (an upper bound)
-    rehearser: str = "oracle"         # oracle | constant | model
-    batch_size: int = 16              # REHEARSE prompts per generate call (model)
-    seed: int = 0
-
-    def __post_init__(self):
-        from envace_jax.envs import bfcl, tau2
-        if self.rehearser not in REHEARSERS:
-            raise ValueError(f"config.fidelity.rehearser={self.rehearser!r}; choose one of {REHEARSERS}")
-        for c in self.bfcl_categories:
-            if c not in bfcl.MULTI_TURN_CATEGORIES:
-                raise ValueError(f"config.fidelity.bfcl_categories: {c!r} has no logged multi-turn replay; "
-                                 f"expected some of {bfcl.MULTI_TURN_CATEGORIES}")
-        for d in self.tau2_domains:
-            if d not in tau2.DOMAINS:
-                raise ValueError(f"config.fidelity.tau2_domains: unknown domain {d!r}; expected some of {tau2.DOMAINS}")
-        for name in ("limit", "demo_tasks"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"config.fidelity.{name} must be >= 0, got {getattr(self, name)}")
-        if self.batch_size < 1:
-            raise ValueError(f"config.fidelity.batch_size must be >= 1, got {self.batch_size}")
-        if not (self.bfcl_categories or self.tau2_domains or self.demo_tasks):
-            raise ValueError("config.fidelity names no BFCL category, no tau2 domain and no demo task")
-
-    @classmethod
-    def from_mapping(cls, section: Any, seed: int = 0) -> "FidelityBenchConfig":
-        """From the config's ``fidelity`` section (a dict or ConfigDict); unknown keys are an error."""
-        raw = section.to_dict() if hasattr(section, "to_dict") else dict(section or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ValueError(f"config.fidelity has unknown fields {unknown}; known: {sorted(known)}")
-        for key in ("bfcl_categories", "tau2_domains"):
-            if key in raw:
-                raw[key] = _names(raw[key], key)
-        return cls(**{"seed": seed, **raw})
-
 
 def benchmark_cases(cfg: FidelityBenchConfig) -> list[F.FidelityCase]:
     """Every logged call of the configured BFCL categories, tau2 domains and demo tasks, in that order."""

@@ -18,7 +18,9 @@ import json
 import os
 from typing import Any, Mapping, Protocol, Sequence
 
+from envace_jax.chat.tokenizer import demo_corpus  # noqa: F401  (harness.demo_corpus still resolves)
 from envace_jax.chat.tool_parser import parse_tool_calls, split_assistant_text
+from envace_jax.eval.config import PRE_SPLITS, TOKENIZER_CORPORA, ModelSpec, SamplerShapes  # noqa: F401
 from envace_jax.rl.policy_client import GenRequest
 from envace_jax.rl.rollout import RoleSampling
 from envace_jax.rl.types import ACT
@@ -141,20 +143,6 @@ class ModelAgent:
 
 # ----------------------------------------------------------------------------- model loading
 
-def demo_corpus(num_tasks: int = 48) -> list[str]:
-    """Texts the offline demo tokenizer is trained on: rendered demo conversations, thinking on and off."""
-    from envace_jax.chat import render_chat_text
-    from envace_jax.data.demo_tasks import generate_tasks
-
-    texts = []
-    for split in ("train", "validation"):
-        for t in generate_tasks(num_tasks, 0, split):
-            system = [m for m in t["messages"] if m["role"] == "system"]
-            for thinking in (True, False):
-                texts.append(render_chat_text(system + t["reference_messages"], t["tools"], enable_thinking=thinking))
-    return texts
-
-
 def bfcl_corpus(repeat: int = 3) -> list[str]:
     """BFCL multi-turn texts as the policy sees them: every tool schema of multi_turn_base (with the
     note BFCL appends to each description) in Qwen3 system prompts, ten per text, ``repeat`` times so
@@ -175,48 +163,9 @@ def bfcl_corpus(repeat: int = 3) -> list[str]:
     return repeat * texts + [user_turn(q) for q in questions]
 
 
-TOKENIZER_CORPORA = ("demo", "demo+bfcl")
-PRE_SPLITS = ("qwen", "lines")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """Which policy to load. ``random_tiny`` builds a random 2-layer Qwen3 and the demo tokenizer (CI)."""
-
-    model_path: str = ""
-    tokenizer_path: str = ""
-    random_tiny: bool = False
-    dtype: str = "float32"
-    tiny_hidden: int = 64
-    tiny_layers: int = 2
-    tiny_heads: int = 4
-    tiny_kv_heads: int = 2
-    tiny_head_dim: int = 16
-    demo_vocab_size: int = 480
-    # "demo+bfcl" also trains the demo tokenizer on BFCL's multi-turn tool schemas and questions.
-    # BFCL prompts (~17k characters, ~30 tool schemas) are ~10k tokens with the "demo" corpus and
-    # ~4k with "demo+bfcl" (the floor of Qwen3's word-level pre-split); with pre_split="lines" and a
-    # large vocabulary, merges span words and a prompt shrinks to a few hundred tokens.
-    tokenizer_corpus: str = "demo"
-    tokenizer_pre_split: str = "qwen"
-    tokenizer_max_token_chars: int = 0       # 0 = unlimited
-    seed: int = 0
-
-
-def _init_tiny(cfg, seed: int):
-    """``qwen3.init_model(cfg, seed=seed)`` as ONE compiled program: the eager path compiles a
-    random-normal program per parameter shape, ~1 s each on a busy 2-core CI box."""
-    import jax
-    from flax import nnx
-    from envace_jax.models import qwen3
-
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed))))
-    state = jax.jit(lambda: nnx.state(qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed))))()
-    return nnx.merge(graphdef, state)
-
-
-def load_policy(spec: ModelSpec, work_dir: str):
-    """(model, tokenizer) for ``spec``; nothing is downloaded (local directories only)."""
+def load_policy(spec: ModelSpec, work_dir: str, seed: int = 0):
+    """(model, tokenizer) for ``spec``; nothing is downloaded (local directories only). ``seed``: the
+    random init of ``random_tiny``."""
     from envace_jax.chat import build_demo_tokenizer, load_tokenizer
     from envace_jax.models import hf_io, qwen3
 
@@ -224,27 +173,18 @@ def load_policy(spec: ModelSpec, work_dir: str):
         if spec.model_path:
             raise ValueError("config.model: set either model_path or random_tiny=True, not both")
         tok_dir = spec.tokenizer_path or os.path.join(work_dir, "demo_tokenizer")
+        tiny = spec.tiny
         if os.path.exists(os.path.join(tok_dir, "tokenizer.json")):
             tok = load_tokenizer(tok_dir)
         else:
-            if spec.tokenizer_corpus not in TOKENIZER_CORPORA:
-                raise ValueError(f"config.model.tiny.tokenizer_corpus={spec.tokenizer_corpus!r}; "
-                                 f"choose one of {TOKENIZER_CORPORA}")
-            if spec.tokenizer_pre_split not in PRE_SPLITS:
-                raise ValueError(f"config.model.tiny.pre_split={spec.tokenizer_pre_split!r}; choose one of {PRE_SPLITS}")
-            if spec.tokenizer_max_token_chars < 0:
-                raise ValueError(f"config.model.tiny.max_token_chars={spec.tokenizer_max_token_chars} must be >= 0")
-            corpus = demo_corpus() + (bfcl_corpus() if spec.tokenizer_corpus == "demo+bfcl" else [])
-            tok = build_demo_tokenizer(corpus, tok_dir, vocab_size=spec.demo_vocab_size,
-                                       pre_split=spec.tokenizer_pre_split,
-                                       max_token_chars=spec.tokenizer_max_token_chars or None)
-        h = spec.tiny_hidden
-        cfg = qwen3.Qwen3Config(vocab_size=len(tok), hidden_size=h, intermediate_size=2 * h,
-                                num_layers=spec.tiny_layers, num_heads=spec.tiny_heads,
-                                num_kv_heads=spec.tiny_kv_heads, head_dim=spec.tiny_head_dim,
-                                param_dtype=spec.dtype, dtype=spec.dtype, rope_theta=10000.0,
-                                max_position_embeddings=1 << 17)
-        return _init_tiny(cfg, spec.seed), tok
+            corpus = demo_corpus() + (bfcl_corpus() if tiny.tokenizer_corpus == "demo+bfcl" else [])
+            tok = build_demo_tokenizer(corpus, tok_dir, vocab_size=tiny.vocab_size, pre_split=tiny.pre_split,
+                                       max_token_chars=tiny.max_token_chars or None)
+        cfg = qwen3.Qwen3Config.tiny(len(tok), hidden_size=tiny.hidden, num_layers=tiny.layers, num_heads=tiny.heads,
+                                     num_kv_heads=tiny.kv_heads, head_dim=tiny.head_dim, param_dtype=spec.dtype,
+                                     dtype=spec.dtype)
+        # One compiled init program: the eager path compiles one per parameter shape (~1 s each on CI).
+        return qwen3.init_model(cfg, seed=seed, one_program=True), tok
     if not spec.model_path:
         raise ValueError("config.model.model_path is empty: give a local Qwen3 checkpoint directory "
                          "(or set config.model.random_tiny=True for a CI smoke run)")
@@ -257,28 +197,6 @@ def load_policy(spec: ModelSpec, work_dir: str):
     return model, tok
 
 
-@dataclasses.dataclass(frozen=True)
-class SamplerShapes:
-    """Shape buckets for the eval sampler (``Sampler`` keywords; empty = the sampler's defaults).
-
-    Each new (batch, chunk length, cache window) bucket compiles a prefill and a decode program,
-    seconds each on CPU. A run whose every call fits one batch and one window (set ``window`` to
-    ``max_model_len + max_chunk``, the most the sampler allocates) compiles a handful of programs.
-    """
-
-    batch: tuple[int, ...] = ()
-    length: tuple[int, ...] = ()
-    window: tuple[int, ...] = ()
-    max_chunk: int = 512
-
-    def __post_init__(self):
-        for name in ("batch", "length", "window"):
-            if any(int(b) < 1 for b in getattr(self, name)):
-                raise ValueError(f"config.sampler.{name}_buckets must be positive, got {getattr(self, name)}")
-        if self.max_chunk < 1:
-            raise ValueError(f"config.sampler.max_chunk must be >= 1, got {self.max_chunk}")
-
-
 def build_model_agent(spec: ModelSpec, sampling: RoleSampling, *, max_model_len: int, work_dir: str,
                       enable_thinking: bool = True, seed: int = 0, shapes: SamplerShapes = SamplerShapes()):
     """(agent, codec, client) for a model policy; the client keeps KV caches across turns."""
@@ -286,10 +204,10 @@ def build_model_agent(spec: ModelSpec, sampling: RoleSampling, *, max_model_len:
     from envace_jax.rl.policy_client import SamplerClient
     from envace_jax.sampling import Sampler
 
-    model, tok = load_policy(spec, work_dir)
+    model, tok = load_policy(spec, work_dir, seed)
     codec = Qwen3ChatCodec(tok, enable_thinking=enable_thinking, simulator_thinking=enable_thinking)
     sampler = Sampler(model, cache_size=max_model_len, max_chunk=shapes.max_chunk,
-                      batch_buckets=shapes.batch or None, length_buckets=shapes.length or None,
-                      window_buckets=shapes.window or None)
+                      batch_buckets=shapes.batch_buckets or None, length_buckets=shapes.length_buckets or None,
+                      window_buckets=shapes.window_buckets or None)
     client = SamplerClient(sampler, codec.stop_token_ids)
     return ModelAgent(codec, client, sampling, max_model_len=max_model_len, seed=seed), codec, client

@@ -45,51 +45,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from typing import Any, Callable, Mapping, Sequence
 
+from envace_jax.chat.simulator import is_failed_result
 from envace_jax.chat.tool_parser import strip_think
 from envace_jax.envs.base import NoToolEnvironment
-from envace_jax.eval.results import wilson_ci
+from envace_jax.eval.config import MEMORY_KINDS, PLACEMENTS, RehearsalConfig  # noqa: F401  (knobs live there)
+from envace_jax.eval.config import REHEARSAL_MODES as MODES
+from envace_jax.eval.results import mean_ci, wilson_ci
 from envace_jax.rl.policy_client import GenRequest
-from envace_jax.rl.rollout import RoleSampling, RolloutConfig, RolloutEngine
+from envace_jax.rl.rollout import RolloutConfig, RolloutEngine
 from envace_jax.rl.types import ACT, Episode, State
 
-MODES = ("parallel", "sequential")
-MEMORY_KINDS = ("template", "model")
-PLACEMENTS = ("system", "note")
 MEMORY_HEADER = "Rehearsal memory"
 _RESPONSE_CHARS = 160
-
-
-@dataclasses.dataclass(frozen=True)
-class RehearsalConfig:
-    n: int = 0                              # imagined episodes per task (0: act directly)
-    mode: str = "parallel"
-    max_tokens_per_rehearsal: int = 2048
-    memory: str = "template"
-    max_memory_chars: int = 1500
-    placement: str = "system"
-    grounding: str = "none"                 # "reference" keeps the few-shot logged results (privileged)
-    user_turns: str = "first"               # "all" rehearses every scripted user turn
-    summary: RoleSampling = RoleSampling(temperature=0.0, max_new_tokens=256)
-    # sampling temperature of the imagined episodes (both roles); None: the committed run's. With a greedy
-    # committed run, N > 1 parallel rehearsals at temperature None are N copies of one episode.
-    temperature: float | None = None
-    seed: int = 0
-
-    def __post_init__(self):
-        choices = {"mode": MODES, "memory": MEMORY_KINDS, "placement": PLACEMENTS,
-                   "grounding": ("none", "reference"), "user_turns": ("first", "all")}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"rehearsal.{name}={getattr(self, name)!r}; choose one of {allowed}")
-        if self.temperature is not None and not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
-            raise ValueError(f"rehearsal.temperature must be None or >= 0, got {self.temperature!r}")
-        for name in ("n", "max_tokens_per_rehearsal", "max_memory_chars"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < (0 if name == "n" else 1):
-                raise ValueError(f"rehearsal.{name} must be an int >= {0 if name == 'n' else 1}, got {v!r}")
 
 
 # ----------------------------------------------------------------------------- imagined episodes
@@ -176,14 +145,6 @@ class RehearsalTrace:
     malformed_call: str | None       # the parse error text when ACT wrote a broken call
 
 
-def _is_error(content: str) -> bool:
-    try:
-        obj = json.loads(content)
-    except (TypeError, ValueError, RecursionError):
-        return False
-    return isinstance(obj, dict) and ("error" in obj or "error_tool_call" in obj)
-
-
 def trace_of(ep: Episode, index: int, start: int) -> RehearsalTrace:
     """``start``: number of initial messages (before anything the episode generated)."""
     steps: list[StepTrace] = []
@@ -203,7 +164,7 @@ def trace_of(ep: Episode, index: int, start: int) -> RehearsalTrace:
                 fn = c["function"]
                 if c["id"] in answers:
                     resp = answers[c["id"]]
-                    steps.append(StepTrace(turn, fn["name"], fn["arguments"], resp, _is_error(resp)))
+                    steps.append(StepTrace(turn, fn["name"], fn["arguments"], resp, is_failed_result(resp)))
         elif m.get("role") == "tool" and m.get("name") == "error_tool_call" and "tool_call_id" not in m:
             malformed = str(m.get("content", ""))
     return RehearsalTrace(index, steps, final, ep.termination or "", malformed)
@@ -413,22 +374,11 @@ class TestTimeRehearsal:
 
 # ----------------------------------------------------------------------------- sweep
 
-def _mean_ci(xs: Sequence[float]) -> tuple[float, list[float]]:
-    n = len(xs)
-    if n == 0:
-        return float("nan"), [float("nan"), float("nan")]
-    m = sum(xs) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
-    h = 1.96 * sd / math.sqrt(n)
-    # checklist scores live in [0, 1]; the normal approximation can step outside near the ends
-    return m, [max(0.0, m - h), min(1.0, m + h)]
-
-
 def summarize_run(run: RehearsalRun) -> dict[str, Any]:
     scores = run.scores
     wins = sum(s >= 1.0 - 1e-9 for s in scores)
-    mean, ci = _mean_ci(scores)
     n = max(1, len(scores))
+    mean, ci = (sum(scores) / len(scores) if scores else float("nan")), mean_ci(scores)
     return {"mode": run.config.mode, "n": run.config.n, "memory": run.config.memory, "tasks": len(scores),
             "score": mean, "score_ci95": ci, "success": wins / n, "success_ci95": wilson_ci(wins, len(scores)),
             "extra_generated_tokens": sum(o.generated_tokens for o in run.rehearsals) / n,

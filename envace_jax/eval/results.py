@@ -26,6 +26,18 @@ def wilson_ci(successes: int, n: int, z: float = 1.96) -> list[float]:
     return [max(0.0, c - h), min(1.0, c + h)]
 
 
+def mean_ci(xs: Sequence[float], z: float = 1.96) -> list[float]:
+    """Normal-approximation 95% interval of a mean score (checklist scores are not binomial), clipped to
+    [0, 1] where scores live; [nan, nan] with fewer than two scores (no spread to estimate)."""
+    n = len(xs)
+    if n < 2:
+        return [float("nan"), float("nan")]
+    m = sum(xs) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    h = z * sd / math.sqrt(n)
+    return [max(0.0, m - h), min(1.0, m + h)]
+
+
 @dataclasses.dataclass
 class EntryResult:
     """One benchmark entry: whether the benchmark's checker accepted it, and why not."""

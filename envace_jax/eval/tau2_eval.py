@@ -26,35 +26,12 @@ from typing import Any, Sequence
 
 from envace_jax.chat.tool_parser import strip_think
 from envace_jax.envs import tau2 as T
+from envace_jax.eval.config import TAU2_USERS as USERS  # noqa: F401
+from envace_jax.eval.config import Tau2Config  # noqa: F401  (the suite's knobs live with every eval knob)
 from envace_jax.eval.harness import LENGTH_BUDGET, Agent, AgentTurn, Conversation, number_calls, parse_turn
 from envace_jax.eval.results import CategoryResult, EntryResult
 
 GREETING = "Hi! How can I help you today?"   # tau2's orchestrator opens with the agent's greeting too
-USERS = ("scripted", "model")
-
-
-@dataclasses.dataclass(frozen=True)
-class Tau2Config:
-    domains: tuple[str, ...] = T.DOMAINS
-    split: str = "test"
-    limit: int = 0                      # tasks per domain (0 = all)
-    user: str = "scripted"
-    max_steps: int = 30                 # agent + user messages before the run is cut (tau2: max_steps)
-    batch_size: int = 8
-
-    def __post_init__(self):
-        for d in self.domains:
-            if d not in T.DOMAINS:
-                raise ValueError(f"config.tau2.domains: unknown domain {d!r}; expected some of {T.DOMAINS}")
-        if self.user not in USERS:
-            raise ValueError(f"config.tau2.user={self.user!r}; choose one of {USERS}")
-        if self.split not in ("train", "test", "base"):
-            raise ValueError(f"config.tau2.split={self.split!r}; choose train, test or base")
-        for name in ("max_steps", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"config.tau2.{name} must be >= 1")
-        if self.limit < 0:
-            raise ValueError("config.tau2.limit must be >= 0")
 
 
 def _stop_tokens() -> tuple[str, ...]:

@@ -97,6 +97,20 @@ class Qwen3Config:
         per_layer = d * n * h * 2 + d * k * h * 2 + 3 * d * f + 2 * d + 2 * h
         return v * d * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + d
 
+    # ---- the tiny random model (tests, the demo, CI smoke runs): the one recipe every caller sizes ----
+    @classmethod
+    def tiny(cls, vocab_size: int, *, hidden_size: int = 64, intermediate_size: int | None = None,
+             num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
+             **kw) -> "Qwen3Config":
+        """A small Qwen3 for random init: float32, rope_theta 1e4 (short contexts), 128k positions
+        (metadata only); ``intermediate_size`` defaults to ``2 * hidden_size``."""
+        base = dict(vocab_size=vocab_size, hidden_size=hidden_size,
+                    intermediate_size=2 * hidden_size if intermediate_size is None else intermediate_size,
+                    num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                    rope_theta=10000.0, max_position_embeddings=1 << 17, param_dtype="float32", dtype="float32")
+        base.update(kw)
+        return cls(**base)
+
     # ---- presets (dense Qwen3 family; numbers from the released config.json files) ----
     @classmethod
     def _preset(cls, hidden, inter, layers, heads, kv, tie, **kw) -> "Qwen3Config":
@@ -137,10 +151,12 @@ class Qwen3Config:
     def qwen3_32b(cls, **kw):
         return cls._preset(5120, 25600, 64, 64, 8, False, **kw)
 
-    # ---- Hugging Face config.json ----
+    # ---- Hugging Face config.json (the key mapping lives in hf_io, with the tensor mapping) ----
     @classmethod
     def from_hf(cls, path_or_dict: str | os.PathLike | Mapping[str, Any], **overrides) -> "Qwen3Config":
         """Reads a transformers Qwen3 config (4.x or 5.x spelling) from a dir, a config.json or a dict."""
+        from envace_jax.models import hf_io
+
         if isinstance(path_or_dict, Mapping):
             d = dict(path_or_dict)
         elif hasattr(path_or_dict, "to_dict"):
@@ -151,91 +167,13 @@ class Qwen3Config:
                 p = os.path.join(p, "config.json")
             with open(p) as f:
                 d = json.load(f)
-        model_type = d.get("model_type", "qwen3")
-        if model_type != "qwen3":
-            raise ValueError(f"config.model_type={model_type!r}: only dense 'qwen3' is supported")
-        if d.get("attention_bias", False):
-            raise ValueError("config.attention_bias=true is not supported (Qwen3 has no attention biases)")
-        act = d.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"config.hidden_act={act!r} is not supported (only 'silu')")
-        if d.get("use_sliding_window", False):
-            raise ValueError("config.use_sliding_window=true is not supported")
-        layer_types = d.get("layer_types")
-        if layer_types and any(t != "full_attention" for t in layer_types):
-            bad = sorted(set(t for t in layer_types if t != "full_attention"))
-            raise ValueError(f"config.layer_types contains {bad}: only 'full_attention' is supported")
-        # rope: 4.x has top-level rope_theta (+ optional rope_scaling); 5.x has rope_parameters.
-        rope_params = d.get("rope_parameters") or {}
-        scaling = d.get("rope_scaling")
-        for field, spec in (("rope_parameters", rope_params), ("rope_scaling", scaling)):
-            if spec:
-                rtype = spec.get("rope_type", spec.get("type", "default"))
-                if rtype not in ("default", None):
-                    raise ValueError(
-                        f"config.{field}.rope_type={rtype!r} is not supported (only 'default' rotary embeddings)"
-                    )
-        theta = rope_params.get("rope_theta", d.get("rope_theta", 10000.0))
-        dtype = d.get("dtype") or d.get("torch_dtype") or "float32"
-        if dtype not in _DTYPES:
-            raise ValueError(f"config dtype {dtype!r} is not supported; choose one of {sorted(_DTYPES)}")
-        num_heads = d["num_attention_heads"]
-        kw = dict(
-            vocab_size=d["vocab_size"],
-            hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
-            num_layers=d["num_hidden_layers"],
-            num_heads=num_heads,
-            num_kv_heads=d.get("num_key_value_heads") or num_heads,
-            head_dim=d.get("head_dim") or d["hidden_size"] // num_heads,
-            rope_theta=float(theta),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(d.get("max_position_embeddings", 40960)),
-            param_dtype=dtype,
-            dtype=dtype,
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_id=d.get("eos_token_id"),
-            pad_token_id=d.get("pad_token_id"),
-            initializer_range=float(d.get("initializer_range", 0.02)),
-        )
-        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown Qwen3Config override(s): {sorted(unknown)}")
-        kw.update(overrides)
-        return cls(**kw)
+        return hf_io.config_from_hf(d, **overrides)
 
     def to_hf(self) -> dict[str, Any]:
         """A transformers-5 style config.json dict (also readable by transformers 4.51+)."""
-        return {
-            "architectures": ["Qwen3ForCausalLM"],
-            "model_type": "qwen3",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_scaling": None,
-            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "max_position_embeddings": self.max_position_embeddings,
-            "use_sliding_window": False,
-            "sliding_window": None,
-            "initializer_range": self.initializer_range,
-            "torch_dtype": self.param_dtype,
-            "dtype": self.param_dtype,
-            "use_cache": True,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
-            "pad_token_id": self.pad_token_id,
-        }
+        from envace_jax.models import hf_io
+
+        return hf_io.config_to_hf(self)
 
 
 # ------------------------------------------------------------------------------------------
@@ -507,10 +445,18 @@ class Qwen3(nnx.Module):
 
 
 def init_model(cfg: Qwen3Config, *, seed: int = 0, mesh: Mesh | None = None,
-               rules: shd.Rules | None = None) -> Qwen3:
-    """Random init; with a mesh the parameters are created directly in their shardings."""
-    if mesh is None:
+               rules: shd.Rules | None = None, one_program: bool = False) -> Qwen3:
+    """Random init; with a mesh the parameters are created directly in their shardings.
+
+    Without a mesh the default builds the parameters eagerly (one small program per parameter shape);
+    ``one_program=True`` compiles the whole init once instead, which is faster on a busy CPU but draws
+    different values (XLA fuses the random ops differently), so a given seed's weights depend on it.
+    """
+    if mesh is None and not one_program:
         return Qwen3(cfg, rngs=nnx.Rngs(seed))
+    if mesh is None:
+        graphdef, _ = nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(seed))))
+        return nnx.merge(graphdef, jax.jit(lambda: nnx.state(Qwen3(cfg, rngs=nnx.Rngs(seed))))())
     rules = shd.TRAIN_RULES if rules is None else rules
     abstract = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(seed)))
     shardings = param_shardings(abstract, mesh, rules)

@@ -43,6 +43,24 @@ class TrainBatch:
         return TrainBatch(**{k: v[rows] for k, v in self.arrays().items()}, truncated_rows=0)
 
 
+# What a padding row holds: zero everywhere (segment 0, loss weight 0: it adds nothing to any loss sum
+# or count), except a neutral temperature and no GRPO group.
+PAD_FILL = {"temperature": 1.0, "group_ids": -1}
+
+
+def pad_rows(arrays: dict[str, np.ndarray], rows: int, width: int | None = None) -> dict[str, np.ndarray]:
+    """``TrainBatch.arrays()`` with zero-weight padding rows appended up to ``rows`` rows (and every
+    ``[B, L]`` array padded to ``width`` columns). The one way rows are padded (trainer micro-batches,
+    multi-process lockstep)."""
+    out = {}
+    for k, v in arrays.items():
+        if v.shape[0] > rows or (width is not None and v.ndim > 1 and v.shape[1] > width):
+            raise ValueError(f"pad_rows: {k} has shape {v.shape}, larger than ({rows}, {width})")
+        pad = [(0, rows - v.shape[0])] + [(0, (width if width is not None else d) - d) for d in v.shape[1:]]
+        out[k] = np.pad(v, pad, constant_values=np.asarray(PAD_FILL.get(k, 0), v.dtype))
+    return out
+
+
 def bucket(n: int, multiple: int = 64, minimum: int = 16) -> int:
     """Rounds a length up to a power of two below ``multiple``, then to a multiple of it."""
     n = max(n, minimum)
@@ -60,13 +78,14 @@ def build_batch(
     group_ids: Sequence[int] | np.ndarray,
     *,
     max_len: int,
-    temperatures: Sequence[float] | None = None,
     pad_id: int = 0,
     length_multiple: int = 64,
     batch_multiple: int = 1,
 ) -> TrainBatch:
     """Pads rows to a bucketed length; prompts longer than fit are left-truncated (as the reference).
 
+    Each row is scored at its own sampling temperature (``Generation.temperature``); a greedy row
+    (temperature 0) is scored at 1, the temperature its sampler log-probs were taken at (``sampling_ops``).
     Padding rows added to reach ``batch_multiple`` carry zero loss weight.
     """
     if len(gens) != len(advantages) or len(gens) != len(group_ids):
@@ -112,7 +131,6 @@ def build_batch(
     groups = np.full((B,), -1, np.int32)
     groups[: len(gens)] = np.asarray(group_ids, np.int32)
     temps = np.ones((B,), np.float32)
-    if temperatures is not None:
-        t = np.asarray(temperatures, np.float32)
-        temps[: len(gens)] = np.where(t > 0, t, 1.0)
+    t = np.asarray([g.temperature for g in gens], np.float32)
+    temps[: len(gens)] = np.where(t > 0, t, 1.0)
     return TrainBatch(tokens, pos, seg, targets, weights, old, adv, roles, groups, temps, truncated)

@@ -11,12 +11,7 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
-FOCUS_ON_VALUES = (
-    "assistant.tool_calls",
-    "assistant.content.thinking",
-    "assistant.content.user_visible_reply",
-    "tool.content",
-)
+from envace_jax.data.records import FOCUS_ON as FOCUS_ON_VALUES  # one list of the item field's values
 
 VERDICT_STRING_FIELDS = (
     "high_level_understanding_of_the_question",

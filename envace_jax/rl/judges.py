@@ -26,6 +26,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
+from envace_jax.config import HttpJudgeConfig  # noqa: F401  (defined with every other knob)
 from envace_jax.data.records import validate_rule
 from envace_jax.rl.judge_prompt import (VERDICT_RESPONSE_FORMAT, MalformedVerdict,
                                         build_judge_prompt, parse_verdict_text, user_visible_reply)
@@ -202,33 +203,6 @@ class LocalModelJudge(Judge):
 
 
 # ----------------------------------------------------------------------------- HTTP judge
-
-@dataclasses.dataclass
-class HttpJudgeConfig:
-    """An OpenAI-compatible judge endpoint. Defaults are the reference's (spec section 4.1)."""
-    base_url: str = "http://127.0.0.1:8000"
-    model: str = "Qwen/Qwen3-30B-A3B"
-    temperature: float = 0.6
-    top_p: float = 0.8
-    max_tokens: int = 6000
-    max_attempts: int = 5              # total attempts per verdict, first one included
-    backoff_base_s: float = 1.0        # sleep after the a-th failure (a from 0): min(base*2^a, max)
-    backoff_max_s: float = 30.0
-    timeout_s: float = 300.0           # per HTTP attempt, applied to connect and to each socket read
-    max_concurrency: int = 32          # HTTP requests in flight at once, across all callers
-    api_key_env: str | None = None     # name of an env var holding a bearer token
-    use_response_format: bool = True   # send the strict json_schema (servers without it: False)
-
-    def validate(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"HttpJudgeConfig.base_url must start with http:// or https://: {self.base_url!r}")
-        for name in ("max_attempts", "max_concurrency", "max_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"HttpJudgeConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("timeout_s", "backoff_base_s", "backoff_max_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"HttpJudgeConfig.{name} must be >= 0, got {getattr(self, name)}")
-
 
 class HttpJudge(Judge):
     """Blocking, thread-pooled client; at most ``max_concurrency`` HTTP requests in flight."""

@@ -38,17 +38,23 @@ from collections.abc import Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from envace_jax.config import AGG_MODES, KL_TYPES  # noqa: F401  (the knobs' choices are listed with the knobs)
 from envace_jax.models.qwen3 import as_dtype, rms_norm
 
-AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
-KL_TYPES = ("k1", "k2", "k3")
 Pair = tuple[jax.Array, jax.Array]
 
 
-def _check_temperature(temperature) -> None:
-    if isinstance(temperature, (int, float)) and not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+def check_temperature(temperature) -> None:
+    """Log-probs divide the logits by the temperature: refuse 0 (or less) wherever the value is known
+    on the host (a Python number or a host array; inside jit it is traced and the batch was checked
+    when it was built)."""
+    if isinstance(temperature, (int, float)):
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    elif isinstance(temperature, np.ndarray) and not np.all(temperature > 0):
+        raise ValueError(f"temperature must be > 0 in every row, got {np.asarray(temperature).ravel()[:8]!r}")
 
 
 def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float = 1.0) -> jax.Array:
@@ -57,7 +63,7 @@ def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float = 1
     logits ``[B, T, V]`` (any float dtype), targets int ``[B, T]`` -> float32 ``[B, T]``. Position t of
     logits scores targets[:, t]; shift ids before calling for next-token prediction.
     """
-    _check_temperature(temperature)
+    check_temperature(temperature)
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and targets {tuple(targets.shape)} disagree on [B, T]")
     z = logits.astype(jnp.float32) / temperature
@@ -68,7 +74,7 @@ def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float = 1
 
 def token_entropy(logits: jax.Array, temperature: float = 1.0) -> jax.Array:
     """Entropy of ``softmax(logits / T)``: logits ``[B, T, V]`` -> float32 ``[B, T]``."""
-    _check_temperature(temperature)
+    check_temperature(temperature)
     z = logits.astype(jnp.float32) / temperature
     logp = jax.nn.log_softmax(z, axis=-1)
     return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
@@ -91,7 +97,7 @@ def chunked_token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Arra
     Returns:
       float32 ``[B, T]`` log-probs, or ``(logp, entropy)`` both ``[B, T]`` with ``with_entropy``.
     """
-    _check_temperature(temperature)
+    check_temperature(temperature)
     if head_layout not in ("dv", "vd"):
         raise ValueError(f"head_layout must be 'dv' or 'vd', got {head_layout!r}")
     B, T, D = hidden.shape

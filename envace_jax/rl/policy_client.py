@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol, Sequence
 
+from envace_jax.config import RoleSampling
 from envace_jax.rl.types import ACT, REHEARSE, ROLES
 from envace_jax.sampling import Sampler, SamplerOutput, SamplerState, SamplingParams
 
@@ -53,7 +54,7 @@ from envace_jax.sampling import Sampler, SamplerOutput, SamplerState, SamplingPa
 class GenRequest:
     prompt_ids: list[int]
     role: str
-    sampling: Any                 # a RoleSampling (temperature, top_p, top_k, max_new_tokens)
+    sampling: RoleSampling
     seed: int
     cache_key: str | None = None  # same key across turns: the client may continue a cached prefix
     episode: int = -1             # the episode asking (for logs and scripted clients)

@@ -13,13 +13,13 @@ one ``judge_many`` call (``judge_turns``). Host-side only; no jax.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping, Sequence
 
-from envace_jax.rl.judge_prompt import FOCUS_ON_VALUES
+from envace_jax.chat.simulator import ERROR_KEY as ERROR_TOOL_CALL  # noqa: F401
+from envace_jax.chat.simulator import is_error_tool_message
+from envace_jax.data.records import validate_checklist_list
 from envace_jax.rl.judges import Judge, JudgeRequest, Verdict
 
-ERROR_TOOL_CALL = "error_tool_call"
 # Items about calls or tool output cannot pass on a step whose call failed (the reference skips
 # the judge for them and counts False).
 _TOOL_FOCUS = ("assistant.tool_calls", "tool.content")
@@ -47,37 +47,6 @@ class TurnPlan:
     requests: list[JudgeRequest]
     slots: list[tuple[int, int]]
     tool_failed: bool
-
-
-def is_error_tool_message(message: Message) -> bool:
-    """A tool message that reports a parse/simulation failure (the reference's error payload)."""
-    if message.get("role") != "tool":
-        return False
-    return message.get("name") == ERROR_TOOL_CALL or ERROR_TOOL_CALL in str(message.get("content") or "")
-
-
-def validate_checklist_list(checklist_list: Any) -> None:
-    """Raises ValueError naming the first malformed checklist, turn or item."""
-    if not isinstance(checklist_list, (list, tuple)):
-        raise ValueError(f"checklist_list must be a list, got {type(checklist_list).__name__}")
-    for c, checklist in enumerate(checklist_list):
-        if not isinstance(checklist, (list, tuple)):
-            raise ValueError(f"checklist_list[{c}] must be a list of turns")
-        for t, turn in enumerate(checklist):
-            if not isinstance(turn, (list, tuple)):
-                raise ValueError(f"checklist_list[{c}][{t}] must be a list of items")
-            for k, item in enumerate(turn):
-                where = f"checklist_list[{c}][{t}][{k}]"
-                if not isinstance(item, Mapping):
-                    raise ValueError(f"{where} must be a dict")
-                w = item.get("weight")
-                if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
-                    raise ValueError(f"{where}: 'weight' must be a finite number, got {w!r}")
-                if item.get("focus_on") not in FOCUS_ON_VALUES:
-                    raise ValueError(f"{where}: 'focus_on' must be one of {FOCUS_ON_VALUES}, "
-                                     f"got {item.get('focus_on')!r}")
-                if not isinstance(item.get("required_for_next_turn", False), bool):
-                    raise ValueError(f"{where}: 'required_for_next_turn' must be a bool")
 
 
 def plan_turn(messages: Sequence[Message], checklist_list: Sequence, turn_index: int,
@@ -216,8 +185,9 @@ def empty_output_penalty(scores: Sequence[float], generated: Sequence[str | Sequ
                          penalty: float = 0.1, strip_whitespace: bool = False) -> list[float]:
     """Subtracts ``penalty`` from each row whose generated output is empty.
 
-    The reference's ``use_invalid_action_penalty`` (on by default, 0.1). ``generated`` holds each
-    row's decoded text or its generated token ids (then empty means no tokens).
+    The reference's ``use_invalid_action_penalty`` (on by default, 0.1), applied by the RL step
+    (``rl.step.row_scores``) to each row's decoded text. ``generated`` holds each row's decoded text or
+    its generated token ids (then empty means no tokens).
     """
     if len(scores) != len(generated):
         raise ValueError(f"scores has {len(scores)} rows but generated has {len(generated)}")

@@ -43,14 +43,13 @@ results, and the tool messages are appended only when every call of the turn is 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 from typing import Any, Callable, Protocol, Sequence
 
+from envace_jax.chat.simulator import is_error_result
+from envace_jax.config import MODES, RoleSampling, RolloutConfig  # noqa: F401  (defined with every other knob)
 from envace_jax.rl.policy_client import GenOutput, GenRequest, PolicyClient  # noqa: F401  (re-exported)
 from envace_jax.rl.types import ACT, REHEARSE, ROLES, Episode, Generation, State
-
-MODES = ("rehearsal", "simulator", "real", "noshare", "caller_frozen")
 
 # mode -> {role: which client's model the trainer updates with that role's rows}
 TRAINED_ROLES: dict[str, dict[str, str]] = {
@@ -60,46 +59,6 @@ TRAINED_ROLES: dict[str, dict[str, str]] = {
     "noshare": {ACT: "policy", REHEARSE: "simulator"},
     "real": {ACT: "policy"},
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class RoleSampling:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 8000
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """Defaults are the reference's (spec 1.2); see configs/ for the demo values."""
-
-    mode: str = "rehearsal"
-    max_steps: int = 200                 # env.max_steps micro-steps
-    max_assistant_turns: int = 30
-    max_user_turns: int = 30
-    max_model_len: int = 20000           # caller terminates when len(ctx) + act.max_new_tokens >= this
-    act: RoleSampling = RoleSampling()
-    rehearse: RoleSampling = RoleSampling()
-    ignore_think_tool_calls: bool = False  # faithful: the reference regex scans <think> too
-    # faithful: one pending call simulated per micro-step; False answers all calls of a turn in one step
-    sequential_simulation: bool = True
-    # reference's use_invalid_action_penalty: rows whose decoded output is empty lose this much
-    empty_output_penalty: float = 0.1
-    progress_bar: bool = False           # a tqdm bar over micro-steps
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"rollout.mode={self.mode!r}; choose one of {MODES}")
-        for name in ("max_steps", "max_assistant_turns", "max_user_turns", "max_model_len"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"rollout.{name} must be positive, got {getattr(self, name)}")
-        for role in ("act", "rehearse"):
-            if getattr(self, role).max_new_tokens <= 0:
-                raise ValueError(f"rollout.{role}.max_new_tokens must be positive")
-        if self.empty_output_penalty < 0:
-            raise ValueError(f"rollout.empty_output_penalty must be >= 0, got {self.empty_output_penalty}")
 
 
 class ChatCodec(Protocol):
@@ -135,14 +94,6 @@ class TurnJudge(Protocol):
 
 def _user_messages(record: dict) -> list[dict]:
     return [m for m in record.get("reference_messages", []) if m.get("role") == "user"]
-
-
-def _is_error_payload(content: str) -> bool:
-    try:
-        obj = json.loads(content)
-    except (TypeError, ValueError):
-        return False
-    return isinstance(obj, dict) and "error_tool_call" in obj
 
 
 def _has_checklist_items(checklist: Any) -> bool:
@@ -295,7 +246,8 @@ class RolloutEngine:
             return
         text = self.codec.decode(out.ids)
         e.generations.append(Generation(ACT, list(req.prompt_ids), list(out.ids), list(out.logprobs), e.uid,
-                                        e.episode_id, e.user_turns, out.finish_reason, text))
+                                        e.episode_id, e.user_turns, out.finish_reason, text,
+                                        temperature=float(req.sampling.temperature)))
         e.caller_ids = list(req.prompt_ids) + list(out.ids) + list(self.codec.close_assistant(list(out.ids)))
         e.assistant_turns += 1
         e.last_caller_text = text
@@ -327,7 +279,8 @@ class RolloutEngine:
             return
         text = self.codec.decode(out.ids)
         e.generations.append(Generation(REHEARSE, list(req.prompt_ids), list(out.ids), list(out.logprobs), e.uid,
-                                        e.episode_id, e.user_turns, out.finish_reason, text))
+                                        e.episode_id, e.user_turns, out.finish_reason, text,
+                                        temperature=float(req.sampling.temperature)))
         result, error = self.codec.parse_simulator_output(text)
         e.pending_results.append(json.dumps(error, ensure_ascii=False) if error is not None else result)
 
@@ -345,7 +298,7 @@ class RolloutEngine:
                      for (cid, name, _), res in zip(e.pending_calls, e.pending_results)]
         e.messages.extend(tool_msgs)
         e.caller_ids = e.caller_ids + list(self.codec.tool_block(tool_msgs))
-        failed = any(_is_error_payload(m["content"]) for m in tool_msgs)
+        failed = any(is_error_result(m["content"]) for m in tool_msgs)
         e.pending_calls, e.pending_results = [], []
         if failed:
             self._terminate(e, "simulator_error")
@@ -389,8 +342,8 @@ class RolloutEngine:
         checklist = e.record.get("checklist") or [[]]
         denom = max(1, len(checklist)) * max(1, len(checklist[0]))
         e.score = sum(e.turn_rewards) / denom
-        for g in e.generations:
-            g.score = e.score - (self.cfg.empty_output_penalty if not g.text else 0.0)
+        for g in e.generations:  # both roles' rows get the episode's score (spec 4.3); penalties are the step's
+            g.score = e.score
 
     # ------------------------------------------------------------------ helpers
     def _call(self, client: PolicyClient | None, name: str, reqs: list[GenRequest]) -> list[GenOutput]:

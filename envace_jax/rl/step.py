@@ -1,9 +1,9 @@
 """One RL iteration: prompts -> episodes -> scores -> role-wise advantages -> PPO update -> metrics.
 
     prompts (k records) --repeat n, shared uid--> RolloutEngine.run --> Generations (ACT + REHEARSE rows)
-    --> row score = episode score - empty-output penalty --> role_wise_advantages over (uid, role)
+    --> row score = episode score - empty-output penalty (rows with empty text) --> role_wise_advantages
     --> build_batch per trainer (rows of the roles it trains) --> [recompute old log-probs]
-    --> Trainer.ppo_update --> metrics per role
+    --> ppo_update (epochs x mini-batches of Trainer.update) --> metrics per role
 
 Which rows are trained depends on the rollout mode (reference section 5.4 and the ablations):
 ``rehearsal`` trains ACT and REHEARSE rows together in one update of the shared policy;
@@ -27,7 +27,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from envace_jax.rl.advantages import BASELINES, advantage_stats, role_wise_advantages
+from envace_jax.config import RLSection
+from envace_jax.rl.advantages import advantage_stats, role_wise_advantages
 from envace_jax.rl.batch import TrainBatch, build_batch
 from envace_jax.rl.reward import empty_output_penalty
 from envace_jax.rl.rollout import TRAINED_ROLES, RolloutConfig, RolloutEngine
@@ -37,36 +38,8 @@ from envace_jax.rl.types import ACT, REHEARSE, ROLE_ID, ROLES, Episode, Generati
 ROLE_NAMES = {v: k for k, v in ROLE_ID.items()}
 
 
-@dataclasses.dataclass(frozen=True)
-class StepConfig:
-    """Knobs of one RL iteration; defaults are the reference's (spec 1.2, 5)."""
-
-    n_rollouts: int = 4
-    baseline: str = "row_mean"
-    normalize_std: bool = False
-    empty_output_penalty: float = 0.1
-    recompute_old_logprobs: bool = True
-    ppo_epochs: int = 1
-    mini_batches: int = 1
-    max_row_length: int = 20000
-    length_multiple: int = 64
-    adjust_batch_multiple: int = 0   # faithful switch: duplicate random rows up to a multiple (0 = off)
-    # Rows longer than max_row_length: "drop" leaves them out of the update (default); "truncate" keeps
-    # them with the prompt left-truncated. A truncated row is scored under a context the sampler never
-    # saw (and from position 0), so its log-probs and ratio are not those of the sampled policy.
-    overlong_rows: str = "drop"
-    pad_id: int = 0
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.n_rollouts < 1:
-            raise ValueError(f"rl.n_rollouts must be >= 1, got {self.n_rollouts}")
-        if self.baseline not in BASELINES:
-            raise ValueError(f"rl.baseline={self.baseline!r}; choose one of {BASELINES}")
-        if self.overlong_rows not in ("drop", "truncate"):
-            raise ValueError(f"rl.overlong_rows={self.overlong_rows!r}; choose 'drop' or 'truncate'")
-        if self.adjust_batch_multiple < 0:
-            raise ValueError(f"rl.adjust_batch_multiple must be >= 0, got {self.adjust_batch_multiple}")
+# The step's knobs are the run config's ``rl`` section (one definition, validated there).
+StepConfig = RLSection
 
 
 def repeat_prompts(records: Sequence[Mapping[str, Any]], n: int) -> tuple[list[Mapping[str, Any]], list[str]]:
@@ -93,9 +66,12 @@ def adjust_batch_copy(gens: list[Generation], multiple: int, rng: np.random.Gene
 
 
 def row_scores(gens: Sequence[Generation], penalty: float) -> np.ndarray:
-    """Episode score on every row, minus ``penalty`` for rows with no generated tokens (reference 0.1)."""
+    """Episode score on every row, minus ``penalty`` (``rl.empty_output_penalty``, reference 0.1) for rows
+    whose decoded output is empty text, the reference's invalid action (spec 4.3: ``is_action_valid`` is
+    "the text decoded without special tokens is non-empty", so a row of only ``<|im_end|>`` is empty).
+    This is the one place the penalty is applied."""
     base = [g.score for g in gens]
-    return np.asarray(empty_output_penalty(base, [g.gen_ids for g in gens], penalty=penalty), np.float32)
+    return np.asarray(empty_output_penalty(base, [g.text for g in gens], penalty=penalty), np.float32)
 
 
 def _group_ids(uids: Sequence[str]) -> np.ndarray:
@@ -155,6 +131,30 @@ def logprob_mismatch(batch: TrainBatch, recomputed: np.ndarray) -> dict[str, flo
     return out
 
 
+def ppo_update(trainer: Trainer, batch: TrainBatch, *, epochs: int = 1, mini_batches: int = 1,
+               shuffle: bool = True) -> list[dict[str, float]]:
+    """``epochs`` passes of ``mini_batches`` optimizer steps over ``batch`` (reference: 1 x 1); the
+    metrics of each step. Mini-batch order is reshuffled per epoch from the trainer's step count."""
+    out = []
+    n = batch.size
+    for ep in range(epochs):
+        order = np.arange(n)
+        if shuffle and mini_batches > 1:
+            order = np.random.default_rng(trainer.step * 7919 + ep).permutation(n)
+        for part in np.array_split(order, mini_batches):
+            # Every process must take the same number of steps (each is a collective); a process
+            # with no rows in this part contributes zero-weight padding rows.
+            if len(part) or _process_count() > 1:
+                out.append(trainer.update(batch.take(np.sort(part))))
+    return out
+
+
+def _process_count() -> int:
+    import jax
+
+    return jax.process_count()
+
+
 def _rows_all_processes(n: int) -> int:
     """``n`` summed over JAX processes (the update is a collective: all take it or none)."""
     import jax
@@ -180,8 +180,8 @@ class RLStep:
     to the same object (one optimizer step on the combined rows).
     """
 
-    def __init__(self, cfg: StepConfig, engine: RolloutEngine, trainers: Mapping[str, Trainer],
-                 after_update: Callable[[], None] | None = None):
+    def __init__(self, cfg: RLSection, engine: RolloutEngine, trainers: Mapping[str, Trainer], *,
+                 pad_id: int = 0, seed: int = 0, after_update: Callable[[], None] | None = None):
         mode = engine.cfg.mode
         roles = tuple(TRAINED_ROLES[mode])
         missing = [r for r in roles if r not in trainers]
@@ -192,6 +192,7 @@ class RLStep:
         if mode == "noshare" and trainers[ACT] is trainers[REHEARSE]:
             raise ValueError("rollout.mode='noshare' needs two different Trainers for act and rehearse")
         self.cfg, self.engine = cfg, engine
+        self.pad_id, self.seed = int(pad_id), int(seed)
         self.roles = roles
         self.trainers = {r: trainers[r] for r in roles}
         self._base_rollout = engine.cfg
@@ -207,14 +208,10 @@ class RLStep:
             if client is not None and hasattr(client, "reset"):
                 client.reset()
 
-    def _temperature(self, role: str) -> float:
-        rc: RolloutConfig = self.engine.cfg
-        return (rc.act if role == ACT else rc.rehearse).temperature
-
     def rollout(self, records: Sequence[Mapping[str, Any]], iteration: int) -> list[Episode]:
         """The step's episodes; rollout seeds depend on (seed, iteration) only."""
         self.engine.cfg = dataclasses.replace(self._base_rollout,
-                                              seed=(self.cfg.seed * 1_000_003 + iteration) % (2**31 - 1))
+                                              seed=(self.seed * 1_000_003 + iteration) % (2**31 - 1))
         recs, uids = repeat_prompts(records, self.cfg.n_rollouts)
         return self.engine.run(recs, uids)
 
@@ -222,7 +219,7 @@ class RLStep:
         cfg = self.cfg
         episodes = self.rollout(records, iteration)
         gens = [g for e in episodes for g in e.generations]
-        rng = np.random.default_rng([cfg.seed, iteration, 17])
+        rng = np.random.default_rng([self.seed, iteration, 17])
         gens = adjust_batch_copy(gens, cfg.adjust_batch_multiple, rng)
         scores = row_scores(gens, cfg.empty_output_penalty)
         metrics = rollout_metrics(episodes, gens, scores)
@@ -260,11 +257,10 @@ class RLStep:
             rows += len(idx)
             if idx:
                 batch = build_batch([gens[i] for i in idx], adv[idx], group_ids[idx], max_len=cfg.max_row_length,
-                                    temperatures=[self._temperature(gens[i].role) for i in idx], pad_id=cfg.pad_id,
-                                    length_multiple=cfg.length_multiple)
+                                    pad_id=self.pad_id, length_multiple=cfg.length_multiple)
             else:  # other processes have rows: take part in the collective update with a zero-weight row
-                batch = build_batch([Generation(roles[0], [cfg.pad_id], [], [], "", -1, 0)], [0.0], [0],
-                                    max_len=cfg.max_row_length, pad_id=cfg.pad_id, length_multiple=cfg.length_multiple)
+                batch = build_batch([Generation(roles[0], [self.pad_id], [], [], "", -1, 0)], [0.0], [0],
+                                    max_len=cfg.max_row_length, pad_id=self.pad_id, length_multiple=cfg.length_multiple)
             metrics[f"{tag}/rows"] = float(len(idx))
             metrics[f"{tag}/truncated_prompt_rows"] = float(batch.truncated_rows)
             metrics[f"{tag}/seq_len"] = float(batch.tokens.shape[1])
@@ -274,10 +270,26 @@ class RLStep:
                 fresh = trainer.compute_logprobs(batch)
                 metrics.update(logprob_mismatch(batch, fresh))
                 batch.old_logprobs = fresh.astype(np.float32)
-            outs = trainer.ppo_update(batch, epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches)
+            outs = ppo_update(trainer, batch, epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches)
             for k in sorted({k for o in outs for k in o}):
                 vals = [o[k] for o in outs if k in o]
                 metrics[f"{tag}/{k}"] = float(np.mean(vals))
             metrics[f"{tag}/optimizer_steps"] = float(len(outs))
         self.weights_changed()
         return StepResult(metrics, episodes, rows)
+
+
+def build_rl_step(rl: RLSection, rollout: RolloutConfig, codec, policy, judge,
+                  trainers: Trainer | Mapping[str, Trainer], *, simulator=None,
+                  make_env: Callable[[dict], Any] | None = None, pad_id: int = 0, seed: int = 0,
+                  after_update: Callable[[], None] | None = None) -> RLStep:
+    """An ``RLStep`` wired the one way the training loop (``rl.train``) and the demo both use it.
+
+    ``policy`` / ``simulator`` are ``PolicyClient``s, ``judge`` the rollout's ``TurnJudge``. ``trainers``
+    is one Trainer (the shared policy: it trains every role the mode trains) or a Trainer per trained
+    role (``noshare``: two).
+    """
+    engine = RolloutEngine(rollout, codec, policy, judge, simulator=simulator, make_env=make_env)
+    if not isinstance(trainers, Mapping):
+        trainers = {role: trainers for role in TRAINED_ROLES[rollout.mode]}
+    return RLStep(rl, engine, trainers, pad_id=pad_id, seed=seed, after_update=after_update)

@@ -22,8 +22,8 @@ from envace_jax import sharding as shd
 from envace_jax.checkpoint import Checkpointer, PreemptionGuard
 from envace_jax.metrics import MetricsWriter, plot_rewards
 from envace_jax.models import hf_io, qwen3
-from envace_jax.rl.rollout import TRAINED_ROLES, RolloutEngine
-from envace_jax.rl.step import RLStep, StepConfig
+from envace_jax.rl.rollout import TRAINED_ROLES
+from envace_jax.rl.step import RLStep, build_rl_step
 from envace_jax.rl.trainer import Trainer
 from envace_jax.rl.types import REHEARSE
 
@@ -52,23 +52,10 @@ def init_distributed(coordinator: str | None, num_processes: int | None, process
 
 # ----------------------------------------------------------------------------- tokenizer
 
-def _demo_corpus(num_tasks: int) -> list[str]:
-    from envace_jax.chat import render_chat_text
-    from envace_jax.data.demo_tasks import generate_tasks
-
-    texts = []
-    for split in ("train", "validation"):
-        for t in generate_tasks(num_tasks, 0, split):
-            system = [m for m in t["messages"] if m["role"] == "system"]
-            for thinking in (True, False):
-                texts.append(render_chat_text(system + t["reference_messages"], t["tools"],
-                                              enable_thinking=thinking))
-    return texts
-
-
 def build_tokenizer(cfg: config_lib.ExperimentConfig):
     """The configured tokenizer; without a path, the offline demo tokenizer (built once per run dir)."""
     from envace_jax.chat import build_demo_tokenizer, load_tokenizer
+    from envace_jax.chat.tokenizer import demo_corpus
 
     if cfg.tokenizer.path:
         return load_tokenizer(cfg.tokenizer.path)
@@ -77,7 +64,7 @@ def build_tokenizer(cfg: config_lib.ExperimentConfig):
         return load_tokenizer(out)
     if jax.process_index() == 0:
         tmp = f"{out}.tmp{os.getpid()}"
-        build_demo_tokenizer(_demo_corpus(48), tmp, vocab_size=cfg.tokenizer.demo_vocab_size)
+        build_demo_tokenizer(demo_corpus(48), tmp, vocab_size=cfg.tokenizer.demo_vocab_size)
         os.replace(tmp, out)
     else:
         deadline = time.time() + 600
@@ -90,25 +77,46 @@ def build_tokenizer(cfg: config_lib.ExperimentConfig):
 
 # ----------------------------------------------------------------------------- model
 
-def tiny_model_config(m: config_lib.ModelSection, vocab: int) -> qwen3.Qwen3Config:
-    return qwen3.Qwen3Config(vocab_size=max(m.vocab_size, vocab), hidden_size=m.hidden_size,
-                             intermediate_size=m.intermediate_size, num_layers=m.num_layers,
-                             num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-                             param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy,
-                             rope_theta=10000.0, max_position_embeddings=1 << 16)
+_ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                "head_dim", "tie_word_embeddings")
+
+
+def model_config(m: config_lib.ModelSection, vocab: int) -> qwen3.Qwen3Config:
+    """The architecture ``model.preset`` selects: ``tiny`` sizes it from the model section (its vocabulary
+    grown to the tokenizer's), a named preset is that Qwen3 model. Dtypes and remat come from the section."""
+    common = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy)
+    if m.preset == "tiny":
+        return qwen3.Qwen3Config.tiny(max(m.vocab_size, vocab), hidden_size=m.hidden_size,
+                                      intermediate_size=m.intermediate_size, num_layers=m.num_layers,
+                                      num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+                                      **common)
+    cfg = getattr(qwen3.Qwen3Config, m.preset)(**common)
+    if cfg.vocab_size < vocab:
+        raise config_lib.ConfigError(f"config.model.preset={m.preset!r} has {cfg.vocab_size} embeddings, fewer "
+                                     f"than the tokenizer's {vocab} tokens")
+    return cfg
+
+
+tiny_model_config = model_config  # the earlier name (launch/train_lib re-exports it)
 
 
 def build_model(m: config_lib.ModelSection, vocab: int, mesh, path: str | None = None) -> qwen3.Qwen3:
+    """The policy: weights from ``path`` (default ``model.hf_path``), else a random init of ``model_config``.
+    A checkpoint must have the architecture of a named ``model.preset``."""
     path = m.hf_path if path is None else path
-    if path:
-        model = hf_io.load_hf(path, dtype=m.param_dtype, mesh=mesh, compute_dtype=m.dtype,
-                              remat_policy=m.remat_policy)
-        if model.config.vocab_size < vocab:
-            raise ValueError(f"config.model.hf_path: model vocab {model.config.vocab_size} < tokenizer size {vocab}")
-        return model
+    if not path:
+        return qwen3.init_model(model_config(m, vocab), seed=m.init_seed, mesh=mesh)
+    model = hf_io.load_hf(path, dtype=m.param_dtype, mesh=mesh, compute_dtype=m.dtype, remat_policy=m.remat_policy)
+    if model.config.vocab_size < vocab:
+        raise ValueError(f"config.model.hf_path: model vocab {model.config.vocab_size} < tokenizer size {vocab}")
     if m.preset != "tiny":
-        raise config_lib.ConfigError(f"config.model.hf_path is required for model.preset={m.preset!r}")
-    return qwen3.init_model(tiny_model_config(m, vocab), seed=m.init_seed, mesh=mesh)
+        want = model_config(m, vocab)
+        diff = [f"{f}={getattr(model.config, f)} (preset: {getattr(want, f)})" for f in _ARCH_FIELDS
+                if getattr(model.config, f) != getattr(want, f)]
+        if diff:
+            raise config_lib.ConfigError(f"config.model.hf_path={path!r} is not a {m.preset} checkpoint: "
+                                         + ", ".join(diff))
+    return model
 
 
 # ----------------------------------------------------------------------------- sampler client
@@ -178,8 +186,10 @@ def build_data(cfg: config_lib.ExperimentConfig, codec):
                                           limit)
         if not source:
             raise ValueError(f"config.data: no task records left after the prompt-length filter ({limit} tokens)")
+    # Each process reads its own disjoint shard of the prompts.
     pcfg = PipelineConfig(batch_size=cfg.data.prompts_per_step, seed=cfg.data.seed, shuffle=cfg.data.shuffle,
-                          num_epochs=cfg.data.num_epochs or None, read_threads=0, prefetch=0)
+                          num_epochs=cfg.data.num_epochs or None, shard_index=jax.process_index(),
+                          shard_count=jax.process_count(), read_threads=0, prefetch=0)
     return PromptIterator(source, pcfg, decode=decode)
 
 
@@ -258,16 +268,16 @@ def build_policies(cfg: config_lib.ExperimentConfig, mesh):
     vocab = len(tok)
     mode = cfg.rollout.mode
     policy = build_model(cfg.model, vocab, mesh)
-    mk_trainer = lambda model, seed: Trainer(model, cfg.optim, cfg.loss, micro_batch_size=cfg.rl.micro_batch_size,
-                                             mesh=mesh, seed=seed)
-    trainer = mk_trainer(policy, cfg.seed)
+    optim = cfg.run_optim()
+    mk_trainer = lambda model: Trainer(model, optim, cfg.loss, micro_batch_size=cfg.rl.micro_batch_size, mesh=mesh)
+    trainer = mk_trainer(policy)
     sim_model = None
     if mode in ("simulator", "noshare"):
         # The REHEARSE model starts from the simulator checkpoint (tiny configs: the same init as ACT).
         sim_model = build_model(cfg.model, vocab, mesh, path=cfg.model.simulator_hf_path or cfg.model.hf_path)
     trainers: dict[str, Trainer] = {r: trainer for r in TRAINED_ROLES[mode]}
     if mode == "noshare":
-        trainers[REHEARSE] = mk_trainer(sim_model, cfg.seed + 1)
+        trainers[REHEARSE] = mk_trainer(sim_model)
     return tok, codec, trainers, policy, sim_model
 
 
@@ -284,17 +294,10 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
             sim_model, refresh = rollout_copy(sim_model, sample_mesh)
             refreshers.append(refresh)
     simulator_client = None if sim_model is None else make_client(sim_model, codec, sample_mesh)
-    engine = RolloutEngine(cfg.rollout, codec, make_client(policy, codec, sample_mesh), build_judge(cfg),
-                           simulator=simulator_client, make_env=build_make_env(cfg))
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    r = cfg.rl
-    step_cfg = StepConfig(n_rollouts=r.n_rollouts, baseline=r.baseline, normalize_std=r.normalize_std,
-                          empty_output_penalty=r.empty_output_penalty, recompute_old_logprobs=r.recompute_old_logprobs,
-                          ppo_epochs=r.ppo_epochs, mini_batches=r.mini_batches, max_row_length=r.max_row_length,
-                          length_multiple=r.length_multiple, adjust_batch_multiple=r.adjust_batch_multiple,
-                          overlong_rows=r.overlong_rows, pad_id=int(pad), seed=cfg.seed)
-    step_fn = RLStep(step_cfg, engine, trainers,
-                     after_update=(lambda: [f() for f in refreshers]) if refreshers else None)
+    step_fn = build_rl_step(cfg.rl, cfg.rollout, codec, make_client(policy, codec, sample_mesh), build_judge(cfg),
+                            trainers, simulator=simulator_client, make_env=build_make_env(cfg), pad_id=int(pad),
+                            seed=cfg.seed, after_update=(lambda: [f() for f in refreshers]) if refreshers else None)
     data = build_data(cfg, codec)
     ckpt = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"), max_to_keep=cfg.checkpoint.keep,
                         save_interval_steps=cfg.checkpoint.every, async_save=cfg.checkpoint.async_save,

@@ -10,11 +10,14 @@ Micro-batching is exact: each micro-batch returns the gradient of its loss *sum*
 together with the loss *count*; gradients and counts are added up and the sum is
 divided by the total count once, so N micro-batches give the same update as one
 big batch in every aggregation mode.
+
+Neighbours: the optimizer is built in ``rl.optim``, rows are placed on the mesh (and padded
+for multi-process lockstep) by ``rl.placement``, and the PPO epochs over a batch are the RL
+step's (``rl.step.ppo_update``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -22,75 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
-from envace_jax import sharding as shd
+from envace_jax.config import LossConfig, OptimConfig  # noqa: F401  (defined with every other knob)
 from envace_jax.rl import loss as loss_lib
+from envace_jax.rl import placement
 from envace_jax.rl.batch import TrainBatch
 from envace_jax.rl.head_logprobs import fused_token_logprobs
+from envace_jax.rl.optim import make_optimizer, make_schedule  # noqa: F401  (re-exported)
 from envace_jax.rl.types import ROLE_ID
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    """Reference values (spec 1.2): AdamW 1e-6 constant, betas (0.9, 0.999), wd 0.01, clip 1.0."""
-
-    lr: float = 1e-6
-    schedule: str = "constant"      # constant | cosine | linear
-    warmup_steps: int = 0
-    total_steps: int = 1000
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    max_consecutive_nonfinite: int = 100
-
-    def __post_init__(self):
-        if self.schedule not in ("constant", "cosine", "linear"):
-            raise ValueError(f"optim.schedule={self.schedule!r}; choose constant, cosine or linear")
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be positive, got {self.lr}")
-        if self.grad_clip <= 0:
-            raise ValueError(f"optim.grad_clip must be positive, got {self.grad_clip}")
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-    """Reference values (spec 5.3): clip 0.2/0.2, dual clip 3.0, KL off, entropy 0."""
-
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0
-    log_ratio_clamp: float = 20.0
-    agg: str = "seq_mean_token_mean"
-    kl_coef: float = 0.0
-    kl_type: str = "k3"
-    entropy_coef: float = 0.0
-    role_balanced: bool = False
-
-
-def make_schedule(cfg: OptimConfig) -> optax.Schedule:
-    decay_steps = max(1, cfg.total_steps - cfg.warmup_steps)
-    if cfg.schedule == "constant":
-        main = optax.constant_schedule(cfg.lr)
-    elif cfg.schedule == "cosine":
-        main = optax.cosine_decay_schedule(cfg.lr, decay_steps)
-    else:
-        main = optax.linear_schedule(cfg.lr, 0.0, decay_steps)
-    if cfg.warmup_steps <= 0:
-        return main
-    warm = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
-    return optax.join_schedules([warm, main], [cfg.warmup_steps])
-
-
-def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-    tx = optax.chain(
-        optax.clip_by_global_norm(cfg.grad_clip),
-        optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
-    )
-    # A non-finite gradient skips the step (parameters and moments unchanged) and is counted.
-    return optax.apply_if_finite(tx, cfg.max_consecutive_nonfinite)
 
 
 def _tree_add(a, b):
@@ -102,8 +45,11 @@ class Trainer:
 
     def __init__(self, model: nnx.Module, optim: OptimConfig = OptimConfig(), loss: LossConfig = LossConfig(),
                  *, micro_batch_size: int = 8, mesh: Mesh | None = None, ref_model: nnx.Module | None = None,
-                 seed: int = 0):
+                 pad_micro_batches: bool = False):
+        """``pad_micro_batches``: fill a short last micro-batch with zero-weight rows, so batches of any
+        row count reuse one compiled program per width (several processes always pad, in lockstep)."""
         self.model, self.optim_cfg, self.loss_cfg = model, optim, loss
+        self.pad_micro_batches = bool(pad_micro_batches)
         self.micro_batch_size = int(micro_batch_size)
         if self.micro_batch_size <= 0:
             raise ValueError(f"trainer.micro_batch_size must be positive, got {micro_batch_size}")
@@ -112,7 +58,6 @@ class Trainer:
         self.tx = make_optimizer(optim)
         self.opt_state = self._on_mesh(jax.jit(self.tx.init)(params))
         self.step = 0
-        self.rng = jax.random.key(seed)
         self.ref_params = None
         if loss.kl_coef > 0:
             if ref_model is None:  # a frozen copy of the starting policy
@@ -128,28 +73,10 @@ class Trainer:
         return nnx.state(self.model, nnx.Param)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"params": self.params, "opt_state": self.opt_state, "step": self.step,
-                # host numpy: a single-device array cannot be saved by a multi-process checkpoint
-                "rng": np.asarray(jax.random.key_data(self.rng))}
+        return {"params": self.params, "opt_state": self.opt_state, "step": self.step}
 
     def _on_mesh(self, tree):
-        """Optimizer leaves that do not depend on the params (step counters, non-finite counts) come
-        out of ``tx.init`` or a restore on one local device; with a mesh, replicate them over it so
-        the jitted update never sees mixed device sets (across processes too)."""
-        if self.mesh is None:
-            return tree
-        devices = set(self.mesh.devices.flat)
-        rep = NamedSharding(self.mesh, PartitionSpec())
-
-        def one(x):
-            if not isinstance(x, jax.Array) or set(x.sharding.device_set) == devices:
-                return x
-            host = np.asarray(x)
-            if jax.process_count() > 1:
-                return jax.make_array_from_process_local_data(rep, host, host.shape)
-            return jax.device_put(host, rep)
-
-        return jax.tree.map(one, tree)
+        return placement.replicate_unplaced(tree, self.mesh)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         nnx.update(self.model, state["params"])
@@ -163,7 +90,6 @@ class Trainer:
 
         self.opt_state = self._on_mesh(jax.tree.map(place, state["opt_state"], self.opt_state))
         self.step = int(state["step"])
-        self.rng = jax.random.wrap_key_data(jnp.asarray(state["rng"]))
 
     @property
     def nonfinite_steps(self) -> int:
@@ -220,63 +146,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ update
     def _device_batch(self, arrays: dict[str, np.ndarray]):
-        """Host rows -> device arrays sharded over the batch axes of the mesh.
-
-        With several processes each one passes ITS OWN rows (same shapes on every process, see
-        ``_local_micro_batches``) and the global array is their concatenation in process order, so
-        every sum the jitted code takes is over all processes' rows.
-        """
-        if self.mesh is None:
-            return {k: jnp.asarray(v) for k, v in arrays.items()}
-        multi = jax.process_count() > 1
-        out = {}
-        for k, v in arrays.items():
-            gshape = (v.shape[0] * jax.process_count(),) + v.shape[1:] if multi else v.shape
-            spec = shd.logical_to_spec(("batch",) + (None,) * (v.ndim - 1), shd.TRAIN_RULES, self.mesh, gshape)
-            sharding = NamedSharding(self.mesh, spec)
-            if multi:
-                out[k] = jax.make_array_from_process_local_data(sharding, v, gshape)
-            else:
-                out[k] = jax.device_put(v, sharding)
-        return out
+        return placement.device_batch(arrays, self.mesh)
 
     def _local_micro_batches(self, batch: TrainBatch) -> list[dict[str, np.ndarray]]:
-        """This process's rows cut into micro-batches of ``micro_batch_size`` rows.
-
-        Single process: plain slices. Several processes: every process must feed the same number of
-        micro-batches of the same shape, so lengths are padded to the longest row width of any
-        process and every micro-batch is filled up to ``micro_batch_size`` (rounded up to this
-        process's device count) with zero-weight padding rows (segment id 0, weight 0: they add
-        nothing to any loss sum or count).
-        """
-        arrays = batch.arrays()
-        mbs = self.micro_batch_size
-        if jax.process_count() == 1:
-            return [{k: v[s:s + mbs] for k, v in arrays.items()} for s in range(0, batch.size, mbs)]
-        from jax.experimental import multihost_utils
-
-        shapes = np.asarray(multihost_utils.process_allgather(np.asarray(batch.tokens.shape, np.int64)))
-        rows, width = int(shapes[:, 0].max()), int(shapes[:, 1].max())
-        mbs = -(-mbs // jax.local_device_count()) * jax.local_device_count()
-        n_mb = max(1, -(-rows // mbs))
-        out = []
-        for m in range(n_mb):
-            mb = {}
-            for k, v in arrays.items():
-                part = v[m * mbs:(m + 1) * mbs]
-                pad = [(0, mbs - part.shape[0])] + [(0, width - d) for d in part.shape[1:]]
-                fill = 1.0 if k == "temperature" else (-1 if k == "group_ids" else 0)
-                mb[k] = np.pad(part, pad, constant_values=np.asarray(fill, v.dtype))
-            out.append(mb)
-        return out
+        loss_lib.check_temperature(batch.temperature)  # the jitted forward divides by it
+        return placement.local_micro_batches(batch, self.micro_batch_size, pad_last=self.pad_micro_batches)
 
     def _host_rows(self, x: jax.Array) -> np.ndarray:
-        """This process's rows of a batch-sharded device array (all rows with one process)."""
-        if jax.process_count() == 1:
-            return np.asarray(x)
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.global_array_to_host_local_array(x, self.mesh, x.sharding.spec))
+        return placement.host_rows(x, self.mesh)
 
     def compute_logprobs(self, batch: TrainBatch) -> np.ndarray:
         """Current-policy log-probs ``[B, L]`` (the reference's ``old_log_probs`` recomputation).
@@ -338,19 +215,3 @@ class Trainer:
         metrics["skipped_nonfinite"] = float(self.nonfinite_steps - before)
         metrics["lr"] = float(make_schedule(self.optim_cfg)(self.step - 1))
         return metrics
-
-    def ppo_update(self, batch: TrainBatch, *, epochs: int = 1, mini_batches: int = 1,
-                   shuffle: bool = True) -> list[dict[str, float]]:
-        """``epochs`` passes of ``mini_batches`` optimizer steps (reference: 1 x 1)."""
-        out = []
-        n = batch.size
-        for ep in range(epochs):
-            order = np.arange(n)
-            if shuffle and mini_batches > 1:
-                order = np.random.default_rng(self.step * 7919 + ep).permutation(n)
-            for part in np.array_split(order, mini_batches):
-                # Every process must take the same number of steps (each is a collective); a process
-                # with no rows in this part contributes zero-weight padding rows.
-                if len(part) or jax.process_count() > 1:
-                    out.append(self.update(batch.take(np.sort(part))))
-        return out

@@ -1,4 +1,19 @@
-"""Core host-side records shared by rollout, reward and the trainer."""
+"""Core host-side records shared by rollout, reward and the trainer, and the names of the two roles.
+
+Vocabulary (one meaning per word):
+
+* **ACT** (``ACT = "act"``) is the role that talks to the user and calls tools; **REHEARSE**
+  (``REHEARSE = "rehearse"``) is the role that plays the tools, writing each call's response. Our code,
+  metrics and configs name the roles this way.
+* **caller** / **simulator** are the reference's names for the same two roles. We keep them only where we
+  mirror the reference: the episode states ``AWAIT_CALLER`` / ``AWAIT_SIMULATOR``, the chat layer's
+  ``caller_prompt`` / ``simulator_prompt`` and ``parse_simulator_output`` (the REHEARSE prompt and its
+  ``<execution_result>`` parser), and ``tokenizer.simulator_thinking``.
+* **the simulator model** is a *separate* model that plays REHEARSE: rollout mode ``simulator`` (a frozen
+  copy; only ACT trains) and ``noshare`` (a second trained policy), the engine's ``simulator=`` client and
+  ``model.simulator_hf_path``. In modes ``rehearsal`` and ``caller_frozen`` the one policy plays both roles
+  and there is no simulator model.
+"""
 
 from __future__ import annotations
 
@@ -41,13 +56,14 @@ class Generation:
     role: str                     # ACT or REHEARSE
     prompt_ids: list[int]
     gen_ids: list[int]
-    logprobs: list[float]         # sampler log-probs of gen_ids (temperature-scaled, untruncated)
+    logprobs: list[float]         # sampler log-probs of gen_ids (at ``temperature``, before top-k/top-p)
     uid: str                      # prompt uid, shared by the n rollouts of one task
     episode: int                  # episode id, unique in a batch
     turn: int                     # user-turn index at the time of the call
     finish_reason: str = "stop"
-    text: str = ""                # decoded gen_ids (for logs and the empty-output penalty)
-    score: float = 0.0            # filled in after the episode: episode score minus penalties
+    text: str = ""                # decoded gen_ids, special tokens skipped ("" = an empty output, penalised)
+    score: float = 0.0            # filled in after the episode: the episode's score, the same on every row
+    temperature: float = 1.0      # the sampling temperature of gen_ids: the trainer scores the row at it
 
     @property
     def role_id(self) -> int:

@@ -1,0 +1,291 @@
+"""Every knob of an evaluation run, in one place: frozen dataclasses in the shape of ``configs/eval_*.py``.
+
+``launch/eval.py`` reads a config file into a ``ConfigDict``; ``load_eval_config`` turns it into an
+``EvalConfig`` through the same converter as training configs (``envace_jax.config.load_section``): every
+field is type- and range-checked and an unknown field is an error naming it. The defaults here are the
+only defaults: ``configs/eval_common.py`` starts from them. List-valued fields may be written as
+comma-separated strings, so they override cleanly from the command line
+(``--config.bfcl.categories=multi_turn_base,simple_python``).
+
+Plain Python (no jax): the harnesses import their sections from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from envace_jax.config import RoleSampling, load_section
+from envace_jax.envs import bfcl, tau2
+
+SUITES = ("bfcl", "tau2", "demo", "rehearsal_sweep", "fidelity")
+POLICIES = ("oracle", "model")
+TOKENIZER_CORPORA = ("demo", "demo+bfcl")
+PRE_SPLITS = ("qwen", "lines")
+TAU2_USERS = ("scripted", "model")
+REHEARSAL_MODES = ("parallel", "sequential")
+MEMORY_KINDS = ("template", "model")
+PLACEMENTS = ("system", "note")
+
+
+def _at_least(cfg: Any, section: str, names: tuple[str, ...], low: int) -> None:
+    for name in names:
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or v < low:
+            raise ValueError(f"config.{section}.{name} must be an int >= {low}, got {v!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TinySpec:
+    """``model.random_tiny``: a random Qwen3 of these sizes and the offline demo tokenizer."""
+
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    vocab_size: int = 480
+    # "demo+bfcl" also trains the demo tokenizer on BFCL's multi-turn tool schemas and questions.
+    # BFCL prompts (~17k characters, ~30 tool schemas) are ~10k tokens with the "demo" corpus and
+    # ~4k with "demo+bfcl" (the floor of Qwen3's word-level pre-split); with pre_split="lines" and a
+    # large vocabulary, merges span words and a prompt shrinks to a few hundred tokens.
+    tokenizer_corpus: str = "demo"
+    pre_split: str = "qwen"
+    max_token_chars: int = 0        # 0 = unlimited
+
+    def __post_init__(self):
+        _at_least(self, "model.tiny", ("hidden", "layers", "heads", "kv_heads", "head_dim"), 1)
+        _at_least(self, "model.tiny", ("max_token_chars",), 0)
+        if self.tokenizer_corpus not in TOKENIZER_CORPORA:
+            raise ValueError(f"config.model.tiny.tokenizer_corpus={self.tokenizer_corpus!r}; "
+                             f"choose one of {TOKENIZER_CORPORA}")
+        if self.pre_split not in PRE_SPLITS:
+            raise ValueError(f"config.model.tiny.pre_split={self.pre_split!r}; choose one of {PRE_SPLITS}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Which policy to load: a local HF checkpoint (``model_path``), or ``random_tiny`` (CI)."""
+
+    model_path: str = ""            # local Qwen3 HF checkpoint directory (policy=model)
+    tokenizer_path: str = ""        # default: model_path (random_tiny: a demo tokenizer built into output_dir)
+    random_tiny: bool = False
+    dtype: str = "float32"
+    tiny: TinySpec = TinySpec()
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerShapes:
+    """Shape buckets for the eval sampler (``Sampler`` keywords; empty = the sampler's defaults).
+
+    Each new (batch, chunk length, cache window) bucket compiles a prefill and a decode program,
+    seconds each on CPU. A run whose every call fits one batch and one window (set ``window_buckets`` to
+    ``max_model_len + max_chunk``, the most the sampler allocates) compiles a handful of programs.
+    """
+
+    batch_buckets: tuple[int, ...] = ()
+    length_buckets: tuple[int, ...] = ()
+    window_buckets: tuple[int, ...] = ()
+    max_chunk: int = 512
+
+    def __post_init__(self):
+        for name in ("batch_buckets", "length_buckets", "window_buckets"):
+            if any(int(b) < 1 for b in getattr(self, name)):
+                raise ValueError(f"config.sampler.{name} must be positive, got {getattr(self, name)}")
+        if self.max_chunk < 1:
+            raise ValueError(f"config.sampler.max_chunk must be >= 1, got {self.max_chunk}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RehearsalConfig:
+    n: int = 0                              # imagined episodes per task (0: act directly)
+    mode: str = "parallel"
+    max_tokens_per_rehearsal: int = 2048
+    memory: str = "template"
+    max_memory_chars: int = 1500
+    placement: str = "system"
+    grounding: str = "none"                 # "reference" keeps the few-shot logged results (privileged)
+    user_turns: str = "first"               # "all" rehearses every scripted user turn
+    summary: RoleSampling = RoleSampling(temperature=0.0, max_new_tokens=256)
+    # sampling temperature of the imagined episodes (both roles); None: the committed run's. With a greedy
+    # committed run, N > 1 parallel rehearsals at temperature None are N copies of one episode.
+    temperature: float | None = None
+    seed: int = 0                           # an eval run sets it to the run's ``seed``
+
+    def __post_init__(self):
+        choices = {"mode": REHEARSAL_MODES, "memory": MEMORY_KINDS, "placement": PLACEMENTS,
+                   "grounding": ("none", "reference"), "user_turns": ("first", "all")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"rehearsal.{name}={getattr(self, name)!r}; choose one of {allowed}")
+        if self.temperature is not None and not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
+            raise ValueError(f"rehearsal.temperature must be None or >= 0, got {self.temperature!r}")
+        for name in ("n", "max_tokens_per_rehearsal", "max_memory_chars"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < (0 if name == "n" else 1):
+                raise ValueError(f"rehearsal.{name} must be an int >= {0 if name == 'n' else 1}, got {v!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RehearsalSection(RehearsalConfig):
+    """Test-time rehearsal of the demo suite, and the grid of suite ``rehearsal_sweep``."""
+
+    sweep_ns: tuple[int, ...] = (0, 1, 2, 4)
+    sweep_modes: tuple[str, ...] = REHEARSAL_MODES
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.sweep_ns or any(n < 0 for n in self.sweep_ns):
+            raise ValueError(f"config.rehearsal.sweep_ns must be non-empty and >= 0, got {self.sweep_ns}")
+        if not self.sweep_modes or any(m not in REHEARSAL_MODES for m in self.sweep_modes):
+            raise ValueError(f"config.rehearsal.sweep_modes must be some of {REHEARSAL_MODES}, got {self.sweep_modes}")
+
+    def rehearsal(self) -> RehearsalConfig:
+        """The settings of one rehearsal run (without the sweep grid)."""
+        names = [f.name for f in dataclasses.fields(RehearsalConfig)]
+        return RehearsalConfig(**{k: getattr(self, k) for k in names})
+
+
+@dataclasses.dataclass(frozen=True)
+class BfclConfig:
+    categories: tuple[str, ...] = ("multi_turn_base",)
+    limit: int = 0                      # entries per category (0 = all)
+    max_steps_per_turn: int = 20        # BFCL's MAXIMUM_STEP_LIMIT
+    batch_size: int = 16                # entries played at once
+
+    def __post_init__(self):
+        if not self.categories:
+            raise ValueError("config.bfcl.categories is empty")
+        for c in self.categories:
+            if c not in bfcl.MULTI_TURN_CATEGORIES + bfcl.SINGLE_TURN_CATEGORIES:
+                raise ValueError(f"config.bfcl.categories: unsupported category {c!r}; expected some of "
+                                 f"{bfcl.MULTI_TURN_CATEGORIES + bfcl.SINGLE_TURN_CATEGORIES}")
+        _at_least(self, "bfcl", ("max_steps_per_turn", "batch_size"), 1)
+        _at_least(self, "bfcl", ("limit",), 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tau2Config:
+    domains: tuple[str, ...] = tau2.DOMAINS
+    split: str = "test"
+    limit: int = 0                      # tasks per domain (0 = all)
+    user: str = "scripted"              # scripted (offline, CI) | model
+    user_model_path: str = ""           # user=model: the user's checkpoint (empty: the policy's weights)
+    max_steps: int = 30                 # agent + user messages before the run is cut (tau2: max_steps)
+    batch_size: int = 8
+
+    def __post_init__(self):
+        if not self.domains:
+            raise ValueError("config.tau2.domains is empty")
+        for d in self.domains:
+            if d not in tau2.DOMAINS:
+                raise ValueError(f"config.tau2.domains: unknown domain {d!r}; expected some of {tau2.DOMAINS}")
+        if self.user not in TAU2_USERS:
+            raise ValueError(f"config.tau2.user={self.user!r}; choose one of {TAU2_USERS}")
+        if self.split not in ("train", "test", "base"):
+            raise ValueError(f"config.tau2.split={self.split!r}; choose train, test or base")
+        _at_least(self, "tau2", ("max_steps", "batch_size"), 1)
+        _at_least(self, "tau2", ("limit",), 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoSuiteConfig:
+    """The demo task suite: which tasks, and the real-tool episode's caps."""
+
+    num_tasks: int = 40
+    seed: int = 0
+    split: str = "test"
+    max_steps: int = 24
+    max_assistant_turns: int = 8
+    max_user_turns: int = 4
+
+    def __post_init__(self):
+        _at_least(self, "demo", ("num_tasks", "max_steps", "max_assistant_turns", "max_user_turns"), 1)
+        if self.split not in ("train", "validation", "test"):
+            raise ValueError(f"config.demo.split={self.split!r}; choose train, validation or test")
+
+
+REHEARSERS = ("oracle", "constant", "model")
+
+
+@dataclasses.dataclass(frozen=True)
+class FidelityBenchConfig:
+    """Suite ``fidelity`` (``eval.fidelity_bench``): REHEARSE on the benchmarks' logged calls."""
+
+    bfcl_categories: tuple[str, ...] = ("multi_turn_base",)   # multi-turn categories (empty: none)
+    tau2_domains: tuple[str, ...] = ("airline", "retail", "telecom")
+    tau2_split: str = "test"
+    demo_tasks: int = 0               # demo reference conversations (0: none)
+    demo_split: str = "test"
+    limit: int = 0                    # entries / tasks per BFCL category and tau2 domain (0 = all)
+    with_reference: bool = False      # put the replay into the record's reference_messages (an upper bound)
+    rehearser: str = "oracle"         # oracle | constant | model
+    batch_size: int = 16              # REHEARSE prompts per generate call (model)
+    seed: int = 0                     # an eval run sets it to the run's ``seed``
+
+    def __post_init__(self):
+        if self.rehearser not in REHEARSERS:
+            raise ValueError(f"config.fidelity.rehearser={self.rehearser!r}; choose one of {REHEARSERS}")
+        for c in self.bfcl_categories:
+            if c not in bfcl.MULTI_TURN_CATEGORIES:
+                raise ValueError(f"config.fidelity.bfcl_categories: {c!r} has no logged multi-turn replay; "
+                                 f"expected some of {bfcl.MULTI_TURN_CATEGORIES}")
+        for d in self.tau2_domains:
+            if d not in tau2.DOMAINS:
+                raise ValueError(f"config.fidelity.tau2_domains: unknown domain {d!r}; expected some of {tau2.DOMAINS}")
+        for name in ("limit", "demo_tasks"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"config.fidelity.{name} must be >= 0, got {getattr(self, name)}")
+        if self.batch_size < 1:
+            raise ValueError(f"config.fidelity.batch_size must be >= 1, got {self.batch_size}")
+        if not (self.bfcl_categories or self.tau2_domains or self.demo_tasks):
+            raise ValueError("config.fidelity names no BFCL category, no tau2 domain and no demo task")
+
+    @classmethod
+    def from_mapping(cls, section: Any, seed: int = 0) -> "FidelityBenchConfig":
+        """From the config's ``fidelity`` section (a dict or ConfigDict); unknown keys are an error."""
+        return dataclasses.replace(load_section(cls, section or {}, "config.fidelity"), seed=seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    suite: str = "bfcl"                  # bfcl | tau2 | demo | rehearsal_sweep
+    policy: str = "oracle"               # oracle (replays ground truth) | model
+    output_dir: str = ""                 # results.json, results.md, <category>.jsonl go here
+    seed: int = 0
+    write_entries: bool = True           # per-entry <category>.jsonl files
+    model: ModelSpec = ModelSpec()
+    sampling: RoleSampling = RoleSampling(temperature=0.0, max_new_tokens=1024)   # greedy
+    sampler: SamplerShapes = SamplerShapes()
+    max_model_len: int = 32768           # prompt + generated tokens per conversation
+    enable_thinking: bool = True
+    rehearsal: RehearsalSection = RehearsalSection()
+    bfcl: BfclConfig = BfclConfig()
+    tau2: Tau2Config = Tau2Config()
+    demo: DemoSuiteConfig = DemoSuiteConfig()
+    fidelity: FidelityBenchConfig = FidelityBenchConfig()
+
+    def __post_init__(self):
+        if self.suite not in SUITES:
+            raise ValueError(f"config.suite={self.suite!r}; choose one of {SUITES}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"config.policy={self.policy!r}; choose one of {POLICIES}")
+        if self.max_model_len <= self.sampling.max_new_tokens:
+            raise ValueError(f"config.max_model_len={self.max_model_len} must exceed "
+                             f"config.sampling.max_new_tokens={self.sampling.max_new_tokens}")
+
+
+def eval_config_dict(suite: str):
+    """A ConfigDict of every eval field at its default (list fields as comma-separated strings, so that
+    ``--config.bfcl.categories=a,b`` overrides them); ``configs/eval_common.py`` starts from it."""
+    from envace_jax.config import to_config_dict
+
+    d = to_config_dict(EvalConfig(suite=suite))
+    for section in ("rehearsal", "fidelity"):   # these seeds follow the run's ``seed``: not knobs of their own
+        del d[section]["seed"]
+    return d
+
+
+def load_eval_config(cfg: Any) -> EvalConfig:
+    """A ConfigDict / dict (configs/eval_*.py, or a partial dict in code) -> validated ``EvalConfig``."""
+    return load_section(EvalConfig, cfg, "config")

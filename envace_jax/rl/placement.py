@@ -1,0 +1,89 @@
+"""Where a trainer's arrays live: host rows -> mesh-sharded device arrays and back, across processes.
+
+With several JAX processes every process passes ITS OWN rows; a global array is their concatenation in
+process order, so every sum the jitted update takes runs over all processes' rows. Each step is a
+collective, so every process must feed the same number of micro-batches of the same shape: shapes are
+agreed with an all-gather and short parts are filled with zero-weight padding rows (``batch.pad_rows``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from envace_jax import sharding as shd
+from envace_jax.rl.batch import TrainBatch, pad_rows
+
+
+def replicate_unplaced(tree: Any, mesh: Mesh | None) -> Any:
+    """Optimizer leaves that do not depend on the params (step counters, non-finite counts) come out of
+    ``tx.init`` or a restore on one local device; with a mesh, replicate them over it so the jitted
+    update never sees mixed device sets (across processes too)."""
+    if mesh is None:
+        return tree
+    devices = set(mesh.devices.flat)
+    rep = NamedSharding(mesh, PartitionSpec())
+
+    def one(x):
+        if not isinstance(x, jax.Array) or set(x.sharding.device_set) == devices:
+            return x
+        host = np.asarray(x)
+        if jax.process_count() > 1:
+            return jax.make_array_from_process_local_data(rep, host, host.shape)
+        return jax.device_put(host, rep)
+
+    return jax.tree.map(one, tree)
+
+
+def device_batch(arrays: dict[str, np.ndarray], mesh: Mesh | None) -> dict[str, jax.Array]:
+    """Host rows -> device arrays sharded over the batch axes of the mesh (this process's rows)."""
+    if mesh is None:
+        return {k: jax.numpy.asarray(v) for k, v in arrays.items()}
+    multi = jax.process_count() > 1
+    out = {}
+    for k, v in arrays.items():
+        gshape = (v.shape[0] * jax.process_count(),) + v.shape[1:] if multi else v.shape
+        spec = shd.logical_to_spec(("batch",) + (None,) * (v.ndim - 1), shd.TRAIN_RULES, mesh, gshape)
+        sharding = NamedSharding(mesh, spec)
+        if multi:
+            out[k] = jax.make_array_from_process_local_data(sharding, v, gshape)
+        else:
+            out[k] = jax.device_put(v, sharding)
+    return out
+
+
+def local_micro_batches(batch: TrainBatch, micro_batch_size: int, *, pad_last: bool = False
+                        ) -> list[dict[str, np.ndarray]]:
+    """This process's rows cut into micro-batches of ``micro_batch_size`` rows.
+
+    Single process: plain slices; with ``pad_last`` the last one is filled up to ``micro_batch_size``
+    with zero-weight rows, so a varying row count never compiles a program for a short micro-batch.
+    Several processes: lengths are padded to the longest row width of any process and every
+    micro-batch is filled up to ``micro_batch_size`` (rounded up to this process's device count).
+    """
+    arrays = batch.arrays()
+    mbs = micro_batch_size
+    if jax.process_count() == 1:
+        parts = [{k: v[s:s + mbs] for k, v in arrays.items()} for s in range(0, batch.size, mbs)]
+        if pad_last and parts:
+            parts[-1] = pad_rows(parts[-1], mbs)
+        return parts
+    from jax.experimental import multihost_utils
+
+    shapes = np.asarray(multihost_utils.process_allgather(np.asarray(batch.tokens.shape, np.int64)))
+    rows, width = int(shapes[:, 0].max()), int(shapes[:, 1].max())
+    mbs = -(-mbs // jax.local_device_count()) * jax.local_device_count()
+    n_mb = max(1, -(-rows // mbs))
+    return [pad_rows({k: v[m * mbs:(m + 1) * mbs] for k, v in arrays.items()}, mbs, width) for m in range(n_mb)]
+
+
+def host_rows(x: jax.Array, mesh: Mesh | None) -> np.ndarray:
+    """This process's rows of a batch-sharded device array (all rows with one process)."""
+    if jax.process_count() == 1:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.global_array_to_host_local_array(x, mesh, x.sharding.spec))
