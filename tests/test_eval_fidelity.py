@@ -70,7 +70,7 @@ def test_config_errors_name_the_field():
         FidelityBenchConfig(rehearser="judge")
     with pytest.raises(ValueError, match="bfcl_categories.*simple_python"):
         FidelityBenchConfig(bfcl_categories=("simple_python",))
-    with pytest.raises(ValueError, match="unknown fields \\['domains'\\]"):
+    with pytest.raises(ValueError, match=r"config\.fidelity has unknown field\(s\) \['domains'\]"):
         FidelityBenchConfig.from_mapping({"domains": "retail"})
     with pytest.raises(ValueError, match="names no BFCL category"):
         FidelityBenchConfig.from_mapping({"bfcl_categories": "", "tau2_domains": ""})
