@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from envace_jax.models.numerics import as_dtype
+from envace_jax.rl.loss import check_temperature
 
 
 def _project(xs, w, layout: str, dt):
@@ -83,8 +84,7 @@ def fused_token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array,
         raise ValueError(f"targets {tuple(targets.shape)} must be [B, T] = {(B, T)} like hidden")
     if head.ndim != 2 or head.shape[1 if head_layout == "vd" else 0] != D:
         raise ValueError(f"head {tuple(head.shape)} does not match hidden size {D} with layout {head_layout!r}")
-    if isinstance(temperature, (int, float)) and not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    check_temperature(temperature)
     dt = hidden.dtype if compute_dtype is None else as_dtype(compute_dtype)
     # Scaling the [B, T, D] input instead of the [B, T, V] logits: autodiff handles it outside the
     # custom backward, at a cost of D instead of V per token.
