@@ -393,8 +393,11 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
             start = trainer.step
             if os.path.exists(mem_path):
                 memories = json.load(open(mem_path))
-            if os.path.exists(curve_path):
-                curve = [json.loads(line) for line in open(curve_path) if line.strip()]
+            if os.path.exists(curve_path):  # points past the checkpoint are measured again
+                curve = [p for p in (json.loads(line) for line in open(curve_path) if line.strip())
+                         if p["step"] <= start]
+                with open(curve_path, "w") as f:
+                    f.writelines(json.dumps(p) + "\n" for p in curve)
             log(f"pretrain: resumed at step {start}")
         mem_tasks = demos[:cfg.memory_tasks]
         if memories:
@@ -428,6 +431,9 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
                     log(f"pretrain validation at step {k}: {json.dumps(point)}")
                 if guard.check() or k % cfg.checkpoint_every == 0 or k == cfg.steps:
                     ckpt.save(k, trainer.state_dict())
+                    if not progress:
+                        log(f"pretrain step {k}/{cfg.steps}: nll act {m.get('nll/act', 0):.3f} rehearse "
+                            f"{m.get('nll/rehearse', 0):.3f}, {time.perf_counter() - t_start:.0f} s")
                 if guard.preempted:
                     ckpt.close()
                     log(f"pretrain: preempted at step {k}; rerun to resume")
