@@ -227,8 +227,8 @@ def rehearsal_memories(model, codec, tasks: Sequence[Mapping[str, Any]], cfg: Pr
 def reference_trace(task: Mapping[str, Any], index: int = 1):
     """The reference conversation seen as one rehearsal (its real responses in place of imagined ones): the
     shape of text a rehearsal memory holds, for the tokenizer's training texts."""
+    from envace_jax.chat.simulator import is_failed_result
     from envace_jax.eval.rehearsal import RehearsalTrace, StepTrace
-    from envace_jax.eval.rehearsal import _is_error as is_error_response  # issue 14 gives it one public home
 
     ref = task["reference_messages"]
     answers = {m["tool_call_id"]: m["content"] for m in ref if m["role"] == "tool"}
@@ -240,7 +240,7 @@ def reference_trace(task: Mapping[str, Any], index: int = 1):
             for c in m.get("tool_calls") or []:
                 resp = answers[c["id"]]
                 steps.append(StepTrace(turn, c["function"]["name"], c["function"]["arguments"], resp,
-                                       is_error_response(resp)))
+                                       is_failed_result(resp)))
             if not m.get("tool_calls"):
                 final = m["content"]
     return RehearsalTrace(index, steps, final, "", None)
