@@ -34,11 +34,12 @@ def forward_flops(c: dict, batch: int, length: int) -> float:
     return 2.0 * (tokens * dense + attn)
 
 
-def timed(fn) -> float:
-    """Wall seconds of one call of ``fn``."""
-    t0 = time.perf_counter()
+def timed(fn, clock=time.perf_counter) -> float:
+    """Seconds of one call of ``fn`` on ``clock`` (wall by default; ``time.process_time`` counts the
+    CPU time of every thread of the process, which other jobs on a shared machine disturb less)."""
+    t0 = clock()
     fn()
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 _MATMUL = jax.jit(lambda x: x @ x)
@@ -51,7 +52,7 @@ def matmul_peak_gflops(reps: int = 5) -> float:
     return 2 * 2048 ** 3 / min(timed(lambda: _MATMUL(a).block_until_ready()) for _ in range(reps)) / 1e9
 
 
-def decode_matmul_floor_s(batch: int, reps: int = 7) -> float:
+def decode_matmul_floor_s(batch: int, reps: int = 7, clock=time.perf_counter) -> float:
     """Best-of-``reps`` seconds of only the weight matmuls of one decode step of CONFIG at ``batch``
     rows (q, k, v, o, gate, up, down per layer, then the LM head), float32, jitted. Attention, norms
     and sampling are left out, so no decoder (ours or transformers') can take a step faster than this
@@ -73,7 +74,19 @@ def decode_matmul_floor_s(batch: int, reps: int = 7) -> float:
 
     x = jnp.ones((batch, d), jnp.float32)
     step(x, layers, head).block_until_ready()
-    return min(timed(lambda: step(x, layers, head).block_until_ready()) for _ in range(reps))
+    return min(timed(lambda: step(x, layers, head).block_until_ready(), clock) for _ in range(reps))
+
+
+def cache_read_floor_s(batch: int, slots: int, reps: int = 7, clock=time.perf_counter) -> float:
+    """Best-of-``reps`` seconds of one read of a float32 k/v cache of CONFIG (every layer, ``batch``
+    rows, ``slots`` slots), as a jitted sum: what any decode step that attends to that cache must
+    at least spend reading it."""
+    c = CONFIG
+    shape = (c["num_hidden_layers"], batch, c["num_key_value_heads"], c["head_dim"], slots)
+    k, v = jnp.ones(shape, jnp.float32), jnp.ones(shape, jnp.float32)
+    read = jax.jit(lambda k, v: k.sum() + v.sum())
+    read(k, v).block_until_ready()
+    return min(timed(lambda: read(k, v).block_until_ready(), clock) for _ in range(reps))
 
 
 def build_models(threads: int, *, train: bool = False, **config_overrides):

@@ -5,6 +5,11 @@ Measures, alternating ours and HF in one run so both see the same machine load:
     T=1.0 / top-p 0.95; the ratio to HF; the fraction of the float32 matmul peak (2048^2 matmul);
   - at greedy settings, a ceiling: the step's weight matmuls alone, timed at the same batch, bound
     how far below HF's time per step any decoder can go on this machine;
+  - at batch 32 (``--floor-batch``) greedy, our decode step against its floor: the step is timed as the
+    difference between a 256- and a 64-token call divided by 192 (prefill and per-call work cancel),
+    both in the same 384-slot cache window; the floor is the step's weight matmuls plus one read of
+    that window's k/v cache, each timed alone at the same batch, alternating with the step; on the
+    wall clock and on the process CPU clock (both threads), which a shared machine disturbs less;
   - an 8-turn episode (64 generated + 48 appended tokens per turn): ``continue_`` versus
     re-prefilling the whole conversation every turn.
 
@@ -24,7 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import build_models, decode_matmul_floor_s, matmul_peak_gflops  # noqa: E402
+from common import build_models, cache_read_floor_s, decode_matmul_floor_s, matmul_peak_gflops  # noqa: E402
 from envace_jax.sampling import Sampler, SamplingParams  # noqa: E402
 
 PROMPT, NEW = 128, 128
@@ -62,6 +67,37 @@ def time_hf(hf, prompts, sample: bool) -> float:
     return dt
 
 
+def decode_step_vs_floor(model, batch: int, reps: int, rng) -> None:
+    """Prints our decode step's time, its floor and their ratio (medians over ``reps`` alternations),
+    on the wall clock and on the process CPU clock (less disturbed by other jobs on a shared machine)."""
+    long, short = 2 * NEW, NEW // 2
+    window = PROMPT + long
+    sampler = Sampler(model, cache_size=window, window_buckets=(window,))
+    prompts = [rng.randint(3, 32000, PROMPT).tolist() for _ in range(batch)]
+
+    def call(n: int) -> tuple[float, float]:
+        w, c = time.perf_counter(), time.process_time()
+        out = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=n))
+        assert all(k == n for k in out.lengths), out.finish_reasons
+        return time.perf_counter() - w, time.process_time() - c
+
+    call(long), call(short)  # compile
+    rows = {"wall": [], "cpu": []}
+    for _ in range(reps):
+        a, b = call(long), call(short)
+        for i, (clock, name) in enumerate(((time.perf_counter, "wall"), (time.process_time, "cpu"))):
+            step = (a[i] - b[i]) / (long - short)
+            mm = decode_matmul_floor_s(batch, clock=clock)
+            read = cache_read_floor_s(batch, window, clock=clock)
+            rows[name].append((step, mm, read))
+    for name, r in rows.items():
+        step, mm, read = (float(np.median([x[j] for x in r])) for j in range(3))
+        ratio = float(np.median([s / (m + d) for s, m, d in r]))
+        print(f"batch {batch:2d} decode step ({name:4s}) {1e3 * step:6.1f} ms; floor {1e3 * (mm + read):6.1f} ms "
+              f"(weight matmuls {1e3 * mm:.1f} + one read of the {window}-slot k/v cache {1e3 * read:.1f}); "
+              f"step / floor {ratio:.2f}x (median of {len(r)} alternations; goal <= 1.3x)")
+
+
 def episode(sampler, prompts, turns: int, gen: int, app: int, continuation: bool, seed: int) -> float:
     rng = np.random.RandomState(seed)
     p = SamplingParams(temperature=0.0, max_new_tokens=gen)
@@ -83,6 +119,8 @@ def episode(sampler, prompts, turns: int, gen: int, app: int, continuation: bool
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one repetition, batch 8 and 32 greedy, 4 turns")
+    ap.add_argument("--floor-batch", type=int, default=32, help="batch of the step-versus-floor line")
+    ap.add_argument("--only-floor", action="store_true", help="print only the step-versus-floor line")
     args = ap.parse_args()
     reps = 1 if args.quick else 3
     hf, model = build()
@@ -92,6 +130,9 @@ def main():
     print(f"float32 matmul peak (2048^2, jnp): {peak:.1f} GFLOP/s")
     modes = [("greedy", False)] if args.quick else [("greedy", False), ("top_p", True)]
     results = {}
+    if args.only_floor:
+        decode_step_vs_floor(model, args.floor_batch, reps, rng)
+        return
     for batch in (8, 32):
         prompts = [rng.randint(3, 32000, PROMPT).tolist() for _ in range(batch)]
         for name, sample in modes:
@@ -113,6 +154,8 @@ def main():
                 print(f"batch {batch:2d} ceiling: the weight matmuls of one decode step alone take "
                       f"{1e3 * floor:.1f} ms; HF spends {1e3 * h / NEW:.1f} ms per step (prefill included), "
                       f"so no decoder can run faster than {h / NEW / floor:.2f}x HF here")
+                if batch == args.floor_batch:
+                    decode_step_vs_floor(model, batch, reps, rng)
     for batch in (8, 32):
         if (batch, "top_p") in results:
             print(f"batch {batch:2d} top-p / greedy throughput: "

@@ -93,8 +93,8 @@ class SamplerState:
     the cache (-1 if none); ``keys``/``draws``: its PRNG stream. Consumed (donated) by ``continue_``.
     """
 
-    k: jax.Array
-    v: jax.Array
+    k: tuple[jax.Array, ...]  # per-layer buffers (see qwen3.KVCache)
+    v: tuple[jax.Array, ...]
     ends: np.ndarray
     pending: np.ndarray
     keys: np.ndarray
@@ -181,28 +181,31 @@ class Sampler:
         self._graphdef = nnx.graphdef(shadow)
         self._param_shardings = (qwen3.param_shardings(model, self.mesh, self.rules)
                                  if self.mesh is not None else None)
+        devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()
+        self._cpu = all(d.platform == "cpu" for d in devices)
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("size", "gather"), donate_argnums=(1, 2))
         self._decode = jax.jit(self._decode_impl, static_argnames=("budget",), donate_argnums=(1, 2))
 
     # ---------------------------------------------------------------- jitted programs
     def _cache_constrain(self, k, v):
-        return (shd.constrain(k, qwen3.CACHE_K_AXES, self.mesh, self.rules),
-                shd.constrain(v, qwen3.CACHE_V_AXES, self.mesh, self.rules))
+        return (tuple(shd.constrain(a, qwen3.CACHE_K_AXES, self.mesh, self.rules) for a in k),
+                tuple(shd.constrain(a, qwen3.CACHE_V_AXES, self.mesh, self.rules) for a in v))
 
     def _prefill_impl(self, params, k, v, src, end, tokens, lens, *, size: int, gather: bool):
         """Writes one chunk per row into the (gathered, resized) cache.
 
-        Shapes: params: model state; k ``[L, B_old, K, H, S_old]``, v ``[L, B_old, K, S_old, H]``; src int32 ``[B]`` rows of the
-        old cache to keep (only if ``gather``); end int32 ``[B]`` tokens already held; tokens int32
-        ``[B, T]`` right-padded; lens int32 ``[B]`` valid tokens (0 = write nothing).
-        Returns (logits float32 ``[B, V]`` at each row's last valid token, k ``[L, B, K, H, size]``,
-        v ``[L, B, K, size, H]``, new end ``[B]``).
+        Shapes: params: model state; k, v: per-layer tuples of ``[B_old, K, H, S_old]`` and
+        ``[B_old, K, S_old, H]`` (see ``qwen3.KVCache``); src int32 ``[B]`` rows of the old cache to
+        keep (only if ``gather``); end int32 ``[B]`` tokens already held; tokens int32 ``[B, T]``
+        right-padded; lens int32 ``[B]`` valid tokens (0 = write nothing).
+        Returns (logits float32 ``[B, V]`` at each row's last valid token, k, v with ``size`` slots,
+        new end ``[B]``).
         """
         self.num_compilations += 1
         if gather:
-            k, v = k[:, src], v[:, src]
-        k = _resize(k, qwen3.CACHE_K_SLOT_AXIS, size)
-        v = _resize(v, qwen3.CACHE_V_SLOT_AXIS, size)
+            k, v = tuple(a[src] for a in k), tuple(a[src] for a in v)
+        k = tuple(_resize(a, qwen3.CACHE_K_SLOT_AXIS, size) for a in k)
+        v = tuple(_resize(a, qwen3.CACHE_V_SLOT_AXIS, size) for a in v)
         k, v = self._cache_constrain(k, v)
         model = nnx.merge(self._graphdef, params)
         logits, cache = model(tokens, cache=qwen3.KVCache(k, v, end), chunk_lengths=lens,
@@ -213,7 +216,7 @@ class Sampler:
                      cap_reason, stop_ids, *, budget: int):
         """On-device decode loop.
 
-        Shapes: k ``[L, B, K, H, S]``, v ``[L, B, K, S, H]`` (see ``qwen3.KVCache``); end int32 ``[B]``; logits float32 ``[B, V]`` (next-token
+        Shapes: k, v per-layer tuples (see ``qwen3.KVCache``); end int32 ``[B]``; logits float32 ``[B, V]`` (next-token
         logits after the prefill); keys uint32 ``[B, 2]``; draws int32 ``[B]`` draws already made by
         each row; temperature/top_p float32 ``[B]``; top_k, n_max (tokens this row may generate),
         cap_reason (reason when n_max is reached) int32 ``[B]``; stop_ids int32 ``[B, S_max]``
@@ -223,6 +226,8 @@ class Sampler:
         self.num_compilations += 1
         B = logits.shape[0]
         model = nnx.merge(self._graphdef, params)
+        # Sliced once, outside the loop: the body then reads each layer's weights where they lie.
+        weights = model.decode_weights(transpose_head=self._cpu)
 
         def emit(i, logits, c):
             tokens, lps, n, done, reason = c
@@ -249,11 +254,12 @@ class Sampler:
             tok, c = emit(i, logits, c)
             live = ~c[3]
 
-            # Finished rows feed nothing (chunk length 0); their write lands past `end`, unread.
+            # Finished rows feed nothing (chunk length 0); their write lands at `end`, past what they
+            # hold, and a later chunk overwrites it before any valid query can see it.
             # The step that finishes the last row does one forward nobody reads: cheaper than a
             # lax.cond, whose branches may copy the whole cache on CPU.
             logits, cache = model(tok[:, None], cache=qwen3.KVCache(k, v, end), chunk_lengths=live.astype(jnp.int32),
-                                  logits_at=jnp.zeros((B,), jnp.int32))
+                                  logits_at=jnp.zeros((B,), jnp.int32), decode_weights=weights)
             return i + 1, cache.k, cache.v, cache.end, logits, c
 
         _, k, v, end, _, c = jax.lax.while_loop(cond, body, (jnp.int32(0), k, v, end, logits, c0))
@@ -358,14 +364,14 @@ class Sampler:
             st = prev[0]
             k, v, gather = st.k, st.v, True
             st.consumed = True
-        elif self._spare is not None and self._spare[0].shape[1] == B:
+        elif self._spare is not None and self._spare[0][0].shape[0] == B:
             k, v = self._spare
             gather = False
         else:
             k_shape, v_shape = qwen3.KVCache.shapes(self.cfg, B, plan.window)
             dt = qwen3.as_dtype(self.cfg.dtype)
-            k = self._put(np.zeros(k_shape, dt), qwen3.CACHE_K_AXES)
-            v = self._put(np.zeros(v_shape, dt), qwen3.CACHE_V_AXES)
+            k = tuple(self._put(np.zeros(k_shape, dt), qwen3.CACHE_K_AXES) for _ in range(self.cfg.num_layers))
+            v = tuple(self._put(np.zeros(v_shape, dt), qwen3.CACHE_V_AXES) for _ in range(self.cfg.num_layers))
             gather = False
         self._spare = None
 

@@ -171,7 +171,8 @@ def sample_tokens(logits, keys, counters, temperature, top_p, top_k, *, k_max: i
     greedy = temperature <= 0.0
     t = jnp.where(greedy, 1.0, temperature)
     scaled = logits.astype(jnp.float32) / t[:, None]
-    lse = jax.nn.logsumexp(scaled, axis=-1)
+    top = scaled.max(axis=-1)
+    lse = top + jnp.log(jnp.sum(jnp.exp(scaled - top[:, None]), axis=-1))
     k_eff = jnp.where((top_k > 0) & (top_k < V), top_k, V).astype(jnp.int32)
 
     def sampled_rows():
@@ -200,6 +201,10 @@ def sample_tokens(logits, keys, counters, temperature, top_p, top_k, *, k_max: i
 
     # An all-greedy batch (the common evaluation case) skips the candidate pass over the vocabulary.
     tok_s = lax.cond(jnp.all(greedy), lambda: jnp.zeros((B,), jnp.int32), sampled_rows)
-    tok = jnp.where(greedy, jnp.argmax(logits, axis=-1).astype(jnp.int32), tok_s)
+    # Greedy rows have scaled == logits (T = 1), so the row maximum above is theirs too; the first
+    # index holding it is torch.argmax's answer. A masked min over the vocabulary, because XLA CPU
+    # runs jnp.argmax's two-operand reduce several times slower than one more pass over the row.
+    first_max = jnp.min(jnp.where(scaled == top[:, None], jnp.arange(V, dtype=jnp.int32), V - 1), axis=-1)
+    tok = jnp.where(greedy, first_max, tok_s)
     lp = jnp.take_along_axis(scaled, tok[:, None], axis=1)[:, 0] - lse
     return tok.astype(jnp.int32), lp

@@ -24,6 +24,11 @@ def _chunk_step(model):
     return jax.jit(lambda ids, c, n: model(ids, cache=c, chunk_lengths=n))
 
 
+def _stacked(cache):
+    """The cache's per-layer buffers as numpy ``k [L, B, K, H, S]`` and ``v [L, B, K, S, H]``."""
+    return np.stack([np.asarray(a) for a in cache.k]), np.stack([np.asarray(a) for a in cache.v])
+
+
 def test_uneven_multi_chunk_prefill_matches_transformers(models):
     # Rows start at different ends and take different valid lengths per chunk, so every chunk mixes
     # cached-slot attention (slots < end) with causal attention inside the chunk.
@@ -52,26 +57,29 @@ def test_uneven_multi_chunk_prefill_matches_transformers(models):
 
 
 def test_cache_layout_holds_keys_slots_last(models):
-    # k is [L, B, K, H, S] and v is [L, B, K, S, H]: a one-token write at slot s of row b equals the
-    # same token's k/v written into a fresh cache at slot 0 by a chunk of its own.
+    # One buffer per layer, k[l] [B, K, H, S] and v[l] [B, K, S, H]: a one-token write at slot s of
+    # row b equals the same token's k/v written into a fresh cache by a chunk of its own.
     _, model = models
     cfg = model.config
     ks, vs = qwen3.KVCache.shapes(cfg, 2, 10)
-    assert ks == (cfg.num_layers, 2, cfg.num_kv_heads, cfg.head_dim, 10)
-    assert vs == (cfg.num_layers, 2, cfg.num_kv_heads, 10, cfg.head_dim)
+    assert ks == (2, cfg.num_kv_heads, cfg.head_dim, 10)
+    assert vs == (2, cfg.num_kv_heads, 10, cfg.head_dim)
     step = _chunk_step(model)
     cache = model.init_cache(batch=2, size=10)
     ids = jnp.asarray([[11, 12, 13], [21, 22, 23]], jnp.int32)
     _, cache = step(ids, cache, jnp.asarray([3, 2], jnp.int32))
-    assert cache.k.shape == ks and cache.v.shape == vs and cache.size == 10
+    assert len(cache.k) == len(cache.v) == cfg.num_layers and cache.size == 10
+    assert all(a.shape == ks for a in cache.k) and all(a.shape == vs for a in cache.v)
+    k, v = _stacked(cache)
     # Position of the written token matters (rotary), so compare against the no-cache projection
     # of the same prefix: slot 2 of row 0 holds token 13 at position 2.
     fresh = model.init_cache(batch=1, size=10)
     _, fresh = step(jnp.asarray([[11, 12, 13]], jnp.int32), fresh, jnp.asarray([3], jnp.int32))
-    np.testing.assert_allclose(np.asarray(cache.k[:, 0, :, :, 2]), np.asarray(fresh.k[:, 0, :, :, 2]), atol=1e-6)
-    np.testing.assert_allclose(np.asarray(cache.v[:, 0, :, 2]), np.asarray(fresh.v[:, 0, :, 2]), atol=1e-6)
+    fk, fv = _stacked(fresh)
+    np.testing.assert_allclose(k[:, 0, :, :, 2], fk[:, 0, :, :, 2], atol=1e-6)
+    np.testing.assert_allclose(v[:, 0, :, 2], fv[:, 0, :, 2], atol=1e-6)
     # Row 1 wrote padding at slot 2 (past its end of 2); slots past the padded chunk stay zero.
-    assert not np.asarray(cache.k[:, :, :, :, 3:]).any() and not np.asarray(cache.v[:, :, :, 3:]).any()
+    assert not k[:, :, :, :, 3:].any() and not v[:, :, :, 3:].any()
 
 
 def test_writes_past_the_cache_are_dropped_not_clamped(models):
@@ -79,10 +87,10 @@ def test_writes_past_the_cache_are_dropped_not_clamped(models):
     step = _chunk_step(model)
     cache = model.init_cache(batch=1, size=8)
     _, cache = step(jnp.asarray([list(range(3, 9))], jnp.int32), cache, jnp.asarray([6], jnp.int32))
-    k0, v0 = np.asarray(cache.k), np.asarray(cache.v)
+    k0, v0 = _stacked(cache)
     # A 4-token chunk at end 6 has room for 2 slots; the other 2 must vanish, not overwrite 4..5.
     _, cache = step(jnp.asarray([[40, 41, 42, 43]], jnp.int32), cache, jnp.asarray([4], jnp.int32))
-    k1, v1 = np.asarray(cache.k), np.asarray(cache.v)
+    k1, v1 = _stacked(cache)
     np.testing.assert_array_equal(k1[..., :6], k0[..., :6])
     np.testing.assert_array_equal(v1[:, :, :, :6], v0[:, :, :, :6])
     assert not k0[..., 6:].any() and (np.abs(k1[..., 6:]).max(axis=(0, 1, 2, 3)) > 0).all()

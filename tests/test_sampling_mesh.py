@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent("""
     model = qwen3.init_model(cfg, seed=1, mesh=mesh, rules=shd.TRAIN_RULES)
     s = Sampler(model, cache_size=96)
     out = s.generate(prompts, greedy, return_state=True)
-    spec = out.state.k.sharding.spec
+    spec = out.state.k[0].sharding.spec
     out2 = s.continue_(out.state, [[7, 8, 9]] * 8, greedy)
     print(json.dumps({"same": out.tokens == ref.tokens, "same2": out2.tokens == ref2.tokens,
                       "lp": float(np.max(np.abs(np.concatenate(out.logprobs) - np.concatenate(ref.logprobs)))),

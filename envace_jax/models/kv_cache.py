@@ -1,18 +1,19 @@
-"""The sampler's per-row KV cache: its layout, chunk attention over it, and the one write per chunk.
+"""The sampler's per-row KV cache: its layout, the one write per chunk, and attention over it.
 
-With a cache, each row ``b`` writes its chunk at cache slots ``cache.end[b] + t``; a query at slot
-``s`` sees every key slot ``j <= s``. Chunks are right-padded per row; the caller advances ``end`` by
-each row's valid length (``chunk_lengths``), so padding written past ``end`` is overwritten by the
-next chunk and never read by a valid query. Slots past the cache size are dropped, so a full row never
-overwrites its earlier slots; the caller reports such a row as ``cache_full``.
+The cache holds one buffer per layer (``k[l]`` ``[B, K, H, S]`` with slots last, so the score
+product reads keys without a transpose; ``v[l]`` ``[B, K, S, H]``) and ``end[b]``, the slots row
+``b`` has filled. A chunk of ``T`` tokens is written at slots ``end[b] + t`` *before* the layer
+attends, and query ``t`` then sees every slot ``j <= end[b] + t``. Chunks are right-padded per row;
+the caller advances ``end`` by each row's valid length (``chunk_lengths``), so padding written past
+``end`` is overwritten by the row's next chunk before any valid query can see it. Slots past the
+cache size are dropped, so a full row never overwrites its earlier slots; the caller reports such a
+row as ``cache_full``.
 
-How the cache path runs (why, measured on CPU where decoding is memory-bound): the cache is
-*read-only* inside the model's layer scan. Each layer attends to the cached slots ``j < end[b]`` and,
-separately, causally within the chunk's own fresh keys/values; the two score blocks share one
-softmax. All layers' fresh keys and values leave the scan as its outputs and are written with one
-scatter after it (``write_chunk``). Writing per layer inside the scan instead made XLA carry, slice
-and re-layout the whole cache at every layer. Keys are stored ``[.., H, S]`` (slots last) so the
-score product reads them without a transpose; values ``[.., S, H]``.
+Why per-layer buffers, written in place before the read (measured on CPU, where decoding is
+memory-bound): with one stacked ``[L, ...]`` array read inside a scan over layers, XLA copied each
+layer's slice of the cache (and of the stacked weights) out at every decode step, about a third of
+the step beyond its floor. Separate buffers are read where they lie, and the write of one token per
+layer is an in-place scatter.
 """
 
 from __future__ import annotations
@@ -29,82 +30,88 @@ from envace_jax.models.numerics import MASK_VALUE, as_dtype
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-    """Per-row KV cache. ``k``: ``[L, B, K, H, S]`` (slots last), ``v``: ``[L, B, K, S, H]``;
-    ``end``: ``[B]`` int32 filled slots."""
+    """Per-row KV cache: ``k``/``v`` tuples of per-layer buffers (``k[l]`` ``[B, K, H, S]``, slots
+    last; ``v[l]`` ``[B, K, S, H]``), ``end`` ``[B]`` int32 filled slots."""
 
-    k: jax.Array
-    v: jax.Array
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
     end: jax.Array
 
     @property
     def size(self) -> int:
-        return self.v.shape[3]
+        return self.v[0].shape[CACHE_V_SLOT_AXIS]
 
     @staticmethod
     def shapes(cfg: Any, batch: int, size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Shapes of ``k`` and ``v`` for ``batch`` rows of ``size`` slots."""
-        L, K, H = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
-        return (L, batch, K, H, size), (L, batch, K, size, H)
+        """Shapes of one layer's ``k`` and ``v`` buffers for ``batch`` rows of ``size`` slots."""
+        K, H = cfg.num_kv_heads, cfg.head_dim
+        return (batch, K, H, size), (batch, K, size, H)
 
     @classmethod
     def init(cls, cfg: Any, batch: int, size: int, dtype: Any = None) -> "KVCache":
         dt = as_dtype(dtype or cfg.dtype)
         ks, vs = cls.shapes(cfg, batch, size)
-        return cls(jnp.zeros(ks, dt), jnp.zeros(vs, dt), jnp.zeros((batch,), jnp.int32))
+        L = cfg.num_layers
+        return cls(tuple(jnp.zeros(ks, dt) for _ in range(L)), tuple(jnp.zeros(vs, dt) for _ in range(L)),
+                   jnp.zeros((batch,), jnp.int32))
 
 
-# Logical axes of KVCache.k and KVCache.v (their layouts differ: see the module docstring).
-CACHE_K_AXES = ("layers", "batch", "act_kv_heads", None, "cache_length")
-CACHE_V_AXES = ("layers", "batch", "act_kv_heads", "cache_length", None)
-# Axis of the slots in KVCache.k / KVCache.v.
-CACHE_K_SLOT_AXIS, CACHE_V_SLOT_AXIS = 4, 3
+# Logical axes of one layer's KVCache.k and KVCache.v buffer (their layouts differ: see above).
+CACHE_K_AXES = ("batch", "act_kv_heads", None, "cache_length")
+CACHE_V_AXES = ("batch", "act_kv_heads", "cache_length", None)
+# Axis of the slots in one layer's KVCache.k / KVCache.v buffer.
+CACHE_K_SLOT_AXIS, CACHE_V_SLOT_AXIS = 3, 2
 
 
-def cached_attention(q, k_new, v_new, k_cache, v_cache, cached):
-    """Chunk attention over read-only cached slots plus the chunk's own keys (causal).
+def visible_slots(end: jax.Array, chunk: int, size: int) -> jax.Array:
+    """bool ``[B, T, S]``: query ``t`` of row ``b`` (at slot ``end[b] + t``) sees slot ``j`` iff
+    ``j <= end[b] + t``. Built once per chunk and shared by every layer."""
+    pos = end[:, None] + jnp.arange(chunk, dtype=jnp.int32)[None, :]
+    return jnp.arange(size, dtype=jnp.int32)[None, None, :] <= pos[:, :, None]
 
-    q ``[B,T,N,H]``; k_new/v_new ``[B,T,K,H]`` (this chunk); k_cache ``[B,K,H,S]``, v_cache
-    ``[B,K,S,H]``; cached ``[B,S]`` bool (slot holds a key every chunk query may see) ->
-    ``[B,T,N,H]``. The two score blocks share one softmax, normalised after the value products
-    (on ``[B,K,G,T,H]`` rather than on the ``S``-long probabilities).
+
+def write_chunk(k_cache: jax.Array, v_cache: jax.Array, k_new: jax.Array, v_new: jax.Array,
+                end: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Scatters one layer's chunk keys/values ``[B, T, K, H]`` at slots ``end[b] + t``.
+
+    Slots past the cache size are dropped, never clamped onto earlier slots.
+    """
+    B, T = k_new.shape[:2]
+    rows = jnp.arange(B, dtype=jnp.int32)[:, None]
+    slots = end[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    # Advanced indices split by a slice put the (B, T) index dims first: updates are [B, T, K, H].
+    k = k_cache.at[rows, :, :, slots].set(k_new.astype(k_cache.dtype), mode="drop")
+    v = v_cache.at[rows, :, slots, :].set(v_new.astype(v_cache.dtype), mode="drop")
+    return k, v
+
+
+def cached_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, visible: jax.Array) -> jax.Array:
+    """Chunk attention over one layer's cache, the chunk already written into it.
+
+    q ``[B,T,N,H]``; k_cache ``[B,K,H,S]``, v_cache ``[B,K,S,H]``; visible ``[B,T,S]`` bool
+    (``visible_slots``) -> ``[B,T,N,H]``. Scores and the softmax are float32.
     """
     B, T, N, H = q.shape
-    K = k_new.shape[2]
+    K = k_cache.shape[1]
     qg = (q * jnp.asarray(H ** -0.5, q.dtype)).reshape(B, T, K, N // K, H)
     if T == 1:
         # One decode token: per (row, kv head) this is a [G, H] x [H, S] product, which XLA CPU runs as a
         # batched dot ~8x slower than reading the cache; multiply + reduce over H streams the cache once
         # (a batch-32 decode step of the 40M benchmark model: 85 -> 63 ms, alternating in one process).
         q1 = jnp.transpose(qg, (0, 2, 3, 1, 4)).astype(jnp.float32)  # [B,K,G,1,H]
-        s_old = jnp.sum(q1[..., None] * k_cache[:, :, None, None].astype(jnp.float32), axis=-2)
+        s = jnp.sum(q1[..., None] * k_cache[:, :, None, None].astype(jnp.float32), axis=-2)
     else:
-        s_old = jnp.einsum("btkgh,bkhs->bkgts", qg, k_cache, preferred_element_type=jnp.float32)
-    s_old = jnp.where(cached[:, None, None, None, :], s_old, MASK_VALUE)
-    s_new = jnp.einsum("btkgh,bukh->bkgtu", qg, k_new, preferred_element_type=jnp.float32)
-    causal = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]
-    s_new = jnp.where(causal, s_new, MASK_VALUE)
-    m = jnp.maximum(s_old.max(-1, keepdims=True), s_new.max(-1, keepdims=True))
-    e_old, e_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
-    den = e_old.sum(-1) + e_new.sum(-1)  # [B,K,G,T]
-    dt = v_new.dtype
-    out = (jnp.einsum("bkgts,bksh->bkgth", e_old.astype(dt), v_cache, preferred_element_type=jnp.float32)
-           + jnp.einsum("bkgtu,bukh->bkgth", e_new.astype(dt), v_new, preferred_element_type=jnp.float32))
-    out = (out / den[..., None]).astype(dt)
+        s = jnp.einsum("btkgh,bkhs->bkgts", qg, k_cache, preferred_element_type=jnp.float32)
+    s = jnp.where(visible[:, None, None], s, MASK_VALUE)
+    m = s.max(-1, keepdims=True)
+    e = jnp.exp(s - m)
+    den = e.sum(-1)  # [B,K,G,T]
+    dt = v_cache.dtype
+    # Normalised after the value product (on [B,K,G,T,H] rather than on the S-long probabilities).
+    out = jnp.einsum("bkgts,bksh->bkgth", e.astype(dt), v_cache, preferred_element_type=jnp.float32)
+    out = (out / den[..., None]).astype(q.dtype)
+    if T == 1:
+        # [B,K,G,1,H] is already [B,1,N,H] in memory; a transpose here (a no-op for T = 1) led XLA CPU
+        # to re-lay out the activation and transpose o_proj's weights at every decode step.
+        return out.reshape(B, T, N, H)
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, N, H)
-
-
-def write_chunk(cache: KVCache, k_new: jax.Array, v_new: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Scatters every layer's chunk keys/values at slots ``cache.end[b] + t`` (one scatter each).
-
-    k_new/v_new ``[L, B, T, K, H]``. Returns the new ``k`` ``[L, B, K, H, S]`` and ``v``
-    ``[L, B, K, S, H]``. Slots past the cache size are dropped, never clamped onto earlier slots.
-    """
-    B, T = k_new.shape[1], k_new.shape[2]
-    rows = jnp.arange(B, dtype=jnp.int32)[:, None]
-    slots = cache.end[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    # Advanced indices split by slices put the (B, T) index dims first: updates are [B, T, L, K, H].
-    upd_k = jnp.transpose(k_new, (1, 2, 0, 3, 4)).astype(cache.k.dtype)
-    upd_v = jnp.transpose(v_new, (1, 2, 0, 3, 4)).astype(cache.v.dtype)
-    k = cache.k.at[:, rows, :, :, slots].set(upd_k, mode="drop")
-    v = cache.v.at[:, rows, :, slots, :].set(upd_v, mode="drop")
-    return k, v

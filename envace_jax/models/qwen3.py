@@ -16,7 +16,8 @@ Attention masking has two modes:
   ``j <= i`` and both carry the same non-zero segment id. Left padding is
   segment 0; packed sequences use segment ids 1, 2, ... with positions that
   restart per segment.
-- *With cache* (sampling): see ``kv_cache`` (layout, chunk attention, writes).
+- *With cache* (sampling): see ``kv_cache`` (per-layer buffers, writes, chunk attention); the
+  layers are unrolled over the cache's per-layer buffers whatever ``scan_layers`` says.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from envace_jax import sharding as shd
 from envace_jax.models import vjp_ops
 # Re-exported: outside code reaches the cache and dtype helpers through ``qwen3``.
 from envace_jax.models.kv_cache import (CACHE_K_AXES, CACHE_K_SLOT_AXIS, CACHE_V_AXES,  # noqa: F401
-                                        CACHE_V_SLOT_AXIS, KVCache, cached_attention, write_chunk)
+                                        CACHE_V_SLOT_AXIS, KVCache, cached_attention, visible_slots,
+                                        write_chunk)
 from envace_jax.models.numerics import DTYPES as _DTYPES, MASK_VALUE as _MASK_VALUE, as_dtype  # noqa: F401
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
@@ -243,19 +245,21 @@ class DecoderStack(nnx.Module):
 
 
 def _project(x, w, spec: str, n_in: int, train: bool):
-    """``einsum(spec, x, w)`` for x ``[B, T, *in]`` and w ``[*in, *out]`` (``n_in`` contracted dims). On
-    the cache-free path (training, scoring) it runs as ``vjp_ops.dense`` on 2-D views, whose backward
-    writes gradients in the arrays' own layouts; the sampler's cached path keeps the plain einsum."""
-    if not train:
-        return jnp.einsum(spec, x, w)
+    """``einsum(spec, x, w)`` for x ``[B, T, *in]`` and w ``[*in, *out]`` (``n_in`` contracted dims), on
+    2-D views. On the cache-free path (training, scoring) it runs as ``vjp_ops.dense``, whose backward
+    writes gradients in the arrays' own layouts; the sampler's cached path uses a plain product of the
+    same views (with two contracted axes, XLA CPU transposed o_proj's weights at every decode step)."""
     k_in = int(np.prod(w.shape[:n_in]))
-    y = vjp_ops.dense(x.reshape(-1, k_in), w.reshape(k_in, -1))
+    x2, w2 = x.reshape(-1, k_in), w.reshape(k_in, -1)
+    y = vjp_ops.dense(x2, w2) if train else jnp.dot(x2, w2)
     return y.reshape(x.shape[:2] + w.shape[n_in:])
 
 
 def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv):
-    """One decoder layer. ``cache_kv``: None, or this layer's read-only ``(k_cache, v_cache)``
-    (then ``mask`` is the ``[B, S]`` cached-slot mask). Returns (x, this chunk's (k, v) or None)."""
+    """One decoder layer. ``cache_kv``: None, or this layer's ``(k_cache, v_cache, end)`` (then
+    ``mask`` is the ``[B, T, S]`` visible-slot mask): the chunk's keys and values are written at
+    ``end + t`` first, then attended to with the rest. Returns (x, the layer's new (k_cache, v_cache)
+    or None)."""
     dt = as_dtype(cfg.dtype)
     w = {k: v.astype(dt) if k not in ("input_norm", "post_norm", "q_norm", "k_norm") else v
          for k, v in p.items()}
@@ -272,9 +276,9 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv)
         new_kv = None
         attn = vjp_ops.attention(q, k, v, mask)
     else:
-        k_cache, v_cache = cache_kv
-        new_kv = (k, v)
-        attn = cached_attention(q, k, v, k_cache.astype(dt), v_cache.astype(dt), mask)
+        k_cache, v_cache, end = cache_kv
+        new_kv = write_chunk(k_cache, v_cache, k, v, end)
+        attn = cached_attention(q, new_kv[0].astype(dt), new_kv[1].astype(dt), mask)
     x = x + _project(attn, w["o_proj"], "btnh,nhd->btd", 2, train)
     x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
     h = rms_norm(x, w["post_norm"], eps)
@@ -284,6 +288,14 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv)
     x = x + _project(act, w["down_proj"], "btf,fd->btd", 1, train)
     x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
     return x, new_kv
+
+
+@dataclasses.dataclass
+class DecodeWeights:
+    """``Qwen3.decode_weights()``: per-layer parameter dicts and an optional ``[D, V]`` head."""
+
+    layers: list[dict[str, jax.Array]]
+    head: jax.Array | None = None
 
 
 def _remat(fn, policy: str):
@@ -327,9 +339,10 @@ class Qwen3(nnx.Module):
     def _final_norm(self, x: jax.Array) -> jax.Array:
         return rms_norm(x, self.norm.scale[...], self.config.rms_norm_eps)
 
-    def _head(self, x: jax.Array) -> jax.Array:
+    def _head(self, x: jax.Array, head: jax.Array | None = None) -> jax.Array:
+        """Logits of the final-normed ``x``; ``head``: a ``[D, V]`` matrix from ``decode_weights()``."""
         x = self._final_norm(x)
-        w, layout = self.head_weight()
+        w, layout = (head, "dv") if head is not None else self.head_weight()
         spec = "...d,vd->...v" if layout == "vd" else "...d,dv->...v"
         return jnp.einsum(spec, x, w.astype(as_dtype(self.config.dtype)), preferred_element_type=jnp.float32)
 
@@ -337,31 +350,53 @@ class Qwen3(nnx.Module):
         x = jnp.take(self.embed.embedding[...], input_ids, axis=0).astype(as_dtype(self.config.dtype))
         return shd.constrain(x, ("batch", "length", "act_embed"), self.mesh, self.rules)
 
-    def _run_layers(self, x, positions, mask, cache: KVCache | None, collect_hidden: bool):
+    def layer_params(self) -> list[dict[str, jax.Array]]:
+        """Each layer's parameters, sliced out of the stacked arrays (for the cache path)."""
+        stacked = self.layers.arrays()
+        return [{name: a[i] for name, a in stacked.items()} for i in range(self.config.num_layers)]
+
+    def decode_weights(self, transpose_head: bool = False) -> "DecodeWeights":
+        """The weights a decode loop reads, prepared once outside it (pass as ``decode_weights=``).
+
+        ``transpose_head``: also materialise a tied embedding as a ``[D, V]`` head. XLA CPU runs the
+        ``[V, D]``-transposed head product ~7% slower per decode step (batch 32, 40M model) than the
+        cost of one transpose per call; on accelerators the product reads the table as it is.
+        """
+        w, layout = self.head_weight()
+        head = jnp.transpose(w) if transpose_head and layout == "vd" else None
+        return DecodeWeights(self.layer_params(), head)
+
+    def _run_layers_cached(self, x, positions, visible, cache: KVCache, layer_params):
+        """The cache path: layers unrolled over the per-layer cache buffers (see ``kv_cache``)."""
+        layers = self.layer_params() if layer_params is None else layer_params
+        ks, vs = [], []
+        for p, k_cache, v_cache in zip(layers, cache.k, cache.v, strict=True):
+            x, (k_cache, v_cache) = _layer(self.config, self.mesh, self.rules, p, x, positions, visible,
+                                           (k_cache, v_cache, cache.end))
+            ks.append(k_cache)
+            vs.append(v_cache)
+        return x, tuple(ks), tuple(vs)
+
+    def _run_layers(self, x, positions, mask, collect_hidden: bool):
         cfg, mesh, rules = self.config, self.mesh, self.rules
         params = self.layers.arrays()
 
         def body(y, xs):
-            p, i = xs
-            kv = None
-            if cache is not None:
-                # Indexed inside the body (not scanned over as xs) so the cache stays one buffer.
-                kv = (jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False),
-                      jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False))
-            y, new_kv = _layer(cfg, mesh, rules, p, y, positions, mask, kv)
-            return y, (y if collect_hidden else None, new_kv)
+            p, _ = xs
+            y, _ = _layer(cfg, mesh, rules, p, y, positions, mask, None)
+            return y, (y if collect_hidden else None)
 
         body = _remat(body, cfg.remat_policy)
         layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
         if cfg.scan_layers:
-            x, (hidden, new_kv) = jax.lax.scan(body, x, (params, layer_ids))
+            x, hidden = jax.lax.scan(body, x, (params, layer_ids))
         else:
             outs = []
             for i in range(cfg.num_layers):
                 x, o = body(x, (jax.tree.map(lambda a: a[i], params), layer_ids[i]))
                 outs.append(o)
-            hidden, new_kv = jax.tree.map(lambda *a: jnp.stack(a), *outs) if outs else (None, None)
-        return x, new_kv, hidden
+            hidden = jnp.stack(outs) if collect_hidden else None
+        return x, hidden
 
     @staticmethod
     def _no_cache_mask(input_ids, positions, segment_ids):
@@ -383,7 +418,7 @@ class Qwen3(nnx.Module):
         callers that fuse the projection with their loss (``rl.head_logprobs``). Cache-free; arguments
         as in ``__call__``."""
         positions, mask = self._no_cache_mask(input_ids, positions, segment_ids)
-        x, _, _ = self._run_layers(self.embed_tokens(input_ids), positions, mask, None, False)
+        x, _ = self._run_layers(self.embed_tokens(input_ids), positions, mask, False)
         return self._final_norm(x)
 
     def __call__(
@@ -396,6 +431,7 @@ class Qwen3(nnx.Module):
         chunk_lengths: jax.Array | None = None,
         logits_at: jax.Array | None = None,
         return_hidden_states: bool = False,
+        decode_weights: "DecodeWeights | None" = None,
     ):
         """Forward pass.
 
@@ -409,7 +445,9 @@ class Qwen3(nnx.Module):
           logits_at: int32 ``[B]``; if given, return logits ``[B, V]`` at that index only
             (skips the vocabulary projection everywhere else).
           return_hidden_states: also return ``[L + 1, B, T, D]`` hidden states
-            (embeddings, then each layer's output; the last one before the final norm).
+            (embeddings, then each layer's output; the last one before the final norm; no-cache mode).
+          decode_weights: cache mode: ``decode_weights()`` computed once outside a decode loop, so the
+            loop body reads each layer's weights where they lie instead of slicing them every step.
 
         Returns:
           float32 logits ``[B, T, V]`` (or ``[B, V]``); with a cache, ``(logits, new_cache)``;
@@ -421,19 +459,24 @@ class Qwen3(nnx.Module):
         else:
             if segment_ids is not None:
                 raise ValueError("segment_ids are not used with a KV cache; right-pad chunks and pass chunk_lengths")
+            if return_hidden_states:
+                raise ValueError("return_hidden_states is not supported with a KV cache")
             if positions is None:
                 positions = cache.end[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-            # Built once per call, shared by every layer: the slots written before this chunk.
-            mask = jnp.arange(cache.size, dtype=jnp.int32)[None, :] < cache.end[:, None]
         x = self.embed_tokens(input_ids)
-        x, kv_out, hidden = self._run_layers(x, positions, mask, cache, return_hidden_states)
+        if cache is None:
+            x, hidden = self._run_layers(x, positions, mask, return_hidden_states)
+        else:
+            # Built once per call, shared by every layer.
+            visible = visible_slots(cache.end, T, cache.size)
+            x, k_all, v_all = self._run_layers_cached(
+                x, positions, visible, cache, decode_weights.layers if decode_weights is not None else None)
         if logits_at is not None:
             x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)[:, 0]
-        logits = self._head(x)
+        logits = self._head(x, decode_weights.head if decode_weights is not None else None)
         out: tuple = (logits,)
         if cache is not None:
             lengths = jnp.full((B,), T, jnp.int32) if chunk_lengths is None else chunk_lengths.astype(jnp.int32)
-            k_all, v_all = write_chunk(cache, *kv_out)
             out += (KVCache(k_all, v_all, cache.end + lengths),)
         if return_hidden_states:
             emb = self.embed_tokens(input_ids)
