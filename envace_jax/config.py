@@ -167,6 +167,7 @@ class RolloutConfig(Checked):
     RULES: ClassVar[tuple[Rule, ...]] = (
         ("mode", *one_of(MODES)), ("max_steps", _POS, "> 0"), ("max_assistant_turns", _POS, "> 0"),
         ("max_user_turns", _POS, "> 0"), ("max_model_len", _POS, "> 0"),
+        ("rolling_slots", _POS, "> 0"),
     )
 
     mode: str = "rehearsal"
@@ -180,6 +181,12 @@ class RolloutConfig(Checked):
     # faithful: one pending call simulated per micro-step; False answers all calls of a turn in one step
     sequential_simulation: bool = True
     progress_bar: bool = False           # a tqdm bar over micro-steps
+    # Rolling batch: each episode moves on as soon as its own generations are back, and a finished
+    # row's sampler slot goes to the next waiting request (needs clients with submit/step, e.g.
+    # rl.rolling_client.RollingSamplerClient; other clients run in lockstep). Per-episode behaviour
+    # (transitions, seeds, caps) is unchanged; only the order across episodes differs.
+    rolling: bool = False
+    rolling_slots: int = 32              # rows the rolling batch decodes at once
     seed: int = 0
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 import warnings
 from typing import Sequence
 
@@ -53,7 +54,7 @@ from envace_jax import sharding as shd
 from envace_jax.models import qwen3
 from envace_jax.sampling_ops import sample_tokens
 # Re-exported: the bucket helpers and finish-reason codes used to live here.
-from envace_jax.sampling_plan import (CACHE_FULL, LENGTH, REASONS, STOP, PrevRows, bucket,  # noqa: F401
+from envace_jax.sampling_plan import (CACHE_FULL, LENGTH, REASONS, RUNNING, STOP, PrevRows, bucket,  # noqa: F401
                                       plan_batch, pow2_bucket, quarter_octave_bucket)
 
 
@@ -121,6 +122,32 @@ class SamplerOutput:
     prefill_logits: jax.Array | None = None  # float32 [B, V]: logits after each row's last input token
 
 
+@dataclasses.dataclass
+class SamplerStats:
+    """Work done by a ``Sampler`` since it was built (``Sampler.stats``), for accounting.
+
+    ``slot_steps``: padded batch rows x decode steps run; ``generated_tokens / slot_steps`` is the slot
+    utilisation. ``prefill_slots``: padded batch rows x chunk columns written by prefill calls.
+    ``prefill_s`` / ``decode_s``: wall seconds of the two programs, measured only with ``Sampler.timed``
+    set (which waits for the prefill before starting the decode).
+    """
+
+    calls: int = 0
+    rows: int = 0
+    batch_rows: int = 0
+    decode_steps: int = 0
+    slot_steps: int = 0
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    prefill_slots: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def utilisation(self) -> float:
+        return self.generated_tokens / self.slot_steps if self.slot_steps else 0.0
+
+
 def _resize(x: jax.Array, axis: int, size: int) -> jax.Array:
     """Truncates or zero-pads ``x`` along ``axis`` to ``size``."""
     n = x.shape[axis]
@@ -172,6 +199,8 @@ class Sampler:
         self.rules = dict(rules if rules is not None else shd.SAMPLE_RULES) if self.mesh is not None else None
         self._seed_rng = np.random.default_rng(seed)
         self.num_compilations = 0
+        self.stats = SamplerStats()
+        self.timed = False
         self._spare: tuple[jax.Array, jax.Array] | None = None
         # A second module object sharing the live arrays, carrying the sampling rules for activation
         # constraints; only its graphdef is used, the parameters come from `model` at every call.
@@ -213,15 +242,16 @@ class Sampler:
         return logits, *self._cache_constrain(cache.k, cache.v), cache.end
 
     def _decode_impl(self, params, k, v, end, logits, keys, draws, temperature, top_p, top_k, n_max,
-                     cap_reason, stop_ids, *, budget: int):
+                     cap_reason, stop_ids, min_done, *, budget: int):
         """On-device decode loop.
 
         Shapes: k, v per-layer tuples (see ``qwen3.KVCache``); end int32 ``[B]``; logits float32 ``[B, V]`` (next-token
         logits after the prefill); keys uint32 ``[B, 2]``; draws int32 ``[B]`` draws already made by
         each row; temperature/top_p float32 ``[B]``; top_k, n_max (tokens this row may generate),
         cap_reason (reason when n_max is reached) int32 ``[B]``; stop_ids int32 ``[B, S_max]``
-        padded with -1. Returns tokens int32 ``[B, budget]``, logprobs float32 ``[B, budget]``,
-        n int32 ``[B]`` generated, reason int32 ``[B]``, k, v, end.
+        padded with -1; min_done int32 scalar: stop once this many rows that started live are done
+        (the rest report ``RUNNING``). Returns tokens int32 ``[B, budget]``, logprobs float32
+        ``[B, budget]``, n int32 ``[B]`` generated, reason int32 ``[B]``, k, v, end.
         """
         self.num_compilations += 1
         B = logits.shape[0]
@@ -247,7 +277,8 @@ class Sampler:
 
         def cond(carry):
             i, *_, c = carry
-            return (i < budget) & ~jnp.all(c[3])
+            finished = jnp.sum((c[3] & ~start).astype(jnp.int32))
+            return (i < budget) & ~jnp.all(c[3]) & (finished < min_done)
 
         def body(carry):
             i, k, v, end, logits, c = carry
@@ -308,8 +339,12 @@ class Sampler:
         return out
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
-                 *, return_state: bool = False) -> SamplerOutput:
-        """Samples a continuation of every prompt (see the module docstring for the outputs)."""
+                 *, return_state: bool = False, min_done: int | None = None) -> SamplerOutput:
+        """Samples a continuation of every prompt (see the module docstring for the outputs).
+
+        ``min_done``: return as soon as this many rows have finished; the others report
+        ``"running"`` (continue them with ``continue_``, nothing appended, the rest of their budget).
+        """
         if len(prompts) == 0:
             raise ValueError("prompts is empty")
         chunks = self._check_tokens(prompts, "prompts", allow_empty=False)
@@ -319,11 +354,11 @@ class Sampler:
         else:
             longest = max(len(c) for c in chunks)
             capacity = bucket(longest, self.length_buckets, 16) + max(p.max_new_tokens for p in ps)
-        return self._run(None, chunks, ps, capacity, return_state)
+        return self._run(None, chunks, ps, capacity, return_state, min_done)
 
     def continue_(self, state: SamplerState, appended: Sequence[Sequence[int]],
                   params: SamplingParams | Sequence[SamplingParams], *, rows: Sequence[int] | None = None,
-                  return_state: bool = False) -> SamplerOutput:
+                  return_state: bool = False, min_done: int | None = None) -> SamplerOutput:
         """Appends ``appended[i]`` to row ``rows[i]`` of ``state`` and decodes on.
 
         ``rows`` (default: all rows in order) picks and orders the rows to keep; ``-1`` starts a
@@ -346,11 +381,18 @@ class Sampler:
             if r < 0 and c.size == 0:
                 raise ValueError(f"appended[{i}] is empty but rows[{i}] = -1 asks for a fresh prompt")
         ps = self._norm_params(params, len(chunks))
-        return self._run((state, np.asarray(rows, np.int64)), chunks, ps, state.capacity, return_state)
+        return self._run((state, np.asarray(rows, np.int64)), chunks, ps, state.capacity, return_state, min_done)
 
-    def _run(self, prev, chunks, ps, capacity: int, return_state: bool) -> SamplerOutput:
+    def batch_bucket(self, n: int) -> int:
+        """The padded batch size of a call with ``n`` rows."""
+        return bucket(n, self.batch_buckets, 1)
+
+    def _run(self, prev, chunks, ps, capacity: int, return_state: bool, min_done: int | None) -> SamplerOutput:
+        if min_done is not None and min_done < 1:
+            raise ValueError(f"min_done={min_done} must be >= 1 (or None: decode until every row is done)")
         n = len(chunks)
-        B = bucket(n, self.batch_buckets, 1)
+        B = self.batch_bucket(n)
+        t0 = time.perf_counter()
         seeds = [p.seed if p.seed is not None else int(self._seed_rng.integers(2**31)) for p in ps]
         prev_rows = None
         if prev is not None:
@@ -388,14 +430,31 @@ class Sampler:
             gather = False
             last_here = chunk.last_for(plan.lens)
             logits = lg if logits is None else jnp.where(self._put(last_here, row)[:, None], lg, logits)
+        if self.timed:
+            logits.block_until_ready()
+        t1 = time.perf_counter()
 
         tokens, lps, n_gen, reason, k, v, end_dev = self._decode(
             params, k, v, end_dev, logits, self._put(plan.keys, ("batch", None)), self._put(plan.draws, row),
             self._put(plan.temperature, row), self._put(plan.top_p, row), self._put(plan.top_k, row),
             self._put(plan.n_max.astype(np.int32), row), self._put(plan.cap_reason.astype(np.int32), row),
-            self._put(plan.stop_ids, ("batch", None)), budget=plan.budget)
+            self._put(plan.stop_ids, ("batch", None)), jnp.int32(B + 1 if min_done is None else min_done),
+            budget=plan.budget)
 
         tokens, lps, n_gen, reason = jax.device_get((tokens, lps, n_gen, reason))
+        st = self.stats
+        st.calls += 1
+        st.rows += n
+        st.batch_rows += B
+        steps = int(n_gen.max()) if n_gen.size else 0
+        st.decode_steps += steps
+        st.slot_steps += B * steps
+        st.generated_tokens += int(n_gen.sum())
+        st.prefill_tokens += int(plan.lens.sum())
+        st.prefill_slots += B * sum(c.length for c in plan.prefill)
+        if self.timed:
+            st.prefill_s += t1 - t0
+            st.decode_s += time.perf_counter() - t1
         out = SamplerOutput(
             tokens=[tokens[i, : n_gen[i]].tolist() for i in range(n)],
             logprobs=[lps[i, : n_gen[i]].tolist() for i in range(n)],

@@ -18,8 +18,10 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from envace_jax.sampling import SamplingParams
 
-STOP, LENGTH, CACHE_FULL = 1, 2, 3
-REASONS = {STOP: "stop", LENGTH: "length", CACHE_FULL: "cache_full"}
+RUNNING, STOP, LENGTH, CACHE_FULL = 0, 1, 2, 3
+# "running": still generating when the call returned early (``min_done``); continue it with nothing
+# appended and the rest of its budget.
+REASONS = {RUNNING: "running", STOP: "stop", LENGTH: "length", CACHE_FULL: "cache_full"}
 
 
 def pow2_bucket(n: int, minimum: int = 1) -> int:

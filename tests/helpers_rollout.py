@@ -177,3 +177,36 @@ class FirstActScripted:
 
     def release(self, keys) -> None:
         self.inner.release(keys)
+
+
+class FirstActScriptedStreaming(FirstActScripted):
+    """``FirstActScripted`` for the rolling engine: ``submit``/``step`` over an inner streaming client
+    (``RollingSamplerClient``); scripted outputs come back at the next ``step``."""
+
+    def __init__(self, inner, tasks: Sequence[dict], n_episodes: int):
+        super().__init__(inner, tasks, n_episodes)
+        self._next, self._ready, self._inner_ticket = 0, [], {}
+
+    @property
+    def calls(self):
+        return self.inner.calls
+
+    def submit(self, requests: Sequence[GenRequest]) -> list[int]:
+        tickets = []
+        for r in requests:
+            t, self._next = self._next, self._next + 1
+            if r.role == ACT and r.episode in self.first:
+                ids = self.c.renderer.encode(self.first.pop(r.episode)) + [self.c.renderer.im_end_id]
+                self.scripted.add((r.episode, tuple(ids)))
+                self._ready.append((t, r, GenOutput(ids, [0.0] * len(ids), "stop")))
+            else:
+                (inner,) = self.inner.submit([r])
+                self._inner_ticket[inner] = t
+            tickets.append(t)
+        return tickets
+
+    def step(self):
+        done, self._ready = self._ready, []
+        if self.inner.open_requests:
+            done += [(self._inner_ticket.pop(t), r, o) for t, r, o in self.inner.step()]
+        return done

@@ -66,6 +66,10 @@ class DemoConfig:
     temperature: float = 0.6         # both roles' training rollouts (evaluation is greedy)
     max_model_len: int = 768
     max_steps: int = 10              # rollout micro-steps per episode
+    # Rolling batch (rl/rolling_client.py) in RL rollouts and evaluation: a finished row's sampler slot
+    # goes to the next waiting request; False = lockstep micro-steps (one sampler call per step)
+    rolling: bool = True
+    rolling_slots: int = 32          # rows of the RL rollouts' rolling batch (evaluation uses eval_batch)
     # ---- evaluation
     eval_batch: int = 128            # episodes per rollout call in the real-tool evaluation
     fidelity_tasks: int = 32        # held-out tasks whose calls are teacher-forced for REHEARSE fidelity
@@ -87,7 +91,7 @@ class DemoConfig:
         if self.rl_mode not in ("rehearsal", "real", "simulator"):
             raise ValueError(f"demo rl_mode must be rehearsal, real or simulator, got {self.rl_mode!r}")
         for name in ("sft_tasks", "rl_tasks", "test_tasks", "validation_tasks", "sft_batch_rows",
-                     "prompts_per_step", "n_rollouts", "micro_batch_size", "eval_batch"):
+                     "prompts_per_step", "n_rollouts", "micro_batch_size", "eval_batch", "rolling_slots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"demo {name} must be >= 1, got {getattr(self, name)}")
         for name in ("sft_steps", "rl_steps", "rl_replay_batches", "world_model_rows", "fidelity_tasks"):

@@ -23,6 +23,7 @@ from envace_jax.rl.batch import TrainBatch, build_batch
 from envace_jax.rl.judges import RuleJudge
 from envace_jax.rl.policy_client import SamplerClient
 from envace_jax.rl.reward import ChecklistTurnJudge
+from envace_jax.rl.rolling_client import RollingSamplerClient
 from envace_jax.rl.rollout import RoleSampling, RolloutConfig, RolloutEngine
 from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
 from envace_jax.rl.types import Generation
@@ -138,10 +139,18 @@ def rollout_config(cfg: DemoConfig, mode: str, greedy: bool) -> RolloutConfig:
                          max_model_len=cfg.max_model_len,
                          act=RoleSampling(temperature=t, max_new_tokens=cfg.act_max_new_tokens),
                          rehearse=RoleSampling(temperature=t, max_new_tokens=cfg.rehearse_max_new_tokens),
-                         sequential_simulation=False, seed=cfg.seed)
+                         sequential_simulation=False, rolling=cfg.rolling, seed=cfg.seed)
 
 
-def make_client(model, codec) -> SamplerClient:
+def make_client(model, codec, cfg: DemoConfig | None = None, slots: int | None = None):
+    """The sampler client of the demo's rollouts: a rolling batch of ``slots`` rows (default
+    ``cfg.rolling_slots``) when ``cfg.rolling``, else one lockstep call per micro-step."""
+    if cfg is not None and cfg.rolling:
+        # The rolling state lives across calls, so its capacity is fixed: the caller's context limit
+        # plus a generation (REHEARSE prompts stay below it); windows are still sized per call.
+        sampler = Sampler(model, cache_size=cfg.max_model_len + max(cfg.act_max_new_tokens, cfg.rehearse_max_new_tokens),
+                          **SAMPLER_BUCKETS)
+        return RollingSamplerClient(sampler, codec.stop_token_ids, slots=slots or cfg.rolling_slots)
     return SamplerClient(Sampler(model, **SAMPLER_BUCKETS), stop_token_ids=codec.stop_token_ids)
 
 
@@ -170,13 +179,16 @@ def evaluate_real(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, An
                   progress: Callable[[int], None] | None = None, *, greedy: bool = True) -> EvalResult:
     """Episodes of ``tasks`` against the REAL tools (nothing rehearsed), greedy unless ``greedy=False``
     (then at the training temperature with ``cfg.seed``); success = every checklist item of every turn passed."""
-    client = make_client(model, codec)
+    client = make_client(model, codec, cfg, slots=cfg.eval_batch)
     engine = make_engine(cfg, "real", codec, client, greedy=greedy)
     scores, calls, terms, by_world, samples = [], [], {}, {}, []
     by_branch: dict[str, list[float]] = {}
     by_type: dict[str, list[float]] = {}
-    for s in range(0, len(tasks), cfg.eval_batch):
-        chunk = list(tasks[s:s + cfg.eval_batch])
+    # Lockstep plays eval_batch episodes at a time; the rolling batch plays them all through eval_batch
+    # slots, a finished episode's slot going to the next task at once.
+    group = len(tasks) if engine.rolling else cfg.eval_batch
+    for s in range(0, len(tasks), group):
+        chunk = list(tasks[s:s + group])
         eps = engine.run(chunk, [t["uid"] for t in chunk])
         client.reset()
         for t, e in zip(chunk, eps):
@@ -200,7 +212,7 @@ def evaluate_fidelity(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str
     from envace_jax.eval import fidelity
 
     cases = fidelity.demo_cases(list(tasks))
-    client = make_client(model, codec)
+    client = make_client(model, codec, cfg, slots=cfg.eval_batch)
     rehearser = fidelity.PolicyRehearser(codec, client, RoleSampling(temperature=0.0,
                                                                      max_new_tokens=cfg.rehearse_max_new_tokens),
                                          batch_size=cfg.eval_batch)
@@ -213,8 +225,8 @@ def make_rl_step(cfg: DemoConfig, mode: str, model, codec, trainer: Trainer, sim
     from envace_jax.config import RLSection
     from envace_jax.rl.step import build_rl_step
 
-    client = make_client(model, codec)
-    sim_client = make_client(simulator_model, codec) if simulator_model is not None else None
+    client = make_client(model, codec, cfg)
+    sim_client = make_client(simulator_model, codec, cfg) if simulator_model is not None else None
     # The reference's step (row-mean baseline, 0.1 empty-output penalty, recomputed old log-probs, one
     # optimizer step) on the demo's short rows.
     rl = RLSection(n_rollouts=cfg.n_rollouts, micro_batch_size=cfg.micro_batch_size, max_row_length=TRAIN_LEN,

@@ -88,6 +88,8 @@ class CallStats:
     parked: int                   # idle cached rows carried through the call
     prefill_tokens: int           # ids written to the cache by this call's requests
     full_prefill: bool            # the call fell back to one fresh generate() for every row
+    # (role, ids written, tokens generated) of each request in the call, for per-role accounting
+    row_tokens: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
 
 
 class SamplerClient:
@@ -145,6 +147,7 @@ class SamplerClient:
             out = self.sampler.generate([list(r.prompt_ids) for r in requests], params,
                                         return_state=self.continuation)
             rows_after = {}
+            written = [len(r.prompt_ids) for r in requests]
             stats = CallStats(self._role_counts(requests), 0, len(requests), 0,
                               sum(len(r.prompt_ids) for r in requests), self._state is not None)
         else:
@@ -154,8 +157,10 @@ class SamplerClient:
                                          params + [park] * len(parked), rows=src + [self._row[k] for k in parked],
                                          return_state=True)
             rows_after = {k: len(requests) + j for j, k in enumerate(parked)}
+            written = [len(a) for a in appended]
             stats = CallStats(self._role_counts(requests), sum(s >= 0 for s in src), sum(s < 0 for s in src),
                               len(parked), sum(len(a) for a in appended), False)
+        stats.row_tokens = [(r.role, w, len(t)) for r, w, t in zip(requests, written, out.tokens)]
         self.calls.append(stats)
         self._remember(requests, out, rows_after)
         return [GenOutput(list(t), list(lp), fr) for t, lp, fr in

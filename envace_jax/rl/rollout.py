@@ -155,6 +155,8 @@ class RolloutEngine:
         return episodes
 
     def run(self, records: Sequence[dict], uids: Sequence[str] | None = None) -> list[Episode]:
+        if self.rolling:
+            return self._run_rolling(records, uids)
         episodes = self.start(records, uids)
         bar = None
         if self.cfg.progress_bar:
@@ -193,21 +195,12 @@ class RolloutEngine:
         for e in act_eps + sim_eps:
             e.steps += 1
 
-        act_reqs = [GenRequest(list(e.caller_ids), ACT, cfg.act, self._seed(e, step, 0), self._key(e), e.episode_id)
-                    for e in act_eps]
+        act_reqs = [r for e in act_eps for r in self._requests(e, step)]
         sim_reqs, sim_slots = [], []
         for e in sim_eps:
-            todo = range(len(e.pending_results), len(e.pending_calls))
-            if cfg.sequential_simulation:
-                todo = todo[:1]
-            for j in todo:
-                call = e.pending_calls[j]
-                # messages[-1] is the current assistant turn: the simulator sees the history before it
-                # (no sibling results: they are appended only when the whole turn is answered).
-                prompt = self.codec.simulator_prompt(e.record, e.messages[:-1], e.last_caller_text, call)
-                sim_reqs.append(GenRequest(list(prompt), REHEARSE, cfg.rehearse, self._seed(e, step, 1 + j),
-                                           None, e.episode_id))
-                sim_slots.append(e)
+            reqs = self._requests(e, step)
+            sim_reqs += reqs
+            sim_slots += [e] * len(reqs)
 
         if cfg.mode in ("rehearsal", "caller_frozen"):
             outs = self._call(self.policy, "policy", act_reqs + sim_reqs)
@@ -238,6 +231,118 @@ class RolloutEngine:
         ended = [self._key(e) for e in live_before if e.done]
         if ended:  # free their cached rows now rather than at the end of the batch
             self.policy.release(ended)
+
+    def _requests(self, e: Episode, step: int) -> list[GenRequest]:
+        """The generations episode ``e`` asks for at its micro-step ``step``: its ACT turn, or the
+        REHEARSE prompts of its pending tool calls (one at a time with ``sequential_simulation``)."""
+        cfg = self.cfg
+        if e.state == State.AWAIT_CALLER:
+            return [GenRequest(list(e.caller_ids), ACT, cfg.act, self._seed(e, step, 0), self._key(e), e.episode_id)]
+        todo = range(len(e.pending_results), len(e.pending_calls))
+        if cfg.sequential_simulation:
+            todo = todo[:1]
+        reqs = []
+        for j in todo:
+            call = e.pending_calls[j]
+            # messages[-1] is the current assistant turn: the simulator sees the history before it
+            # (no sibling results: they are appended only when the whole turn is answered).
+            prompt = self.codec.simulator_prompt(e.record, e.messages[:-1], e.last_caller_text, call)
+            reqs.append(GenRequest(list(prompt), REHEARSE, cfg.rehearse, self._seed(e, step, 1 + j), None,
+                                   e.episode_id))
+        return reqs
+
+    # ------------------------------------------------------------------ rolling batch
+    @property
+    def rolling(self) -> bool:
+        """Rolling when configured and every client in use can stream (``submit``/``step``)."""
+        clients = [self.policy] + ([self.simulator] if self.cfg.mode in ("simulator", "noshare") else [])
+        return self.cfg.rolling and all(hasattr(c, "submit") and hasattr(c, "step") for c in clients)
+
+    def _run_rolling(self, records: Sequence[dict], uids: Sequence[str] | None) -> list[Episode]:
+        """Episodes advance independently: an episode's next micro-step is queued as soon as all of
+        its current generations are back, so the clients' slots never wait for other episodes.
+
+        Each episode goes through the same transitions, seeds and caps as in ``step`` (its micro-step
+        count ``e.steps`` is the lockstep step number); only the order across episodes changes.
+        """
+        cfg = self.cfg
+        episodes = self.start(records, uids)
+        shared = cfg.mode in ("rehearsal", "caller_frozen")
+        sim_client = self.policy if shared or cfg.mode == "real" else self.simulator
+        open_: dict[tuple[str, int], tuple[Episode, int]] = {}     # (client, ticket) -> (episode, index)
+        rounds: dict[int, list] = {}                               # episode id -> [(request, output|None)]
+        clients = {"policy": self.policy, "simulator": sim_client}
+        try:
+            while True:
+                for e in episodes:
+                    if e.done or e.episode_id in rounds:
+                        continue
+                    if e.steps >= cfg.max_steps:
+                        self._terminate(e, "step_cap")
+                        self.policy.release([self._key(e)])
+                        continue
+                    e.steps += 1
+                    reqs = self._requests(e, e.steps - 1)
+                    rounds[e.episode_id] = [[r, None] for r in reqs]
+                    for i, r in enumerate(reqs):
+                        name = "policy" if r.role == ACT or shared else "simulator"
+                        (t,) = clients[name].submit([r])
+                        open_[(name, t)] = (e, i)
+                if not open_:
+                    break
+                for name in ("policy", "simulator"):
+                    client = clients[name]
+                    if name == "simulator" and client is self.policy:
+                        continue
+                    if not any(k[0] == name for k in open_):
+                        continue
+                    n_calls = len(getattr(client, "calls", ()))
+                    finished = client.step()
+                    for c in getattr(client, "calls", [])[n_calls:]:
+                        self.sampler_calls.append({"client": name, ACT: c.rows.get(ACT, 0),
+                                                   REHEARSE: c.rows.get(REHEARSE, 0)})
+                    for t, _, out in finished:
+                        e, i = open_.pop((name, t))
+                        rounds[e.episode_id][i][1] = out
+                ended = []
+                for e in episodes:
+                    got = rounds.get(e.episode_id)
+                    if got is None or any(out is None for _, out in got):
+                        continue
+                    del rounds[e.episode_id]
+                    was_live = not e.done
+                    self._apply_round(e, got)
+                    if was_live and e.done:
+                        ended.append(self._key(e))
+                judging = [e for e in episodes if e.state == State.INTERACTING]
+                if judging:
+                    verdicts = self.judge(judging)
+                    if len(verdicts) != len(judging):
+                        raise RuntimeError(f"judge returned {len(verdicts)} verdicts for {len(judging)} episodes")
+                    for e, verdict in zip(judging, verdicts):
+                        self._after_judge(e, verdict)
+                        if e.done:
+                            ended.append(self._key(e))
+                if ended:
+                    self.policy.release(ended)
+        finally:
+            self.policy.release([self._key(e) for e in episodes])
+        for e in episodes:
+            self._finalize(e)
+        return episodes
+
+    def _apply_round(self, e: Episode, got: list) -> None:
+        """Routes one micro-step's outputs of ``e`` back, in request order, as ``step`` does."""
+        for req, out in got:
+            if req.role == ACT:
+                self._on_act(e, req, out)
+                if self.cfg.mode == "real" and e.state == State.AWAIT_SIMULATOR:
+                    self._answer_real(e)
+            elif e.state == State.AWAIT_SIMULATOR:  # an earlier sibling's cache_full may have ended it
+                self._on_rehearse(e, req, out)
+        if e.state == State.AWAIT_SIMULATOR and got[0][0].role == REHEARSE \
+                and len(e.pending_results) == len(e.pending_calls):
+            self._close_tool_turn(e)
 
     # ------------------------------------------------------------------ transitions
     def _on_act(self, e: Episode, req: GenRequest, out: GenOutput) -> None:

@@ -121,16 +121,23 @@ def build_model(m: config_lib.ModelSection, vocab: int, mesh, path: str | None =
 
 # ----------------------------------------------------------------------------- sampler client
 
-def make_client(model, codec, mesh):
-    """``SamplerClient`` (one sampler call per engine step, KV-cache continuation across turns).
+def make_client(model, codec, mesh, rollout: config_lib.RolloutConfig | None = None):
+    """``SamplerClient`` (one sampler call per engine step, KV-cache continuation across turns), or with
+    ``rollout.rolling`` a ``RollingSamplerClient`` of ``rollout.rolling_slots`` rows.
 
-    The cache is sized per call (``cache_size=None``): a row that would not fit falls back to a fresh
-    prefill of the whole call, never to a truncated prompt. ``RLStep`` resets the client after every
-    update, since cached keys/values were computed with the old weights.
+    The lockstep cache is sized per call (``cache_size=None``): a row that would not fit falls back to a
+    fresh prefill of the whole call, never to a truncated prompt. The rolling state lives across calls,
+    so its capacity is fixed: the caller's context limit plus the longest generation. ``RLStep`` resets
+    the client after every update, since cached keys/values were computed with the old weights.
     """
     from envace_jax.rl.policy_client import SamplerClient
+    from envace_jax.rl.rolling_client import RollingSamplerClient
     from envace_jax.sampling import Sampler
 
+    if rollout is not None and rollout.rolling:
+        size = rollout.max_model_len + max(rollout.act.max_new_tokens, rollout.rehearse.max_new_tokens)
+        return RollingSamplerClient(Sampler(model, mesh=mesh, cache_size=size), codec.stop_token_ids,
+                                    slots=rollout.rolling_slots)
     return SamplerClient(Sampler(model, mesh=mesh), codec.stop_token_ids)
 
 
@@ -293,11 +300,11 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
         if sim_model is not None:
             sim_model, refresh = rollout_copy(sim_model, sample_mesh)
             refreshers.append(refresh)
-    simulator_client = None if sim_model is None else make_client(sim_model, codec, sample_mesh)
+    simulator_client = None if sim_model is None else make_client(sim_model, codec, sample_mesh, cfg.rollout)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    step_fn = build_rl_step(cfg.rl, cfg.rollout, codec, make_client(policy, codec, sample_mesh), build_judge(cfg),
-                            trainers, simulator=simulator_client, make_env=build_make_env(cfg), pad_id=int(pad),
-                            seed=cfg.seed, after_update=(lambda: [f() for f in refreshers]) if refreshers else None)
+    step_fn = build_rl_step(cfg.rl, cfg.rollout, codec, make_client(policy, codec, sample_mesh, cfg.rollout),
+                            build_judge(cfg), trainers, simulator=simulator_client, make_env=build_make_env(cfg),
+                            pad_id=int(pad), seed=cfg.seed, after_update=(lambda: [f() for f in refreshers]) if refreshers else None)
     data = build_data(cfg, codec)
     ckpt = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"), max_to_keep=cfg.checkpoint.keep,
                         save_interval_steps=cfg.checkpoint.every, async_save=cfg.checkpoint.async_save,
