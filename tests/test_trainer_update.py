@@ -1,4 +1,5 @@
-"""Trainer: exact micro-batch accumulation, SFT learning, non-finite skipping, sharded == single device."""
+"""Trainer: exact micro-batch accumulation, SFT learning, non-finite skipping, sharded == single device,
+optimizer state sharded like the parameters, one-row micro-batches split along the sequence."""
 
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def test_kl_to_identical_reference_is_zero():
 
 _SHARDED = textwrap.dedent("""
     import os, sys, json
-    import numpy as np, jax
+    import numpy as np, jax, optax
     from flax import nnx
     sys.path.insert(0, os.environ["TESTS_DIR"])
     from test_trainer_update import CFG, _batch
@@ -140,13 +141,36 @@ _SHARDED = textwrap.dedent("""
         if mesh is not None:
             qwen3.place(model, mesh, shd.TRAIN_RULES)
         tr = Trainer(model, OptimConfig(lr=1e-2), LossConfig(), micro_batch_size=4, mesh=mesh)
-        tr.update(batch); tr.update(batch)
+        for step in range(3):
+            if mesh is not None:
+                # Adam's moments live where their parameters live from the start (jit(tx.init) alone
+                # replicated them on every device) and stay there after updates.
+                same = optax.tree_map_params(
+                    tr.tx, lambda m, p: m.sharding.is_equivalent_to(p.sharding, p.ndim)
+                    and m.addressable_shards[0].data.shape == p.addressable_shards[0].data.shape,
+                    tr.opt_state, tr.params, transform_non_params=lambda _: True)
+                assert all(jax.tree.leaves(same)), (step, same)
+            if step < 2:
+                tr.update(batch)
         res.append(jax.tree.map(np.asarray, tr.params))
         if mesh is not None:
             spec = tuple(tr.params["layers"]["q_proj"][...].sharding.spec)
             assert spec + (None,) * (4 - len(spec)) == (None, "fsdp", "tensor", None), spec
     diff = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(a - b).max()), *res)))
     print("MAXDIFF", diff)
+    # One row per micro-batch on an 8-way fsdp mesh: the row's sequence is split over fsdp (not the
+    # whole row on every device), and its log-probs are those of one device.
+    from jax.sharding import PartitionSpec as P
+    mesh = shd.make_mesh(data=1, fsdp=8, tensor=1)
+    assert shd.logical_to_spec(("batch", "length", "act_embed"), shd.TRAIN_RULES, mesh,
+                               (1, batch.tokens.shape[1], CFG.hidden_size)) == P("data", "fsdp", None)
+    lps = []
+    for m in (None, mesh):
+        model = qwen3.Qwen3(CFG, rngs=nnx.Rngs(0))
+        if m is not None:
+            qwen3.place(model, m, shd.TRAIN_RULES)
+        lps.append(Trainer(model, micro_batch_size=1, mesh=m).compute_logprobs(batch))
+    print("SEQDIFF", float(np.abs(lps[0] - lps[1]).max()))
 """)
 
 
@@ -155,5 +179,6 @@ def test_sharded_update_equals_single_device(tmp_path):
                TESTS_DIR=os.path.dirname(__file__))
     out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    diff = float(out.stdout.split("MAXDIFF")[1])
+    diff = float(out.stdout.split("MAXDIFF")[1].split()[0])
     assert diff <= 1e-5
+    assert float(out.stdout.split("SEQDIFF")[1]) <= 1e-5

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from envace_jax import sharding as shd
@@ -36,6 +37,27 @@ def replicate_unplaced(tree: Any, mesh: Mesh | None) -> Any:
         return jax.device_put(host, rep)
 
     return jax.tree.map(one, tree)
+
+
+def opt_state_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mesh) -> Any:
+    """Shardings of ``tx.init(params)``: every parameter-shaped leaf (Adam's moments) takes its
+    parameter's sharding; counters and flags are replicated.
+
+    ``jax.jit(tx.init)`` alone leaves that choice to XLA, which replicates the moments (zeros do not
+    depend on the sharded input): for an 8B model, 65 GB of Adam state on every chip.
+    """
+    state = jax.eval_shape(tx.init, params)
+    return optax.tree_map_params(tx, lambda _, p: p.sharding, state, params,
+                                 transform_non_params=lambda _: shd.replicated(mesh))
+
+
+def process_micro_batch_rows(micro_batch_size: int, local_devices: int, processes: int) -> int:
+    """Rows one process feeds per micro-batch: ``micro_batch_size``, except with several processes,
+    where it is rounded up to the process's device count (zero-weight rows fill what is missing), so
+    every device of the global micro-batch holds whole rows."""
+    if processes == 1:
+        return micro_batch_size
+    return -(-micro_batch_size // local_devices) * local_devices
 
 
 def device_batch(arrays: dict[str, np.ndarray], mesh: Mesh | None) -> dict[str, jax.Array]:
@@ -75,7 +97,7 @@ def local_micro_batches(batch: TrainBatch, micro_batch_size: int, *, pad_last: b
 
     shapes = np.asarray(multihost_utils.process_allgather(np.asarray(batch.tokens.shape, np.int64)))
     rows, width = int(shapes[:, 0].max()), int(shapes[:, 1].max())
-    mbs = -(-mbs // jax.local_device_count()) * jax.local_device_count()
+    mbs = process_micro_batch_rows(mbs, jax.local_device_count(), jax.process_count())
     n_mb = max(1, -(-rows // mbs))
     return [pad_rows({k: v[m * mbs:(m + 1) * mbs] for k, v in arrays.items()}, mbs, width) for m in range(n_mb)]
 

@@ -27,12 +27,14 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from envace_jax import sharding as shd
 from envace_jax.config import LossConfig, OptimConfig  # noqa: F401  (defined with every other knob)
 from envace_jax.rl import loss as loss_lib
 from envace_jax.rl import placement
 from envace_jax.rl.batch import TrainBatch
 from envace_jax.rl.head_logprobs import fused_token_logprobs
 from envace_jax.rl.optim import make_optimizer, make_schedule  # noqa: F401  (re-exported)
+from envace_jax.rl.placement import opt_state_shardings, process_micro_batch_rows  # noqa: F401  (re-exported)
 from envace_jax.rl.types import ROLE_ID
 
 
@@ -56,16 +58,31 @@ class Trainer:
         self.mesh = mesh
         self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
         self.tx = make_optimizer(optim)
-        self.opt_state = self._on_mesh(jax.jit(self.tx.init)(params))
+        # A model whose parameters are ShapeDtypeStructs (``nnx.eval_shape``) gives an abstract trainer:
+        # no device work, state as ShapeDtypeStructs, for lowering the update ahead of time (envace_jax.aot).
+        self.abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
+        self._opt_shardings = opt_state_shardings(self.tx, params, mesh) if mesh is not None else None
+        if self.abstract:
+            self.opt_state = jax.eval_shape(self.tx.init, params)
+            if self._opt_shardings is not None:
+                self.opt_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                              self.opt_state, self._opt_shardings)
+        else:
+            self.opt_state = self._on_mesh(jax.jit(self.tx.init, out_shardings=self._opt_shardings)(params))
         self.step = 0
         self.ref_params = None
         if loss.kl_coef > 0:
             if ref_model is None:  # a frozen copy of the starting policy
-                self.ref_params = jax.tree.map(jnp.copy, params)
+                self.ref_params = params if self.abstract else jax.tree.map(jnp.copy, params)
             else:
                 self.ref_params = nnx.state(ref_model, nnx.Param)
         self._grad_fns: dict[str, Callable] = {}
-        self._apply = jax.jit(self._apply_impl, donate_argnums=(0, 1))
+        out_sh = None
+        if mesh is not None:
+            # Pinned so the moments keep their parameters' sharding step after step (left to XLA, the
+            # outputs of an update are free to come back replicated).
+            out_sh = (jax.tree.map(lambda x: x.sharding, params), self._opt_shardings, shd.replicated(mesh))
+        self._apply = jax.jit(self._apply_impl, donate_argnums=(0, 1), out_shardings=out_sh)
 
     # ------------------------------------------------------------------ state
     @property
@@ -137,6 +154,27 @@ class Trainer:
             self._grad_fns[kind] = jax.jit(jax.grad(fn, has_aux=True))
         return self._grad_fns[kind]
 
+    def program(self, name: str) -> Callable:
+        """A jitted program of the update, for lowering with abstract arguments (``envace_jax.aot``).
+
+        ``"grad"``: (params, micro-batch dict, ref params or None) -> (gradient sums, metric (sum, count)
+        pairs) of the RL loss; ``"apply"``: (params, opt state, gradient sums, count) -> (params, opt
+        state, grad norm); ``"logprobs"``: (params, micro-batch dict) -> float32 ``[B, L]``.
+        """
+        if name == "grad":
+            return self._grad_fn("rl")
+        if name == "apply":
+            return self._apply
+        if name == "logprobs":
+            return self._logprob_fn()
+        raise ValueError(f"Trainer.program({name!r}): choose 'grad', 'apply' or 'logprobs'")
+
+    def _logprob_fn(self) -> Callable:
+        fn = self._grad_fns.get("logp")
+        if fn is None:
+            fn = self._grad_fns["logp"] = jax.jit(self._forward_logp)
+        return fn
+
     def _apply_impl(self, params, opt_state, grads, count):
         grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), grads)
         gnorm = optax.tree.norm(grads)
@@ -161,9 +199,7 @@ class Trainer:
         Rows and width are this process's ``batch``; with several processes every process must call
         this (it is a collective).
         """
-        fn = self._grad_fns.get("logp")
-        if fn is None:
-            fn = self._grad_fns["logp"] = jax.jit(self._forward_logp)
+        fn = self._logprob_fn()
         outs = []
         for mb in self._local_micro_batches(batch):
             n = len(mb["tokens"])
