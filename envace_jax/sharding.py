@@ -3,8 +3,9 @@
 Every parameter carries a tuple of *logical* axis names (``("vocab", "embed")``,
 ``("layers", "embed", "heads", "head_dim")``, ...). A rules table maps each
 logical name to zero or more *mesh* axes out of ``("data", "fsdp", "tensor")``.
-Two tables exist: training (FSDP over ``embed``, tensor parallel over heads/mlp)
-and sampling (weights replicated over ``fsdp`` so decode does not all-gather
+Two tables exist: training (FSDP over ``embed``, tensor parallel over heads/mlp,
+rows over ``data`` x ``fsdp`` or, for micro-batches smaller than the fsdp group, the sequence over
+``fsdp``) and sampling (weights replicated over ``fsdp`` so decode does not all-gather
 every step). A mesh axis that does not divide a dimension is dropped for that
 dimension (e.g. 1 kv head on ``tensor=2``): the array is then replicated along it
 rather than failing.
@@ -40,7 +41,10 @@ TRAIN_RULES: dict[str, tuple[str, ...]] = {
     "norm": (),
     # activations
     "batch": ("data", "fsdp"),
-    "length": (),
+    # A micro-batch with fewer rows than the fsdp group (the reference trains one 20k-token row at a
+    # time) splits its sequence over fsdp instead of holding the whole row on every device: a mesh
+    # axis is used once per array, so this applies only when "batch" could not take fsdp.
+    "length": ("fsdp",),
     "act_embed": (),
     "act_heads": ("tensor",),
     "act_kv_heads": ("tensor",),
@@ -54,6 +58,8 @@ SAMPLE_RULES: dict[str, tuple[str, ...]] = {
     # Decoding is memory-bound on the weights: gather them once (replicate over
     # fsdp) instead of all-gathering every layer at every token.
     "embed": (),
+    # Sampler chunks are written into per-row cache slots: keep each row's chunk on one device.
+    "length": (),
 }
 
 

@@ -38,6 +38,15 @@ class TrainBatch:
     def arrays(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "truncated_rows"}
 
+    @classmethod
+    def padding(cls, rows: int, width: int) -> "TrainBatch":
+        """``rows`` padding rows of ``width`` tokens: segment 0 and weight 0, so they add nothing to any
+        loss sum or count (group -1, temperature 1)."""
+        z = lambda dt: np.zeros((rows, width), dt)
+        return cls(z(np.int32), z(np.int32), z(np.int32), z(np.int32), z(np.float32), z(np.float32),
+                   np.zeros((rows,), np.float32), np.zeros((rows,), np.int32), np.full((rows,), -1, np.int32),
+                   np.ones((rows,), np.float32))
+
     def take(self, rows: Sequence[int] | np.ndarray) -> "TrainBatch":
         rows = np.asarray(rows)
         return TrainBatch(**{k: v[rows] for k, v in self.arrays().items()}, truncated_rows=0)
@@ -70,6 +79,13 @@ def bucket(n: int, multiple: int = 64, minimum: int = 16) -> int:
             p *= 2
         return p
     return -(-n // multiple) * multiple
+
+
+def row_width(longest: int, max_len: int, multiple: int = 64) -> int:
+    """Padded width of a batch whose longest row has ``longest`` tokens: its bucket, capped at the
+    bucket of ``max_len``. Capping at the bucket rather than at ``max_len`` itself keeps the widest
+    batches a multiple of ``multiple``, so a mesh axis of that size can split their sequence axis."""
+    return min(bucket(longest, multiple), bucket(max(max_len, 1), multiple))
 
 
 def build_batch(
@@ -108,7 +124,7 @@ def build_batch(
             truncated += 1
         seqs.append(prompt + list(g.gen_ids))
         starts.append(len(prompt))
-    L = min(bucket(max(len(s) for s in seqs), length_multiple), max(max_len, 1))
+    L = row_width(max(len(s) for s in seqs), max_len, length_multiple)
     B = -(-len(gens) // batch_multiple) * batch_multiple
     tokens = np.full((B, L), pad_id, np.int32)
     seg = np.zeros((B, L), np.int32)
