@@ -297,6 +297,37 @@ class Sampler:
         tokens, lps, n, _, reason = c
         return tokens, lps, n, reason, *self._cache_constrain(k, v), end
 
+    # ---------------------------------------------------------------- ahead-of-time compilation
+    def program_specs(self, batch: int, chunk: int, window: int, budget: int, stop_width: int = 4):
+        """The two compiled programs at one shape bucket, with abstract arguments (``envace_jax.aot``).
+
+        ``"prefill"``: ``batch`` rows gathered from an earlier ``window``-slot cache (as ``continue_``
+        does) and a ``chunk``-token chunk written into it; ``"decode"``: the on-device loop of
+        ``budget`` steps over that cache. Returns ``{name: (jitted fn, args, static kwargs)}``; the
+        arguments are ShapeDtypeStructs laid out as ``_run`` places them (parameters in ``rules``).
+        """
+        leaves, treedef = jax.tree.flatten(nnx.state(self.model))
+        targets = ([None] * len(leaves) if self._param_shardings is None
+                   else jax.tree.leaves(self._param_shardings))
+        params = treedef.unflatten([jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+                                    for x, s in zip(leaves, targets)])
+
+        def arg(shape, dtype, logical):
+            sharding = None if self.mesh is None else shd.named_sharding(self.mesh, logical, self.rules, shape)
+            return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
+
+        k_shape, v_shape = qwen3.KVCache.shapes(self.cfg, batch, window)
+        dt = qwen3.as_dtype(self.cfg.dtype)
+        k, v = arg(k_shape, dt, qwen3.CACHE_K_AXES), arg(v_shape, dt, qwen3.CACHE_V_AXES)
+        row = lambda dtype: arg((batch,), dtype, ("batch",))
+        prefill = (params, k, v, row(np.int32), row(np.int32), arg((batch, chunk), np.int32, ("batch", None)),
+                   row(np.int32))
+        decode = (params, k, v, row(np.int32), arg((batch, self.cfg.vocab_size), np.float32, ("batch", None)),
+                  arg((batch, 2), np.uint32, ("batch", None)), row(np.int32), row(np.float32), row(np.float32),
+                  row(np.int32), row(np.int32), row(np.int32), arg((batch, stop_width), np.int32, ("batch", None)))
+        return {"prefill": (self._prefill, prefill, {"size": window, "gather": True}),
+                "decode": (self._decode, decode, {"budget": budget})}
+
     # ---------------------------------------------------------------- host side
     def _params(self):
         state = nnx.state(self.model)
