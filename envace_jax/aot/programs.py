@@ -1,0 +1,172 @@
+"""The four programs of a run, as (jitted callable, abstract arguments) ready to lower.
+
+No weights are read and nothing is allocated: the model is built with ``nnx.eval_shape`` and every
+parameter becomes a ``ShapeDtypeStruct`` carrying the ``NamedSharding`` the run would give it. The
+callables are the run's own: the trainer's jitted gradient, optimizer and log-prob functions
+(``Trainer.program``) and the sampler's jitted prefill and decode (``Sampler.program_specs``).
+
+``train_step`` is the last micro-batch of an update as one program: the gradient of one micro-batch
+added to the running gradient sum, then the optimizer step. The trainer runs these as separate
+dispatches, so this program's peak is the update's peak: parameters, optimizer state, the gradient
+sum, one micro-batch's gradient and its activations are all live at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from envace_jax import sharding as shd
+from envace_jax.aot.plan import RunShapes, hosts, model_config, run_shapes
+from envace_jax.config import ExperimentConfig
+from envace_jax.models import qwen3
+from envace_jax.rl.batch import TrainBatch
+from envace_jax.rl.trainer import Trainer
+from envace_jax.rl.types import ROLE_ID
+from envace_jax.sampling import Sampler
+
+
+@dataclasses.dataclass
+class Program:
+    name: str
+    fn: Callable
+    args: tuple
+    kwargs: dict
+    mesh: Mesh
+    shape: str                 # the sizes it was built at, for the report
+    resident_bytes: int = 0    # per chip: what the run keeps on the chip outside this program
+    resident_what: str = ""
+
+
+def abstract_model(cfg: qwen3.Qwen3Config, mesh: Mesh, rules: shd.Rules) -> qwen3.Qwen3:
+    """A Qwen3 whose parameters are ShapeDtypeStructs laid out by ``rules`` over ``mesh``."""
+    model = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)))
+    state = nnx.state(model)
+    leaves, treedef = jax.tree.flatten(state)
+    shardings = jax.tree.leaves(qwen3.param_shardings(model, mesh, rules))
+    nnx.update(model, treedef.unflatten(
+        [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for x, s in zip(leaves, shardings)]))
+    model.set_sharding(mesh, rules)
+    return model
+
+
+def per_chip_bytes(tree: Any) -> int:
+    """Bytes one chip holds of a tree of sharded arrays or ShapeDtypeStructs (the largest shard)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        if x is None:
+            continue
+        shape = x.sharding.shard_shape(x.shape) if isinstance(getattr(x, "sharding", None), NamedSharding) else x.shape
+        total += math.prod(shape) * np.dtype(x.dtype).itemsize
+    return total
+
+
+def _abstract_like(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def micro_batch_spec(rows: int, width: int, mesh: Mesh, role_balanced: bool) -> dict[str, jax.ShapeDtypeStruct]:
+    """A micro-batch as ``Trainer._device_batch`` places it: rows over the batch axes of the mesh."""
+    out = {}
+    for k, v in TrainBatch.padding(rows, width).arrays().items():
+        spec = shd.logical_to_spec(("batch",) + (None,) * (v.ndim - 1), shd.TRAIN_RULES, mesh, v.shape)
+        out[k] = jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(mesh, spec))
+    if role_balanced:
+        out["role_counts"] = jax.ShapeDtypeStruct((len(ROLE_ID),), jnp.float32, sharding=shd.replicated(mesh))
+    return out
+
+
+def mesh_over(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: int = 1) -> Mesh:
+    """The config's ``(data, fsdp, tensor)`` mesh over ``devices``; with several slices the slice
+    dimension (DCN) is folded into the first of ``data``/``fsdp`` that it divides."""
+    shape = shd.MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor).sizes(len(devices))
+    if num_slices <= 1:
+        return shd.make_mesh(*shape, devices=devices)
+    from jax.experimental import mesh_utils
+
+    for axis in (0, 1):
+        if shape[axis] % num_slices == 0:
+            ici = list(shape)
+            ici[axis] //= num_slices
+            dcn = [1, 1, 1]
+            dcn[axis] = num_slices
+            grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
+            return Mesh(grid, shd.MESH_AXES)
+    raise ValueError(f"--num_slices={num_slices}: neither mesh.data={shape[0]} nor mesh.fsdp={shape[1]} "
+                     f"is a multiple of it; set --config.mesh.data={num_slices} (data parallel across slices)")
+
+
+def build_programs(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: int = 1, *,
+                   unrolled_layers: int | None = None) -> tuple[RunShapes, list[Program]]:
+    """The run's train_step, logprobs, prefill and decode over ``devices`` (one topology's chips).
+
+    ``unrolled_layers=n``: the same programs for an ``n``-layer model with every layer and attention
+    block written out instead of looped (no ``while`` loop hides work from XLA's cost analysis; the
+    report fits per-layer costs from n = 1 and 2)."""
+    shapes = run_shapes(cfg, devices)
+    mcfg = model_config(cfg)
+    if unrolled_layers is not None:
+        mcfg = mcfg.replace(num_layers=unrolled_layers, scan_layers=False)
+    mesh = mesh_over(cfg, devices, num_slices)
+    model = abstract_model(mcfg, mesh, shd.TRAIN_RULES)
+    trainer = Trainer(model, cfg.optim, cfg.loss, micro_batch_size=cfg.rl.micro_batch_size, mesh=mesh, seed=cfg.seed)
+    params = trainer.params
+    ref = trainer.ref_params
+    mb = micro_batch_spec(shapes.train_rows, shapes.train_width, mesh, cfg.loss.role_balanced)
+
+    # Sampling mesh and model: the training model itself with one process; with several, each process
+    # samples from its own full copy on its own chips (train_lib.rollout_copy).
+    if shapes.processes > 1:
+        local_mesh = shd.make_mesh(1, -1, cfg.mesh.tensor, devices=hosts(devices)[0])
+        sample_model = abstract_model(mcfg, local_mesh, shd.TRAIN_RULES)
+        rollout_copy = per_chip_bytes(nnx.state(sample_model, nnx.Param))
+    else:
+        local_mesh, sample_model, rollout_copy = mesh, model, 0
+    sampler = Sampler(sample_model, mesh=local_mesh)
+    specs = sampler.program_specs(shapes.sample_batch, shapes.prefill_chunk, shapes.cache_window,
+                                  shapes.decode_budget)
+    sample_params = specs["decode"][1][0]
+    source = nnx.state(sample_model)
+    copies = any(a.sharding != b.sharding for a, b in zip(jax.tree.leaves(sample_params), jax.tree.leaves(source)))
+
+    grad, apply = trainer.program("grad"), trainer.program("apply")
+
+    def train_step(params, opt_state, grad_sum, mb, ref_params):
+        g, sums = grad(params, mb, ref_params)
+        total = jax.tree.map(jnp.add, grad_sum, g)
+        params, opt_state, gnorm = apply(params, opt_state, total, sums["loss"][1])
+        return params, opt_state, gnorm, sums
+
+    grad_sum = _abstract_like(params, jax.tree.map(lambda x: x.sharding, params))
+    P, O, R = per_chip_bytes(params), per_chip_bytes(trainer.opt_state), per_chip_bytes(ref)
+    rows = f"{shapes.train_rows} rows x {shapes.train_width} tokens"
+    train_state = f"params {_gb(P)} + optimizer {_gb(O)}" + (f" + reference {_gb(R)}" if R else "")
+    copy_note = f"rollout weight copy {_gb(rollout_copy)}" if rollout_copy else ""
+    sample_resident = P + O + R + rollout_copy
+    if not copies:  # the sampler reads its source weights in place: they are its argument
+        sample_resident -= rollout_copy if shapes.processes > 1 else P
+    sample_note = ", ".join(x for x in (train_state, copy_note) if x)
+    cache = f"window {shapes.cache_window}"
+    programs = [
+        Program("train_step", jax.jit(train_step, donate_argnums=(0, 1, 2)),
+                (params, trainer.opt_state, grad_sum, mb, ref), {}, mesh, rows,
+                rollout_copy, copy_note),
+        Program("logprobs", trainer.program("logprobs"), (params, mb), {}, mesh, rows,
+                O + R + rollout_copy, ", ".join(x for x in (f"optimizer {_gb(O)}", copy_note) if x)),
+        Program("prefill", specs["prefill"][0], specs["prefill"][1], specs["prefill"][2], local_mesh,
+                f"{shapes.sample_batch} rows x {shapes.prefill_chunk} tokens, {cache}", sample_resident, sample_note),
+        Program("decode", specs["decode"][0], specs["decode"][1], specs["decode"][2], local_mesh,
+                f"{shapes.sample_batch} rows, {cache}, {shapes.decode_budget} steps", sample_resident, sample_note),
+    ]
+    return shapes, programs
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"

@@ -1,0 +1,166 @@
+"""Compile every program of a config for a TPU topology and report per-chip memory and a roofline.
+
+``compile_report`` is what ``launch/aot_compile.py`` runs. ``aot.json`` holds exactly::
+
+    {"topology", "chips", "chip", "hbm_bytes_per_chip",
+     "programs": [{"name", "per_chip_bytes": {"arguments", "outputs", "temps", "code", "total"},
+                   "fits", "flops", "bytes_accessed", "collectives": {op: count}, "roofline_s"}]}
+
+``total`` is the program's own peak on one chip (arguments + outputs + temporaries + code, donated
+buffers counted once). ``fits`` also counts what the run keeps on the chip while the program runs
+(the ``resident`` column of the table: e.g. the optimizer state during sampling):
+``total + resident <= HBM``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Sequence
+
+from envace_jax.aot.analyze import ProgramReport, analyze, compiled_cost, layer_fit, roofline_seconds
+from envace_jax.aot.chips import ChipSpec, chip_for_topology, topology_chips
+from envace_jax.aot.plan import RunShapes, model_config
+from envace_jax.config import ExperimentConfig
+
+
+@dataclasses.dataclass
+class Report:
+    topology: str
+    chips: int
+    chip: ChipSpec
+    shapes: RunShapes
+    programs: list[ProgramReport]
+
+    @property
+    def all_fit(self) -> bool:
+        return all(p.fits for p in self.programs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topology": self.topology, "chips": self.chips, "chip": self.chip.name,
+                "hbm_bytes_per_chip": self.chip.hbm_bytes, "programs": [p.to_json() for p in self.programs]}
+
+    def write(self, path: str) -> None:
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+
+
+def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
+    """Compile-only TPU devices of ``topology`` (libtpu, no TPU needed), with the chip's real host
+    layout where libtpu's default differs (v5e / v6e hosts hold 8 chips)."""
+    try:
+        from jax.experimental import topologies
+    except ImportError as e:  # pragma: no cover - jax always has it
+        raise RuntimeError(f"jax.experimental.topologies is unavailable: {e}") from e
+    chip = chip_for_topology(topology)
+    n = topology_chips(topology)
+    kw: dict[str, Any] = {}
+    if chip.host_bounds is not None and n >= chip.host_bounds[0] * chip.host_bounds[1] * chip.host_bounds[2]:
+        kw["chips_per_host_bounds"] = chip.host_bounds
+    if num_slices > 1:
+        kw["num_slices"] = num_slices
+    try:
+        desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, **kw)
+    except Exception as e:  # noqa: BLE001 - libtpu missing or topology unknown: say which
+        raise RuntimeError(f"cannot describe TPU topology {topology!r} (is libtpu installed? "
+                           f"`pip install -e '.[aot]'`): {e}") from e
+    return list(desc.devices)
+
+
+def compile_report(cfg: ExperimentConfig, topology: str, num_slices: int = 1,
+                   only: Sequence[str] | None = None) -> Report:
+    from envace_jax.aot.programs import build_programs
+
+    chip = chip_for_topology(topology)
+    devices = topology_devices(topology, num_slices)
+    shapes, programs = build_programs(cfg, devices, num_slices)
+    if only:
+        unknown = sorted(set(only) - {p.name for p in programs})
+        if unknown:
+            raise ValueError(f"--programs: unknown {unknown}; choose from {[p.name for p in programs]}")
+        programs = [p for p in programs if p.name in only]
+    # Costs without loops: the same programs for 1- and 2-layer models, layers and blocks written out.
+    small = {n: {p.name: p for p in build_programs(cfg, devices, num_slices, unrolled_layers=n)[1]} for n in (1, 2)}
+    num_layers = model_config(cfg).num_layers
+    reports = []
+    for p in programs:
+        rep = analyze(p, chip)
+        if rep.fits or not rep.error:
+            cost = layer_fit(compiled_cost(small[1][p.name]), compiled_cost(small[2][p.name]), num_layers)
+            if cost is not None:
+                rep = dataclasses.replace(rep, flops=cost[0], bytes_accessed=cost[1],
+                                          roofline_s=roofline_seconds(*cost, chip) * rep.steps)
+        reports.append(rep)
+    return Report(topology if num_slices == 1 else f"{num_slices}x{topology}", len(devices), chip, shapes, reports)
+
+
+# ----------------------------------------------------------------------------- text
+
+def knobs(cfg: ExperimentConfig, program: str, shapes: RunShapes) -> list[str]:
+    """The config fields that change ``program``'s per-chip memory, with their current values."""
+    m, r = cfg.mesh, cfg.rl
+    mesh = f"--config.mesh.fsdp (now {m.fsdp}) / --config.mesh.tensor (now {m.tensor})"
+    dtype = f"--config.model.param_dtype (now {cfg.model.param_dtype}; bfloat16 halves weights and state)"
+    if program in ("train_step", "logprobs"):
+        out = [f"{mesh}: shard parameters{', gradients and optimizer state' if program == 'train_step' else ''} "
+               f"over more chips",
+               f"--config.rl.micro_batch_size (now {r.micro_batch_size}; {shapes.train_rows} rows per micro-batch "
+               f"over {shapes.processes} host(s))",
+               f"--config.rl.max_row_length (now {r.max_row_length})"]
+        if program == "train_step":
+            out.append(f"--config.model.remat_policy (now {cfg.model.remat_policy}; 'full' keeps the fewest "
+                       f"activations)")
+        return out + [dtype]
+    return [f"--config.data.prompts_per_step (now {cfg.data.prompts_per_step} per process) x "
+            f"--config.rl.n_rollouts (now {r.n_rollouts}): {shapes.sample_rows} rows per sampler call",
+            f"--config.rollout.max_model_len (now {cfg.rollout.max_model_len}): cache window "
+            f"{shapes.cache_window}",
+            f"--config.mesh.tensor (now {m.tensor}): splits kv heads and weights of the sampler",
+            dtype]
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f}"
+
+
+def format_table(rep: Report) -> str:
+    head = (f"{rep.topology}: {rep.chips} x TPU {rep.chip.name}, HBM {_gb(rep.chip.hbm_bytes)} GB/chip, "
+            f"{rep.shapes.processes} host(s) x {rep.shapes.chips_per_process} chips "
+            f"(peak {rep.chip.bf16_flops_per_s / 1e12:.0f} TFLOP/s bf16, {rep.chip.hbm_bytes_per_s / 1e9:.0f} GB/s)")
+    cols = ["program", "shape", "mesh (data,fsdp,tensor)", "args GB", "out GB", "temp GB", "total GB",
+            "resident GB", "fits", "TFLOP", "GB moved", "roofline s", "collectives"]
+    rows = []
+    for p in rep.programs:
+        mesh = ",".join(str(p.mesh.get(a, 1)) for a in ("data", "fsdp", "tensor"))
+        b = p.per_chip_bytes
+        coll = " ".join(f"{k}:{v}" for k, v in p.collectives.items()) or "-"
+        per = " (1 step)" if p.steps > 1 else ""
+        roof = f"{p.roofline_s:.3g}" + (f" ({p.steps} steps)" if p.steps > 1 else "")
+        rows.append([p.name, p.shape, mesh, _gb(b["arguments"]), _gb(b["outputs"]), _gb(b["temps"]), _gb(b["total"]),
+                     _gb(p.resident_bytes), "yes" if p.fits else "NO", f"{p.flops / 1e12:.3g}{per}",
+                     f"{p.bytes_accessed / 1e9:.3g}{per}", roof, coll])
+    widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
+    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))
+    out = [head, line(cols), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    for p in rep.programs:
+        if p.resident_bytes:
+            out.append(f"  resident during {p.name}: {p.resident_what}")
+        for w in p.warnings:
+            out.append(f"  WARNING {p.name}: {w}")
+    return "\n".join(out)
+
+
+def not_fitting_message(rep: Report, cfg: ExperimentConfig) -> str:
+    lines = []
+    for p in rep.programs:
+        if p.fits:
+            continue
+        need = p.per_chip_bytes["total"] + p.resident_bytes
+        why = p.error or (f"needs {_gb(need)} GB per chip ({_gb(p.per_chip_bytes['total'])} program + "
+                          f"{_gb(p.resident_bytes)} resident) of {_gb(rep.chip.hbm_bytes)} GB")
+        lines.append(f"{p.name} ({p.shape}) does not fit on {rep.topology}: {why}")
+        lines.extend(f"    {k}" for k in knobs(cfg, p.name, rep.shapes))
+    return "\n".join(lines)

@@ -1,0 +1,60 @@
+"""Compile a config's programs for a TPU topology on a CPU host, and report per-chip memory.
+
+    python launch/aot_compile.py --config=configs/envace_qwen3_8b.py --topology=v5p:4x4x4 \
+        --output=/tmp/aot/aot.json [--num_slices=N] [--config.mesh.fsdp=16 ...]
+
+Needs libtpu (``pip install -e '.[aot]'``), no TPU and no weights. Compiles train_step, logprobs,
+prefill and decode at the config's real shapes (see ``envace_jax.aot``), prints a table and writes
+``aot.json``. Exits 1 when a program does not fit in HBM (naming the config fields that would change
+that), 2 on a config error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Compile-only TPU devices need libtpu but no TPU backend: keep JAX itself on the CPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file", lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, e.g. v5p:4x4x4, v5e:16x16, v6e:4x4")
+_SLICES = flags.DEFINE_integer("num_slices", 1, "number of slices of that topology (multi-slice over DCN)")
+_OUTPUT = flags.DEFINE_string("output", None, "where to write aot.json (default: print only)")
+_PROGRAMS = flags.DEFINE_list("programs", None, "compile only these (train_step, logprobs, prefill, decode)")
+
+
+def main(argv):
+    del argv
+    from envace_jax.aot.report import compile_report, format_table, not_fitting_message
+    from envace_jax.config import ConfigError, load_config
+
+    if _CONFIG.value is None:
+        raise app.UsageError("--config=configs/<name>.py is required")
+    if not _TOPOLOGY.value:
+        raise app.UsageError("--topology=<generation>:<shape> is required, e.g. --topology=v5p:4x4x4")
+    try:
+        cfg = load_config(_CONFIG.value)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        rep = compile_report(cfg, _TOPOLOGY.value, _SLICES.value, _PROGRAMS.value)
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(format_table(rep), flush=True)
+    if _OUTPUT.value:
+        rep.write(_OUTPUT.value)
+        print(f"wrote {_OUTPUT.value}", flush=True)
+    if not rep.all_fit:
+        print(not_fitting_message(rep, cfg), file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    app.run(main)

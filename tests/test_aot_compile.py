@@ -1,0 +1,134 @@
+"""Ahead-of-time compilation for TPU topologies (launch/aot_compile.py, envace_jax.aot).
+
+The compile tests need libtpu (the `aot` extra; CI installs it) but no TPU: they compile a tiny config
+for a v5e 2x2 slice and check the per-chip bytes XLA reports against a hand count, and that an
+oversized config is reported as not fitting. The shape and parsing tests need nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from envace_jax.aot.analyze import count_collectives, roofline_seconds
+from envace_jax.aot.chips import CHIPS, chip_for_topology, topology_chips
+from envace_jax.aot.plan import run_shapes
+from envace_jax.config import config_from_file, load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
+needs_libtpu = pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu is not installed (pip install -e '.[aot]'); "
+                                                          "TPU compilation cannot run")
+
+
+@dataclasses.dataclass
+class FakeChip:
+    process_index: int
+
+
+def test_run_shapes_of_the_8b_config_on_a_v5p_64_layout():
+    cfg = load_config(config_from_file(os.path.join(REPO, "configs/envace_qwen3_8b.py")))
+    devices = [FakeChip(i // 4) for i in range(64)]  # 16 hosts x 4 chips, as libtpu describes v5p:4x4x4
+    s = run_shapes(cfg, devices)
+    assert (s.processes, s.chips_per_process) == (16, 4)
+    # micro-batch 1 per process, rounded up to the host's 4 chips, times 16 hosts: one row per chip
+    assert s.train_rows == 64
+    assert s.train_width == 20032                       # 20000 rounded up to the 64-token bucket
+    episodes = cfg.data.prompts_per_step * cfg.rl.n_rollouts
+    assert s.sample_rows == 2 * episodes                # pending requests + parked ACT rows
+    assert s.cache_window == 20480                      # 20000 in quarter-octave buckets (step 4096)
+    assert s.decode_budget == 8192 and s.prefill_chunk == 512
+
+
+def test_collective_counts_and_roofline_arithmetic():
+    hlo = """
+  %all-gather.1 = bf16[8,64]{1,0} all-gather(bf16[2,64]{1,0} %p), dimensions={0}
+  %ags = (bf16[2,64], bf16[8,64]) all-gather-start(bf16[2,64]{1,0} %q), dimensions={0}
+  %agd = bf16[8,64]{1,0} all-gather-done(%ags)
+  %all-reduce.7 = f32[] all-reduce(f32[] %x), to_apply=%add
+  %rs = f32[4]{0} reduce-scatter(f32[16]{0} %y), dimensions={0}
+  %fusion = f32[4]{0} fusion(f32[4]{0} %rs), calls=%all-reduce-like-name
+"""
+    assert count_collectives(hlo) == {"all-gather": 2, "all-reduce": 1, "reduce-scatter": 1}
+    v5p = CHIPS["v5p"]
+    assert roofline_seconds(459e12, 0.0, v5p) == pytest.approx(1.0)          # compute-bound: 1 s of peak
+    assert roofline_seconds(1.0, 2765e9 * 2, v5p) == pytest.approx(2.0)     # memory-bound: 2 s of HBM
+
+
+def test_topology_names():
+    assert chip_for_topology("v5p:4x4x4").name == "v5p" and topology_chips("v5p:4x4x4") == 64
+    assert chip_for_topology("v5litepod:16x16").name == "v5e" and topology_chips("v5e:16x16") == 256
+    with pytest.raises(ValueError, match="unknown TPU generation 'v9'"):
+        chip_for_topology("v9:2x2")
+    with pytest.raises(ValueError, match="expected <generation>:<AxB"):
+        topology_chips("v5p")
+
+
+# Tiny model with TPU-tile-friendly sizes (multiples of 128), so padding does not blur the hand count.
+TINY = ["--config.model.vocab_size=1024", "--config.model.hidden_size=256", "--config.model.intermediate_size=512",
+        "--config.model.num_layers=2", "--config.model.num_heads=2", "--config.model.num_kv_heads=1",
+        "--config.model.head_dim=128", "--config.rl.micro_batch_size=4", "--config.rl.max_row_length=256",
+        "--config.rollout.max_model_len=512", "--config.rollout.act.max_new_tokens=64",
+        "--config.rollout.rehearse.max_new_tokens=64", "--config.data.prompts_per_step=2",
+        "--config.rl.n_rollouts=2", "--config.mesh.fsdp=-1"]
+
+
+def _aot(tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    out = tmp_path / "aot.json"
+    cmd = [sys.executable, os.path.join(REPO, "launch/aot_compile.py"), "--config=" + os.path.join(REPO, "configs/demo_cpu.py"),
+           "--topology=v5e:2x2", f"--output={out}", *TINY, *extra]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    return proc, (json.loads(out.read_text()) if out.exists() else None)
+
+
+@needs_libtpu
+def test_tiny_config_on_v5e_2x2_argument_bytes_match_a_hand_count(tmp_path):
+    proc, rep = _aot(tmp_path, "--programs=train_step,decode")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert set(rep) == {"topology", "chips", "chip", "hbm_bytes_per_chip", "programs"}
+    assert (rep["topology"], rep["chips"], rep["chip"], rep["hbm_bytes_per_chip"]) == ("v5e:2x2", 4, "v5e", 16 * 10**9)
+    progs = {p["name"]: p for p in rep["programs"]}
+    assert set(progs) == {"train_step", "decode"}
+    for p in progs.values():
+        assert set(p) == {"name", "per_chip_bytes", "fits", "flops", "bytes_accessed", "collectives", "roofline_s"}
+        assert set(p["per_chip_bytes"]) == {"arguments", "outputs", "temps", "code", "total"}
+        assert p["fits"] is True and p["flops"] > 0 and p["roofline_s"] > 0
+
+    # Hand count: fsdp = 4 chips split every "embed" (hidden, 256) dimension; norms are replicated.
+    V, D, F, L, N, K, H = 1024, 256, 512, 2, 2, 1, 128
+    split = 2 * V * D + L * (2 * D * N * H + 2 * D * K * H + 3 * D * F)   # embed, lm_head, q/o, k/v, mlp
+    whole = D + L * (2 * D + 2 * H)                                        # final, input/post, q/k norms
+    params = 4 * (split / 4 + whole)                                       # float32 bytes on one chip
+    # train_step's arguments: parameters, Adam's two moments, the running gradient sum (each one
+    # parameter-sized), and one micro-batch row per chip (6 [1, 256] arrays of 4 bytes).
+    hand = 4 * params + 6 * 256 * 4
+    args = progs["train_step"]["per_chip_bytes"]["arguments"]
+    assert abs(args - hand) / hand < 0.03, (args, hand)
+    # Not a replica: a chip holding everything would need 4x the split part.
+    assert args < 0.5 * 4 * 4 * (split + whole)
+    assert progs["train_step"]["collectives"], "fsdp needs collectives (weight gathers, gradient reductions)"
+
+
+@needs_libtpu
+def test_oversized_config_is_reported_as_not_fitting(tmp_path):
+    # A 4M-token vocabulary at hidden 1024: 2 x 16 GB of float32 embedding and head, 4 copies with the
+    # optimizer and the gradient sum, over 4 chips of 16 GB.
+    proc, rep = _aot(tmp_path, "--programs=train_step", "--config.model.vocab_size=4194304",
+                     "--config.model.hidden_size=1024")
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "train_step" in proc.stderr and "does not fit on v5e:2x2" in proc.stderr
+    for knob in ("--config.mesh.fsdp", "--config.rl.micro_batch_size", "--config.model.remat_policy",
+                 "--config.model.param_dtype"):
+        assert knob in proc.stderr, knob
+    (p,) = rep["programs"]
+    assert p["name"] == "train_step" and p["fits"] is False
+    assert p["per_chip_bytes"]["total"] > 16 * 10**9
+    assert math.isfinite(p["roofline_s"])
