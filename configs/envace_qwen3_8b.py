@@ -1,6 +1,6 @@
 """EnvACE on Qwen3-8B with the reference's hyperparameters (spec section 1.2).
 
-16 prompts x n=4 rollouts per step; AdamW lr 1e-6 constant, betas (0.9, 0.999), weight decay 0.01,
+16 prompts x n=4 rollouts per step (1 prompt per host on v5p-64's 16 hosts, see below); AdamW lr 1e-6 constant, betas (0.9, 0.999), weight decay 0.01,
 global-norm clip 1.0; PPO clip 0.2/0.2 with dual clip 3.0; KL off (k3 with coefficient 1e-4 when
 turned on); no entropy bonus; seq-mean-token-mean aggregation (what micro-batch 1 token-mean does);
 train sampling T=1.0/top_p=1.0 (the reference validates at T=0.6/top_p=0.95: set that in the eval
@@ -8,6 +8,19 @@ configs' ``sampling``); 8000 new tokens per generation;
 20000-token context budget; 30 assistant and 30 user turns; 200 micro-steps; an HTTP judge
 serving Qwen3-30B-A3B (T=0.6, top_p=0.8, 6000 tokens, 5 attempts, 120 s timeout); bf16 compute
 over fp32 parameters; thinking on for both roles.
+
+Sized for a **TPU v5p-64 slice (topology 4x4x4: 64 chips on 16 hosts)**, where every program fits in
+HBM (``make aot`` compiles them for it on any CPU host; figures in README):
+
+- ``data.prompts_per_step`` counts prompts *per process* (each host samples its own): 1 on 16 hosts is
+  the reference's 16 prompts x 4 rollouts per step. On H hosts use 16 / H.
+- Parameters, gradients and Adam's moments are sharded over all 64 chips (fsdp).
+- The reference's micro-batch of one 20k-token row is per GPU. With several hosts our micro-batch is
+  rounded up to whole rows per chip (``trainer.process_micro_batch_rows``), so one row per chip: 64
+  rows per micro-batch; attention runs in 512-query blocks so a 20k row needs ~1 GB of scores per
+  layer instead of 51 GB. On a single host (micro-batch smaller than the chips) the row's sequence is
+  split over fsdp instead (``sharding.TRAIN_RULES["length"]``).
+- ``rl.length_multiple = 64`` keeps the widest batches a multiple of 64 tokens (20032 for 20000).
 
 Point ``model.hf_path`` / ``tokenizer.path`` at a local Qwen3-8B directory and ``data.path`` at the
 CM2 checklist data, e.g.::
@@ -39,7 +52,7 @@ def get_config():
 
     c.data.source = "jsonl"
     c.data.path = ""
-    c.data.prompts_per_step = 16            # train_batch_size
+    c.data.prompts_per_step = 1             # per process: x 16 hosts of v5p-64 = train_batch_size 16
     c.data.max_prompt_length = 4000
     c.data.num_epochs = 1
 
@@ -72,6 +85,7 @@ def get_config():
     c.rl.mini_batches = 1
     c.rl.micro_batch_size = 1
     c.rl.max_row_length = 20000
+    c.rl.length_multiple = 64               # widest batch 20032 tokens: a multiple of the 64 chips
     # Rows past max_row_length: "drop" (ours; the trainer never scores a context the sampler did not
     # see). The reference left-truncates prompts to 12000 tokens BEFORE sampling, so its rows stay
     # consistent; "truncate" cuts only at training time and is kept for comparison.

@@ -76,7 +76,8 @@ def test_model_preset_selects_the_architecture():
 
 def test_reference_hyperparameters():
     c = load_config(_cfg("envace_qwen3_8b"))
-    assert (c.data.prompts_per_step, c.rl.n_rollouts) == (16, 4)
+    # prompts_per_step is per process: 1 on each of v5p-64's 16 hosts is the reference's batch of 16.
+    assert (c.data.prompts_per_step * 16, c.rl.n_rollouts) == (16, 4)
     assert (c.optim.lr, c.optim.schedule, c.optim.b1, c.optim.b2, c.optim.weight_decay, c.optim.grad_clip) == \
         (1e-6, "constant", 0.9, 0.999, 0.01, 1.0)
     assert (c.loss.clip_low, c.loss.clip_high, c.loss.dual_clip) == (0.2, 0.2, 3.0)
