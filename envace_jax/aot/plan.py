@@ -12,7 +12,7 @@ numbers can be checked without libtpu. Each size follows the code that produces 
   sampler's window for a row that reaches ``rollout.max_model_len``; the prefill chunk is the
   sampler's ``max_chunk``; the decode budget the bucket of the largest ``max_new_tokens``.
 - **meshes**: training runs on the config's ``mesh`` over all chips. With several processes (hosts)
-  each process samples its own prompts on its own chips (``launch/train_lib.build_run``), so the
+  each process samples its own prompts on its own chips (``envace_jax.rl.train.build_run``), so the
   sampler's mesh is one host's chips; with one process it is the training mesh.
 """
 
@@ -27,7 +27,7 @@ from envace_jax.rl.batch import row_width
 from envace_jax.rl.trainer import process_micro_batch_rows
 from envace_jax.sampling import pow2_bucket, quarter_octave_bucket
 
-# Sampler options train_lib leaves at their defaults (Sampler(model, mesh=...)).
+# Sampler options the training loop (rl.train.make_client) leaves at their defaults (Sampler(model, mesh=...)).
 SAMPLER_MAX_CHUNK = 512
 # Rollout modes whose policy sampler serves both roles (so ACT rows park while REHEARSE samples).
 BOTH_ROLES_MODES = ("rehearsal", "caller_frozen")
@@ -46,12 +46,11 @@ def model_config(cfg: ExperimentConfig) -> qwen3.Qwen3Config:
             known = sorted(k for k in vars(qwen3.Qwen3Config) if k.startswith("qwen3_"))
             raise ValueError(f"config.model.preset={m.preset!r} is not a Qwen3Config preset; known: {known}")
         return make(**over)
-    # As launch/train_lib.tiny_model_config; the vocabulary is the larger of the configured size and
-    # the demo tokenizer's (a tokenizer directory is not read here).
-    vocab = m.vocab_size if cfg.tokenizer.path else max(m.vocab_size, cfg.tokenizer.demo_vocab_size)
-    return qwen3.Qwen3Config(vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-                             num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
-                             head_dim=m.head_dim, rope_theta=10000.0, max_position_embeddings=1 << 16, **over)
+    # The training loop's tiny model; its vocabulary grows to the tokenizer's, here the demo tokenizer's
+    # configured size (a tokenizer directory is not read).
+    from envace_jax.rl.train import tiny_model_config
+
+    return tiny_model_config(m, 0 if cfg.tokenizer.path else cfg.tokenizer.demo_vocab_size)
 
 
 @dataclasses.dataclass(frozen=True)

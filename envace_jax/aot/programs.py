@@ -122,7 +122,7 @@ def build_programs(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: in
     mb = micro_batch_spec(shapes.train_rows, shapes.train_width, mesh, cfg.loss.role_balanced)
 
     # Sampling mesh and model: the training model itself with one process; with several, each process
-    # samples from its own full copy on its own chips (train_lib.rollout_copy).
+    # samples from its own full copy on its own chips (rl.train.rollout_copy).
     if shapes.processes > 1:
         local_mesh = shd.make_mesh(1, -1, cfg.mesh.tensor, devices=hosts(devices)[0])
         sample_model = abstract_model(mcfg, local_mesh, shd.TRAIN_RULES)
