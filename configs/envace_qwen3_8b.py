@@ -16,7 +16,7 @@ HBM (``make aot`` compiles them for it on any CPU host; figures in README):
   the reference's 16 prompts x 4 rollouts per step. On H hosts use 16 / H.
 - Parameters, gradients and Adam's moments are sharded over all 64 chips (fsdp).
 - The reference's micro-batch of one 20k-token row is per GPU. With several hosts our micro-batch is
-  rounded up to whole rows per chip (``trainer.process_micro_batch_rows``), so one row per chip: 64
+  rounded up to whole rows per chip (``rl.placement.process_micro_batch_rows``), so one row per chip: 64
   rows per micro-batch; attention runs in 512-query blocks so a 20k row needs ~1 GB of scores per
   layer instead of 51 GB. On a single host (micro-batch smaller than the chips) the row's sequence is
   split over fsdp instead (``sharding.TRAIN_RULES["length"]``).

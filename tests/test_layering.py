@@ -8,6 +8,7 @@ The layers, lowest first (a module may import from its own layer and from any la
     rl        rl/
     eval      eval/                                          eval and demo are one tier of the design;
     demo      demo/                                          the demo uses eval's harnesses, never the reverse
+    aot       aot/                                           ahead-of-time TPU compilation of a run's programs
     launch    launch/ (absl mains and pod scripts), benchmarks/
 
 Every import statement counts, including the ones inside functions (a lazy import is still a
@@ -29,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("rl", ("envace_jax.rl",)),
     ("eval", ("envace_jax.eval",)),
     ("demo", ("envace_jax.demo",)),
+    ("aot", ("envace_jax.aot",)),
     ("launch", ("launch", "benchmarks")),
 ]
 ACCELERATOR_LIBS = ("jax", "flax", "optax", "orbax", "jaxlib")

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from envace_jax.config import ExperimentConfig
 from envace_jax.models import qwen3
 from envace_jax.rl.batch import row_width
-from envace_jax.rl.trainer import process_micro_batch_rows
+from envace_jax.rl.placement import process_micro_batch_rows
 from envace_jax.sampling import pow2_bucket, quarter_octave_bucket
 
 # Sampler options the training loop (rl.train.make_client) leaves at their defaults (Sampler(model, mesh=...)).
@@ -35,22 +35,16 @@ BOTH_ROLES_MODES = ("rehearsal", "caller_frozen")
 
 def model_config(cfg: ExperimentConfig) -> qwen3.Qwen3Config:
     """The policy's architecture without reading weights: a checkpoint's config.json
-    (``model.hf_path``), a named preset (``model.preset``), or the tiny model of the config fields."""
-    m = cfg.model
-    over = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy)
-    if m.hf_path:
-        return qwen3.Qwen3Config.from_hf(m.hf_path, **over)
-    if m.preset != "tiny":
-        make = getattr(qwen3.Qwen3Config, m.preset, None)
-        if not callable(make) or m.preset.startswith("_"):
-            known = sorted(k for k in vars(qwen3.Qwen3Config) if k.startswith("qwen3_"))
-            raise ValueError(f"config.model.preset={m.preset!r} is not a Qwen3Config preset; known: {known}")
-        return make(**over)
-    # The training loop's tiny model; its vocabulary grows to the tokenizer's, here the demo tokenizer's
-    # configured size (a tokenizer directory is not read).
-    from envace_jax.rl.train import tiny_model_config
+    (``model.hf_path``), else what the training loop builds for ``model.preset`` (``rl.train.model_config``;
+    a tiny model's vocabulary grows to the demo tokenizer's configured size, a tokenizer directory is
+    not read)."""
+    from envace_jax.rl.train import model_config as run_model_config
 
-    return tiny_model_config(m, 0 if cfg.tokenizer.path else cfg.tokenizer.demo_vocab_size)
+    m = cfg.model
+    if m.hf_path:
+        return qwen3.Qwen3Config.from_hf(m.hf_path, param_dtype=m.param_dtype, dtype=m.dtype,
+                                         remat_policy=m.remat_policy)
+    return run_model_config(m, 0 if cfg.tokenizer.path else cfg.tokenizer.demo_vocab_size)
 
 
 @dataclasses.dataclass(frozen=True)

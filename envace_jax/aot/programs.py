@@ -116,7 +116,7 @@ def build_programs(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: in
         mcfg = mcfg.replace(num_layers=unrolled_layers, scan_layers=False)
     mesh = mesh_over(cfg, devices, num_slices)
     model = abstract_model(mcfg, mesh, shd.TRAIN_RULES)
-    trainer = Trainer(model, cfg.optim, cfg.loss, micro_batch_size=cfg.rl.micro_batch_size, mesh=mesh, seed=cfg.seed)
+    trainer = Trainer(model, cfg.run_optim(), cfg.loss, micro_batch_size=cfg.rl.micro_batch_size, mesh=mesh)
     params = trainer.params
     ref = trainer.ref_params
     mb = micro_batch_spec(shapes.train_rows, shapes.train_width, mesh, cfg.loss.role_balanced)
