@@ -318,7 +318,10 @@ class Sampler:
 
         k_shape, v_shape = qwen3.KVCache.shapes(self.cfg, batch, window)
         dt = qwen3.as_dtype(self.cfg.dtype)
-        k, v = arg(k_shape, dt, qwen3.CACHE_K_AXES), arg(v_shape, dt, qwen3.CACHE_V_AXES)
+        # Per-layer buffers, as _run allocates them.
+        L = self.cfg.num_layers
+        k = tuple(arg(k_shape, dt, qwen3.CACHE_K_AXES) for _ in range(L))
+        v = tuple(arg(v_shape, dt, qwen3.CACHE_V_AXES) for _ in range(L))
         row = lambda dtype: arg((batch,), dtype, ("batch",))
         prefill = (params, k, v, row(np.int32), row(np.int32), arg((batch, chunk), np.int32, ("batch", None)),
                    row(np.int32))
