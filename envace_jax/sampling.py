@@ -327,7 +327,8 @@ class Sampler:
                    row(np.int32))
         decode = (params, k, v, row(np.int32), arg((batch, self.cfg.vocab_size), np.float32, ("batch", None)),
                   arg((batch, 2), np.uint32, ("batch", None)), row(np.int32), row(np.float32), row(np.float32),
-                  row(np.int32), row(np.int32), row(np.int32), arg((batch, stop_width), np.int32, ("batch", None)))
+                  row(np.int32), row(np.int32), row(np.int32), arg((batch, stop_width), np.int32, ("batch", None)),
+                  arg((), np.int32, ()))
         return {"prefill": (self._prefill, prefill, {"size": window, "gather": True}),
                 "decode": (self._decode, decode, {"budget": budget})}
 

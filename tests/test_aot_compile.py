@@ -132,3 +132,42 @@ def test_oversized_config_is_reported_as_not_fitting(tmp_path):
     assert p["name"] == "train_step" and p["fits"] is False
     assert p["per_chip_bytes"]["total"] > 16 * 10**9
     assert math.isfinite(p["roofline_s"])
+
+
+def test_sampler_program_specs_match_the_arguments_of_a_real_call():
+    # The aot report compiles the sampler's programs from Sampler.program_specs; they must be laid out
+    # exactly as Sampler._run calls them (same pytree, shapes and dtypes), or the report compiles a
+    # program the run never executes. Checked against a real generate call of a tiny model on CPU.
+    import jax
+    import numpy as np
+
+    from envace_jax.models import qwen3
+    from envace_jax.sampling import Sampler, SamplingParams
+
+    model = qwen3.init_model(qwen3.Qwen3Config.tiny(64, num_layers=3), seed=0)
+    sampler = Sampler(model)
+    seen = {}
+
+    def record(name, fn):
+        def call(*args, **kwargs):
+            seen[name] = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), args), kwargs)
+            return fn(*args, **kwargs)
+        return call
+
+    jitted = sampler._prefill, sampler._decode
+    sampler._prefill, sampler._decode = record("prefill", jitted[0]), record("decode", jitted[1])
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12], [13]]
+    sampler.generate(prompts, SamplingParams(max_new_tokens=6, stop_token_ids=(0,), seed=1))
+    sampler._prefill, sampler._decode = jitted
+    dec_args, dec_kw = seen["decode"]
+    pre_args, pre_kw = seen["prefill"]
+    batch, chunk = pre_args[5].shape
+    specs = sampler.program_specs(batch, chunk, pre_kw["size"], dec_kw["budget"], stop_width=dec_args[12].shape[1])
+    for name, (args, kwargs) in seen.items():
+        fn, spec_args, spec_kwargs = specs[name]
+        assert jax.tree.structure(spec_args) == jax.tree.structure(args), name
+        shapes = lambda tree: [(tuple(x.shape), np.dtype(x.dtype)) for x in jax.tree.leaves(tree)]
+        assert shapes(spec_args) == shapes(args), name
+        assert {k: v for k, v in spec_kwargs.items() if k != "gather"} == \
+               {k: v for k, v in kwargs.items() if k != "gather"}, name
+        fn.lower(*spec_args, **spec_kwargs)  # and the jitted program accepts them

@@ -8,7 +8,8 @@ numbers can be checked without libtpu. Each size follows the code that produces 
   width: the padded width of a batch holding a ``rl.max_row_length`` row (``batch.row_width``).
 - **prefill / decode** batch: one sampler call of one process holds every episode's pending request
   (``data.prompts_per_step`` prompts per process x ``rl.n_rollouts``) plus, when the policy also
-  plays REHEARSE, the episodes' parked ACT rows: twice the episodes. The cache window is the
+  plays REHEARSE, the episodes' parked ACT rows: twice the episodes (``rollout.rolling``: the rolling
+  client's ``rollout.rolling_slots`` rows). The cache window is the
   sampler's window for a row that reaches ``rollout.max_model_len``; the prefill chunk is the
   sampler's ``max_chunk``; the decode budget the bucket of the largest ``max_new_tokens``.
 - **meshes**: training runs on the config's ``mesh`` over all chips. With several processes (hosts)
@@ -78,6 +79,8 @@ def run_shapes(cfg: ExperimentConfig, devices: Sequence[Any]) -> RunShapes:
     width = row_width(r.max_row_length, r.max_row_length, r.length_multiple)
     episodes = cfg.data.prompts_per_step * r.n_rollouts
     rows = episodes * (2 if cfg.rollout.mode in BOTH_ROLES_MODES else 1)
+    if cfg.rollout.rolling:  # rl.rolling_client: at most rolling_slots rows decode in one call
+        rows = cfg.rollout.rolling_slots
     max_new = max(cfg.rollout.act.max_new_tokens, cfg.rollout.rehearse.max_new_tokens)
     # Sampler._run: window = quarter_octave_bucket(need) capped at capacity + headroom, where a row that
     # reaches max_model_len needs max_model_len slots; the budget is pow2_bucket(max_new_tokens, 8).
