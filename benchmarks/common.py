@@ -89,15 +89,16 @@ def cache_read_floor_s(batch: int, slots: int, reps: int = 7, clock=time.perf_co
     return min(timed(lambda: read(k, v).block_until_ready(), clock) for _ in range(reps))
 
 
-def build_models(threads: int, *, train: bool = False, **config_overrides):
+def build_models(threads: int, *, train: bool = False, config: dict | None = None, **config_overrides):
     """A seeded transformers Qwen3ForCausalLM (``.train()`` or ``.eval()``) on ``threads`` torch threads,
-    and our Qwen3 loaded from its saved weights. Returns (torch model, our model)."""
+    and our Qwen3 loaded from its saved weights. ``config``: transformers Qwen3Config fields (default
+    ``CONFIG``). Returns (torch model, our model)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    tm = Qwen3ForCausalLM(Qwen3Config(**CONFIG, **config_overrides))
+    tm = Qwen3ForCausalLM(Qwen3Config(**(CONFIG if config is None else config), **config_overrides))
     tm = tm.train() if train else tm.eval()
     with tempfile.TemporaryDirectory() as d:
         tm.save_pretrained(d)

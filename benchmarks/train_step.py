@@ -1,13 +1,27 @@
 """Update-step speed: our Trainer (jitted forward + backward + AdamW) vs a PyTorch AdamW step of
-transformers' Qwen3ForCausalLM on the same ~40M model and the same batch, in one process.
+transformers' Qwen3ForCausalLM on the same model and the same rows, in one process.
 
-Model: hidden 512, 8 layers, 8 heads, 4 kv heads, head_dim 64, vocab 32000, mlp 1536, tied
-embeddings, float32. Batch 8 x 512 tokens, every token trained (SFT cross-entropy on both sides, so
-the two steps do the same work). Repetitions alternate between the frameworks so background load
-hits both alike. Achieved GFLOP/s uses analytic FLOPs (3x the forward) against a float32 2048^2
-matmul peak measured in the same run.
+Presets:
+- ``default``: the ~40M model of ``common.CONFIG`` (hidden 512, 8 layers, vocab 32000, tied embeddings),
+  batch 8 x 512 tokens, every token trained, one micro-batch.
+- ``demo``: the demo's model (``envace_jax/demo/config.py``: hidden 128, 2 layers, 4 heads, 2 kv heads,
+  head_dim 32, mlp 256, vocab 2048, tied) and its SFT step: 32 rows of 100-250 tokens (a prompt and a
+  trained response) right-padded to a multiple of 64, two micro-batches of 16 rows, gradients
+  accumulated, clip 1.0, AdamW.
 
-Usage: python benchmarks/train_step.py [--reps 3] [--batch 8] [--length 512] [--threads 2]
+Both sides do the same work: the SFT cross-entropy (mean over trained tokens of -log p(target)),
+gradient clipping at 1.0 and an AdamW step; the PyTorch side runs the same micro-batches with the same
+padding mask and positions. Repetitions alternate between the frameworks so background load hits both
+alike; medians are reported, with the process CPU seconds of each step beside the wall seconds (on a
+shared machine CPU seconds show the work done, wall seconds also the waiting). Achieved GFLOP/s uses
+analytic FLOPs (3x the forward, attention over the full padded square) against a float32 2048^2 matmul
+peak measured in the same run.
+
+``--bf16`` adds a bfloat16-compute step of each side (ours: float32 parameters and optimizer,
+bfloat16 matmul inputs with float32 accumulation; PyTorch: ``torch.autocast("cpu", bfloat16)``),
+reported beside the float32 figures, which stay the headline.
+
+Usage: python benchmarks/train_step.py [--preset default|demo] [--reps 3] [--threads 2] [--bf16]
 """
 
 from __future__ import annotations
@@ -16,10 +30,11 @@ import argparse
 import os
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import CONFIG, add_size_args, build_models, forward_flops, matmul_peak_gflops, timed  # noqa: E402
+from common import CONFIG, build_models, forward_flops, matmul_peak_gflops  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -28,53 +43,133 @@ from envace_jax.rl.batch import build_batch  # noqa: E402
 from envace_jax.rl.trainer import OptimConfig, Trainer  # noqa: E402
 from envace_jax.rl.types import ACT, Generation  # noqa: E402
 
+# transformers Qwen3Config fields of the demo's model (envace_jax/demo/config.py, demo/stages.build_model).
+DEMO_CONFIG = dict(vocab_size=2048, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
+                   max_position_embeddings=4096, rope_theta=1e4)
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    add_size_args(ap)
-    args = ap.parse_args()
 
+def make_rows(preset: str, vocab: int, batch: int, length: int):
+    """Generations and their TrainBatch. default: whole rows trained; demo: 100-250-token rows, ~40% of
+    each row a trained response, padded to a multiple of 64 (as the demo's SFT batches)."""
+    rng = np.random.RandomState(0)
+    gens = []
+    for i in range(batch):
+        if preset == "demo":
+            n = int(rng.randint(100, 251))
+            n_gen = int(rng.randint(int(0.25 * n), int(0.55 * n)))
+            ids = rng.randint(3, vocab, n)
+            prompt, gen = ids[:n - n_gen], ids[n - n_gen:]
+        else:
+            ids = rng.randint(0, vocab, length)
+            prompt, gen = ids[:1], ids[1:]
+        gens.append(Generation(ACT, [int(t) for t in prompt], [int(t) for t in gen], [0.0] * len(gen), "u", i, 0))
+    if preset == "demo":
+        tb = build_batch(gens, [1.0] * batch, list(range(batch)), max_len=768, length_multiple=64)
+    else:
+        tb = build_batch(gens, [1.0] * batch, list(range(batch)), max_len=length, length_multiple=length)
+    return tb
+
+
+def torch_step_fn(tm, tb, micro: int, bf16: bool):
+    """One PyTorch optimizer step over ``tb`` in micro-batches of ``micro`` rows (same loss as ours)."""
     import torch
 
-    tm, model = build_models(args.threads, train=True)
-    B, T = args.batch, args.length
-    ids = np.random.RandomState(0).randint(0, CONFIG["vocab_size"], (B, T))
-
-    # Same work on both sides: the whole sequence after the first token is the trained response.
-    gens = [Generation(ACT, [int(r[0])], [int(t) for t in r[1:]], [0.0] * (T - 1), "u", i, 0)
-            for i, r in enumerate(ids)]
-    batch = build_batch(gens, [1.0] * B, list(range(B)), max_len=T, length_multiple=T)
-    trainer = Trainer(model, OptimConfig(lr=1e-6, weight_decay=0.01), micro_batch_size=B)
     opt = torch.optim.AdamW(tm.parameters(), lr=1e-6, weight_decay=0.01)
-    ids_pt = torch.tensor(ids)
+    seg = torch.tensor(tb.segment_ids)
+    parts = []
+    for s in range(0, tb.size, micro):
+        sl = slice(s, s + micro)
+        parts.append(dict(ids=torch.tensor(tb.tokens[sl], dtype=torch.long),
+                          pos=torch.tensor(tb.positions[sl], dtype=torch.long),
+                          mask=(seg[sl] != 0).long(),
+                          tgt=torch.tensor(tb.targets[sl], dtype=torch.long),
+                          w=torch.tensor(tb.loss_weights[sl])))
+    total = float(tb.loss_weights.sum())
 
-    def jax_step():
-        trainer.update(batch, kind="sft")  # returns host floats: the step is finished
-
-    def torch_step():
-        loss = tm(input_ids=ids_pt, labels=ids_pt).loss
-        loss.backward()
+    def step():
+        for p in parts:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                logits = tm(input_ids=p["ids"], attention_mask=p["mask"], position_ids=p["pos"]).logits
+            logp = torch.log_softmax(logits.float(), -1).gather(-1, p["tgt"][..., None])[..., 0]
+            (-(logp * p["w"]).sum() / total).backward()
         torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    t_compile = timed(jax_step)
-    torch_step()  # allocate AdamW state
-    jt, tt = [], []
+    return step
+
+
+def timed(fn) -> tuple[float, float]:
+    """(wall, process CPU) seconds of one call."""
+    w, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w, time.process_time() - c
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", choices=("default", "demo"), default="default")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=None, help="rows (default 8; demo 32)")
+    ap.add_argument("--length", type=int, default=512, help="row length of the default preset")
+    ap.add_argument("--micro", type=int, default=None, help="micro-batch rows (default: all; demo 16)")
+    ap.add_argument("--bf16", action="store_true", help="also time bfloat16 compute on both sides")
+    args = ap.parse_args()
+    demo = args.preset == "demo"
+    config = DEMO_CONFIG if demo else CONFIG
+    B = args.batch or (32 if demo else 8)
+    micro = args.micro or (16 if demo else B)
+
+    import torch
+
+    tm, model = build_models(args.threads, train=True, config=config)
+    tb = make_rows(args.preset, config["vocab_size"], B, args.length)
+    T = tb.tokens.shape[1]
+    optim = OptimConfig(lr=1e-6, weight_decay=0.01)
+    runs = {"jax": Trainer(model, optim, micro_batch_size=micro), "torch": torch_step_fn(tm, tb, micro, False)}
+    if args.bf16:
+        import jax.numpy as jnp
+        from flax import nnx
+
+        from envace_jax.models import qwen3
+
+        bf = qwen3.Qwen3(model.config.replace(dtype="bfloat16"))
+        # Copies: the float32 trainer donates (and so deletes) its parameter buffers at every step.
+        nnx.update(bf, jax.tree.map(jnp.copy, nnx.state(model, nnx.Param)))
+        runs["jax bf16"] = Trainer(bf, optim, micro_batch_size=micro)
+        tm_bf = build_models(args.threads, train=True, config=config)[0]
+        runs["torch bf16"] = torch_step_fn(tm_bf, tb, micro, True)
+    steps = {k: (lambda t=v: t.update(tb, kind="sft")) if isinstance(v, Trainer) else v for k, v in runs.items()}
+
+    first = {k: timed(f)[0] for k, f in steps.items()}  # compile (ours), AdamW state allocation (torch)
+    wall = {k: [] for k in steps}
+    cpu = {k: [] for k in steps}
+    names = list(steps)
     for r in range(args.reps):
-        order = (jax_step, torch_step) if r % 2 == 0 else (torch_step, jax_step)
-        for fn in order:
-            (jt if fn is jax_step else tt).append(timed(fn))
+        for k in (names if r % 2 == 0 else names[::-1]):
+            w, c = timed(steps[k])
+            wall[k].append(w)
+            cpu[k].append(c)
     peak = matmul_peak_gflops()
-    flops = 3 * forward_flops(CONFIG, B, T)
-    jm, tm_ = statistics.median(jt), statistics.median(tt)
-    print(f"jax {jax.__version__} torch {torch.__version__}  batch {B}x{T} float32, {args.threads} threads")
-    print(f"first jax step (compile + run): {t_compile:.1f} s")
-    print(f"jax   step s: {[round(x, 2) for x in jt]} median {jm:.2f}  -> {flops / jm / 1e9:.1f} GFLOP/s")
-    print(f"torch step s: {[round(x, 2) for x in tt]} median {tm_:.2f}  -> {flops / tm_ / 1e9:.1f} GFLOP/s")
+    flops = 3 * forward_flops(config, B, T)
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    print(f"jax {jax.__version__} torch {torch.__version__}  preset {args.preset}: {B} rows x {T} tokens "
+          f"({int(tb.loss_weights.sum())} trained), micro-batch {micro}, {args.threads} threads")
+    print(f"first step (compile / optimizer state): " + ", ".join(f"{k} {v:.1f} s" for k, v in first.items()))
+    for k in names:
+        print(f"{k:10s} step s: {[round(x, 3) for x in wall[k]]} median {med[k]:.3f}  cpu-s median "
+              f"{statistics.median(cpu[k]):.2f}  -> {flops / med[k] / 1e9:.1f} GFLOP/s "
+              f"({flops / med[k] / 1e9 / peak:.0%} of peak)")
     print(f"matmul peak (jnp float32 2048^2): {peak:.1f} GFLOP/s")
-    print(f"speed ratio torch/jax time (median): {tm_ / jm:.2f}x  (>1 means ours is faster)")
-    print(f"fraction of matmul peak: jax {flops / jm / 1e9 / peak:.0%}, torch {flops / tm_ / 1e9 / peak:.0%}")
+    paired = statistics.median(t / j for t, j in zip(wall["torch"], wall["jax"]))
+    paired_cpu = statistics.median(t / j for t, j in zip(cpu["torch"], cpu["jax"]))
+    print(f"speed ratio torch/jax time: {med['torch'] / med['jax']:.2f}x of medians, {paired:.2f}x median of the "
+          f"{args.reps} alternations (cpu-s {paired_cpu:.2f}x)  (>1 means ours is faster)")
+    if args.bf16:
+        print(f"bfloat16: torch bf16 / jax bf16 {med['torch bf16'] / med['jax bf16']:.2f}x; "
+              f"jax float32 / jax bf16 {med['jax'] / med['jax bf16']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -139,7 +139,7 @@ def test_remat_and_unrolled_layers_match_default(tiny_hf_qwen3):
         (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(state)
         return np.asarray(logits), [np.asarray(g) for g in jax.tree.leaves(grads)]
 
-    ref_logits, ref_grads = logits_and_grads(base.config, True)
+    ref_logits, ref_grads = logits_and_grads(base.config.replace(scan_layers=True), True)
     # Remat only changes what the backward pass recomputes, so gradients are the real check; each
     # fwd+bwd compile is slow on CPU, hence gradients for one policy and logits for the rest.
     for override, with_grads in ((dict(remat_policy="full"), True), (dict(remat_policy="dots_no_batch"), False),
@@ -150,3 +150,9 @@ def test_remat_and_unrolled_layers_match_default(tiny_hf_qwen3):
             np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5, err_msg=str(override))
     # The override really reaches the model (load_hf forwards Qwen3Config fields).
     assert hf_io.load_hf(path, remat_policy="dots", scan_layers=False).config.remat_policy == "dots"
+    # By default a shallow stack unrolls its cache-free pass; deep stacks scan.
+    assert base.config.scan_layers is None and not base.config.scans()
+    assert qwen3.Qwen3Config.qwen3_0_6b().scans()
+    assert base.config.replace(scan_layers=True).scans()
+    with pytest.raises(ValueError, match="scan_layers"):
+        base.config.replace(scan_layers="yes")

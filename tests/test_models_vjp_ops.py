@@ -46,28 +46,40 @@ def test_dense_values_and_gradients_equal_autodiff():
     assert gx.dtype == gw.dtype == jnp.bfloat16
 
 
-@pytest.mark.parametrize("n_heads,n_kv", [(4, 2), (2, 2), (4, 1)])
-def test_attention_values_and_gradients_equal_autodiff_with_packing_and_padding(n_heads, n_kv):
+@pytest.mark.parametrize("n_heads,n_kv,T,causal", [(4, 2, 12, False), (2, 2, 12, False), (4, 1, 12, False),
+                                                   (4, 2, 64, True), (2, 1, 128, True)])
+def test_attention_values_and_gradients_equal_autodiff_with_packing_and_padding(n_heads, n_kv, T, causal):
+    """T=64 / 128 with causal=True run 2 / 4 query blocks that skip the keys after each block."""
+    assert vjp_ops.causal_blocks(T) == {12: 1, 64: 2, 128: 4}[T]
     rng = np.random.default_rng(1)
-    B, T, H = 2, 12, 8
+    B, H = 2, 8
     q = jnp.asarray(rng.standard_normal((B, T, n_heads, H)), jnp.float32)
     k = jnp.asarray(rng.standard_normal((B, T, n_kv, H)), jnp.float32)
     v = jnp.asarray(rng.standard_normal((B, T, n_kv, H)), jnp.float32)
-    # Row 0: two packed segments then padding; row 1: left padding. Padding queries see no key at all,
-    # and the cotangent on them is not zero, so their "no gradient" rule is exercised.
-    seg = jnp.asarray([[1] * 5 + [2] * 4 + [0] * 3, [0] * 4 + [1] * 8], jnp.int32)
+    # Row 0: two packed segments then padding; row 1: left padding. Padding queries see no key at all
+    # (they attend uniformly to every key), and the cotangent on them is not zero, so their "no
+    # gradient" rule is exercised.
+    a, b = 5 * T // 12, 4 * T // 12
+    seg = jnp.asarray([[1] * a + [2] * b + [0] * (T - a - b), [0] * (T // 3) + [1] * (T - T // 3)], jnp.int32)
     idx = jnp.arange(T)
     mask = (idx[None, :, None] >= idx[None, None, :]) & (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
     cot = jnp.asarray(rng.standard_normal((B, T, n_heads, H)), jnp.float32)
+    ours = lambda q, k, v, mask: vjp_ops.attention(q, k, v, mask, causal=causal)
 
     def loss(fn):
         return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v, mask) * cot), (0, 1, 2)))(q, k, v)
 
-    (lo, go), (lp, gp) = loss(vjp_ops.attention), loss(_plain_attention)
+    (lo, go), (lp, gp) = loss(ours), loss(_plain_attention)
     np.testing.assert_allclose(lo, lp, rtol=1e-5)
-    np.testing.assert_allclose(vjp_ops.attention(q, k, v, mask), _plain_attention(q, k, v, mask), atol=1e-5)
-    for a, b in zip(go, gp):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours(q, k, v, mask), _plain_attention(q, k, v, mask), atol=1e-5)
+    for x, y in zip(go, gp):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+
+
+def test_causal_attention_needs_square_scores():
+    q = jnp.zeros((1, 4, 2, 8))
+    with pytest.raises(ValueError, match="causal attention needs as many keys as queries"):
+        vjp_ops.attention(q, jnp.zeros((1, 6, 1, 8)), jnp.zeros((1, 6, 1, 8)), jnp.ones((1, 4, 6), bool), causal=True)
 
 
 def _torch_sft_grads(tm, batch):
@@ -91,9 +103,10 @@ def test_trainer_sft_gradient_equals_torch_autograd(tiny_hf_qwen3, tie):
     path, tm = tiny_hf_qwen3(tie=tie, num_heads=4, num_kv_heads=2, head_dim=16)
     model = hf_io.load_hf(path)
     rng = np.random.default_rng(2)
+    rows = [(5, 7, 1.0), (9, 3, 0.7), (2, 12, 1.3)]  # prompt, response, sampling temperature
     gens = [Generation(ACT, rng.integers(3, 256, n_p).tolist(), rng.integers(3, 256, n_g).tolist(), [0.0] * n_g,
-                       "u", i, 0) for i, (n_p, n_g) in enumerate([(5, 7), (9, 3), (2, 12)])]
-    batch = build_batch(gens, [1.0] * 3, [0, 1, 2], max_len=32, temperatures=[1.0, 0.7, 1.3], length_multiple=8)
+                       "u", i, 0, temperature=t) for i, (n_p, n_g, t) in enumerate(rows)]
+    batch = build_batch(gens, [1.0] * 3, [0, 1, 2], max_len=32, length_multiple=8)
     trainer = Trainer(model, OptimConfig(), micro_batch_size=2)
     grads = trainer.gradients(batch, kind="sft")
     holder = copy.deepcopy(model)
