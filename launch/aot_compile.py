@@ -17,6 +17,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Compile-only TPU devices need libtpu but no TPU backend: keep JAX itself on the CPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) so that two processes never drive one TPU;
+# compiling for a described topology drives none, so a second compile (or the test suite) may run beside.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
