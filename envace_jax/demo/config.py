@@ -108,15 +108,15 @@ class DemoConfig:
 
 
 def default() -> DemoConfig:
-    # Until a base is shipped in assets/demo_base, `make demo` runs the legacy setting.
-    return legacy()
+    """`make demo`: the EnvACE setting, RL from the base shipped in assets/demo_base."""
+    return envace()
 
 
 def envace() -> DemoConfig:
     """The EnvACE setting (module doc); RL settings chosen on validation."""
     return DemoConfig(base_dir=DEFAULT_BASE_DIR, rl_tasks=1024, validation_tasks=256, test_tasks=1024,
                       rl_push_back_share=0.5, eval_push_back_share=0.5, sft_steps=0, fidelity_tasks=128,
-                      more_sft_lr=3e-4)
+                      more_sft_lr=3e-4, rl_steps=48)
 
 
 def legacy() -> DemoConfig:
