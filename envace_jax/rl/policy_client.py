@@ -92,6 +92,14 @@ class CallStats:
     row_tokens: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
 
 
+def check_request(i: int, r: GenRequest) -> None:
+    """A request's role and prompt, checked before it reaches a sampler (``i``: its index in the call)."""
+    if r.role not in ROLES:
+        raise ValueError(f"requests[{i}].role={r.role!r}; expected one of {ROLES}")
+    if not r.prompt_ids:
+        raise ValueError(f"requests[{i}] ({r.role}, episode {r.episode}) has an empty prompt")
+
+
 class SamplerClient:
     """``PolicyClient`` over a ``Sampler`` (see the module docstring)."""
 
@@ -130,10 +138,7 @@ class SamplerClient:
             return []
         keys_in_call: set[str] = set()
         for i, r in enumerate(requests):
-            if r.role not in ROLES:
-                raise ValueError(f"requests[{i}].role={r.role!r}; expected one of {ROLES}")
-            if not r.prompt_ids:
-                raise ValueError(f"requests[{i}] ({r.role}, episode {r.episode}) has an empty prompt")
+            check_request(i, r)
             if r.cache_key is not None:
                 if r.cache_key in keys_in_call:
                     raise ValueError(f"requests[{i}]: cache_key {r.cache_key!r} appears twice in one call")

@@ -33,8 +33,8 @@ import dataclasses
 import math
 from typing import Sequence
 
-from envace_jax.rl.policy_client import CallStats, GenOutput, GenRequest
-from envace_jax.rl.types import ACT, REHEARSE, ROLES
+from envace_jax.rl.policy_client import CallStats, GenOutput, GenRequest, check_request
+from envace_jax.rl.types import ACT, REHEARSE
 from envace_jax.sampling import Sampler, SamplerState, SamplingParams
 
 
@@ -104,10 +104,7 @@ class RollingSamplerClient:
         open_keys = {j.request.cache_key for j in list(self._queue) + self._running} - {None}
         tickets = []
         for i, r in enumerate(requests):
-            if r.role not in ROLES:
-                raise ValueError(f"requests[{i}].role={r.role!r}; expected one of {ROLES}")
-            if not r.prompt_ids:
-                raise ValueError(f"requests[{i}] ({r.role}, episode {r.episode}) has an empty prompt")
+            check_request(i, r)
             if r.cache_key is not None:
                 if r.cache_key in open_keys:
                     raise ValueError(f"requests[{i}]: cache_key {r.cache_key!r} already has an open request")

@@ -220,13 +220,7 @@ class RolloutEngine:
             if e.state == State.AWAIT_SIMULATOR and len(e.pending_results) == len(e.pending_calls):
                 self._close_tool_turn(e)
 
-        judging = [e for e in episodes if e.state == State.INTERACTING]
-        if judging:
-            verdicts = self.judge(judging)
-            if len(verdicts) != len(judging):
-                raise RuntimeError(f"judge returned {len(verdicts)} verdicts for {len(judging)} episodes")
-            for e, verdict in zip(judging, verdicts):
-                self._after_judge(e, verdict)
+        self._judge_interacting(episodes)
 
         ended = [self._key(e) for e in live_before if e.done]
         if ended:  # free their cached rows now rather than at the end of the batch
@@ -314,15 +308,7 @@ class RolloutEngine:
                     self._apply_round(e, got)
                     if was_live and e.done:
                         ended.append(self._key(e))
-                judging = [e for e in episodes if e.state == State.INTERACTING]
-                if judging:
-                    verdicts = self.judge(judging)
-                    if len(verdicts) != len(judging):
-                        raise RuntimeError(f"judge returned {len(verdicts)} verdicts for {len(judging)} episodes")
-                    for e, verdict in zip(judging, verdicts):
-                        self._after_judge(e, verdict)
-                        if e.done:
-                            ended.append(self._key(e))
+                ended.extend(self._key(e) for e in self._judge_interacting(episodes) if e.done)
                 if ended:
                     self.policy.release(ended)
         finally:
@@ -410,6 +396,17 @@ class RolloutEngine:
             return
         e.state = State.AWAIT_CALLER
         self._check_length(e)
+
+    def _judge_interacting(self, episodes: Sequence[Episode]) -> list[Episode]:
+        """Judges every episode waiting for its turn's verdict, in one judge call; returns them."""
+        judging = [e for e in episodes if e.state == State.INTERACTING]
+        if judging:
+            verdicts = self.judge(judging)
+            if len(verdicts) != len(judging):
+                raise RuntimeError(f"judge returned {len(verdicts)} verdicts for {len(judging)} episodes")
+            for e, verdict in zip(judging, verdicts):
+                self._after_judge(e, verdict)
+        return judging
 
     def _after_judge(self, e: Episode, verdict: Any) -> None:
         e.turn_rewards.append(float(verdict.turn_reward))
