@@ -28,9 +28,13 @@ from envace_jax.aot.plan import RunShapes, hosts, model_config, run_shapes
 from envace_jax.config import ExperimentConfig
 from envace_jax.models import qwen3
 from envace_jax.rl.batch import TrainBatch
+from envace_jax.rl.train import rollout_config, rollout_mesh
 from envace_jax.rl.trainer import Trainer
 from envace_jax.rl.types import ROLE_ID
 from envace_jax.sampling import Sampler
+
+
+DECODE_SETUP = "decode_setup"
 
 
 @dataclasses.dataclass
@@ -124,8 +128,8 @@ def build_programs(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: in
     # Sampling mesh and model: the training model itself with one process; with several, each process
     # samples from its own full copy on its own chips (rl.train.rollout_copy).
     if shapes.processes > 1:
-        local_mesh = shd.make_mesh(1, -1, cfg.mesh.tensor, devices=hosts(devices)[0])
-        sample_model = abstract_model(mcfg, local_mesh, shd.TRAIN_RULES)
+        local_mesh = rollout_mesh(mcfg, hosts(devices)[0])
+        sample_model = abstract_model(rollout_config(mcfg), local_mesh, shd.TRAIN_RULES)
         rollout_copy = per_chip_bytes(nnx.state(sample_model, nnx.Param))
     else:
         local_mesh, sample_model, rollout_copy = mesh, model, 0

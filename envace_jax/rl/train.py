@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -141,23 +141,47 @@ def make_client(model, codec, mesh, rollout: config_lib.RolloutConfig | None = N
     return SamplerClient(Sampler(model, mesh=mesh), codec.stop_token_ids)
 
 
+def rollout_mesh(cfg: qwen3.Qwen3Config, devices: Sequence[Any]) -> Any:
+    """The mesh one process samples on: its own chips, split over the ``tensor`` axis.
+
+    A decode step reads every weight and the whole live KV cache once per token, so the host's
+    chips should each hold a share of both. The sampling rules (``sharding.SAMPLE_RULES``) replicate
+    weights over ``fsdp`` (to avoid an all-gather per layer per token), so a host mesh on ``fsdp``
+    put a whole copy of the weights on every chip (8B in float32: 33 GB per chip, read at every
+    token). On ``tensor`` the weights split by heads, MLP columns and vocabulary and the cache by
+    KV heads. The tensor size is the largest divisor of the chip count that divides the KV heads;
+    the rest of the chips (if any) go to ``fsdp``."""
+    n = len(devices)
+    tensor = max(t for t in range(1, n + 1) if n % t == 0 and cfg.num_kv_heads % t == 0)
+    return shd.make_mesh(1, n // tensor, tensor, devices=devices)
+
+
+def rollout_config(cfg: qwen3.Qwen3Config) -> qwen3.Qwen3Config:
+    """The rollout copy's architecture: parameters stored in the compute dtype. Every layer casts its
+    weights to the compute dtype anyway, so a bfloat16 copy of float32 master weights samples exactly
+    the same tokens, at half the memory and half the bytes read per decode step."""
+    return cfg.replace(param_dtype=cfg.dtype)
+
+
 def rollout_copy(model: qwen3.Qwen3, local_mesh) -> tuple[qwen3.Qwen3, Any]:
     """(model the sampler reads, refresh function) for a multi-process run.
 
     Training parameters are global arrays sharded over every process's devices, but each process
     samples ITS OWN prompts, which a program over the global mesh cannot do (all processes would
     have to run the same batch). So each process samples from a full copy of the weights on its own
-    devices, refreshed from the global parameters after every update (a collective).
+    devices (``rollout_mesh``, in the compute dtype: ``rollout_config``), refreshed from the global
+    parameters after every update (a collective).
     """
     from flax import nnx
     from jax.experimental import multihost_utils
 
-    local = qwen3.init_model(model.config, seed=0, mesh=local_mesh)
+    local = qwen3.init_model(rollout_config(model.config), seed=0, mesh=local_mesh)
 
     def refresh() -> None:
         host = multihost_utils.process_allgather(nnx.state(model, nnx.Param), tiled=True)
         cur = nnx.state(local, nnx.Param)
-        nnx.update(local, jax.tree.map(lambda h, c: jax.device_put(np.asarray(h), c.sharding), host, cur))
+        nnx.update(local, jax.tree.map(lambda h, c: jax.device_put(np.asarray(h).astype(c.dtype), c.sharding),
+                                       host, cur))
 
     refresh()
     return local, refresh
@@ -294,7 +318,7 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
     tok, codec, trainers, policy, sim_model = build_policies(cfg, mesh)
     sample_mesh, refreshers = mesh, []
     if jax.process_count() > 1:
-        sample_mesh = shd.make_mesh(1, -1, cfg.mesh.tensor, devices=jax.local_devices())
+        sample_mesh = rollout_mesh(policy.config, jax.local_devices())
         policy, refresh = rollout_copy(policy, sample_mesh)
         refreshers.append(refresh)
         if sim_model is not None:
