@@ -303,7 +303,8 @@ class Sampler:
 
         ``"prefill"``: ``batch`` rows gathered from an earlier ``window``-slot cache (as ``continue_``
         does) and a ``chunk``-token chunk written into it; ``"decode"``: the on-device loop of
-        ``budget`` steps over that cache. Returns ``{name: (jitted fn, args, static kwargs)}``; the
+        ``budget`` steps over that cache; ``"decode_setup"``: decode's work before its loop, for
+        costing (see ``_decode_setup``). Returns ``{name: (jitted fn, args, static kwargs)}``; the
         arguments are ShapeDtypeStructs laid out as ``_run`` places them (parameters in ``rules``).
         """
         leaves, treedef = jax.tree.flatten(nnx.state(self.model))
@@ -330,7 +331,15 @@ class Sampler:
                   row(np.int32), row(np.int32), row(np.int32), arg((batch, stop_width), np.int32, ("batch", None)),
                   arg((), np.int32, ()))
         return {"prefill": (self._prefill, prefill, {"size": window, "gather": True}),
-                "decode": (self._decode, decode, {"budget": budget})}
+                "decode": (self._decode, decode, {"budget": budget}),
+                "decode_setup": (jax.jit(self._decode_setup), (params,), {})}
+
+    def _decode_setup(self, params):
+        """What ``_decode_impl`` does once per call before its loop (the weights it prepares), as a
+        program of its own: XLA's cost analysis counts a loop body once, so a decode step's cost is the
+        decode program's cost less this one (``envace_jax.aot``)."""
+        w = nnx.merge(self._graphdef, params).decode_weights(transpose_head=self._cpu)
+        return w.layers, w.head
 
     # ---------------------------------------------------------------- host side
     def _params(self):

@@ -9,8 +9,10 @@ XLA's cost analysis counts a ``while`` loop's body once (it does not know the tr
 scan (and the attention blocks inside a layer) would make a 36-layer model look like a 1-layer one,
 so flops and bytes come from two more compiles of the same program for 1- and 2-layer models with
 every layer and block written out: ``cost(L) = c1 + (L - 1) * (c2 - c1)``, per chip, with the real
-shardings. The decode loop itself is left counted once: its flops and bytes are one decode step, and
-its roofline covers the whole budget of steps.
+shardings. The decode loop itself is left counted once, and so is what decode does before its loop
+(preparing the weights it reads): ``report.compile_report`` compiles that setup alone and subtracts
+it, so decode's flops and bytes are one decode step, and its roofline is the setup plus the whole
+budget of steps.
 """
 
 from __future__ import annotations

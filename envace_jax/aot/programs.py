@@ -168,6 +168,8 @@ def build_programs(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: in
                 f"{shapes.sample_batch} rows x {shapes.prefill_chunk} tokens, {cache}", sample_resident, sample_note),
         Program("decode", specs["decode"][0], specs["decode"][1], specs["decode"][2], local_mesh,
                 f"{shapes.sample_batch} rows, {cache}, {shapes.decode_budget} steps", sample_resident, sample_note),
+        # Not reported: decode's once-per-call work before its loop, subtracted from decode's cost.
+        Program(DECODE_SETUP, specs["decode_setup"][0], specs["decode_setup"][1], {}, local_mesh, ""),
     ]
     return shapes, programs
 
