@@ -171,3 +171,20 @@ def test_sampler_program_specs_match_the_arguments_of_a_real_call():
         assert {k: v for k, v in spec_kwargs.items() if k != "gather"} == \
                {k: v for k, v in kwargs.items() if k != "gather"}, name
         fn.lower(*spec_args, **spec_kwargs)  # and the jitted program accepts them
+
+
+@needs_libtpu
+def test_decode_step_bytes_exclude_the_once_per_call_setup(tmp_path):
+    # XLA counts the decode loop's body once, and also what decode does once before the loop (preparing
+    # the weights it reads). A step must read every weight once and the live cache a few times (attention
+    # reads it, the write updates it); counting the setup into every step read the weights ~4x more.
+    proc, rep = _aot(tmp_path, "--programs=decode")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (p,) = rep["programs"]
+    V, D, F, L, N, K, H = 1024, 256, 512, 2, 2, 1, 128
+    # One host: the sampler reads the training mesh's weights under SAMPLE_RULES (replicated, float32).
+    weights = 4 * (2 * V * D + L * (2 * D * N * H + 2 * D * K * H + 3 * D * F) + D + L * (2 * D + 2 * H))
+    rows, window = 8, 512                               # 2 prompts x 2 rollouts x 2 roles; max_model_len 512
+    cache = 4 * L * rows * K * H * window * 2           # float32 k and v of every layer
+    assert weights <= p["bytes_accessed"] <= weights + 3 * cache, (p["bytes_accessed"], weights, cache)
+    assert p["roofline_s"] >= 64 * p["bytes_accessed"] / CHIPS["v5e"].hbm_bytes_per_s
