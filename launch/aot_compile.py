@@ -29,6 +29,9 @@ _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, e.g. v5p:4x4x4,
 _SLICES = flags.DEFINE_integer("num_slices", 1, "number of slices of that topology (multi-slice over DCN)")
 _OUTPUT = flags.DEFINE_string("output", None, "where to write aot.json (default: print only)")
 _PROGRAMS = flags.DEFINE_list("programs", None, "compile only these (train_step, logprobs, prefill, decode)")
+_ESTIMATE = flags.DEFINE_bool("estimate", False, "also print an estimate of one RL step from the rooflines "
+                              "(envace_jax.aot.estimate; the workload assumed is printed, --assume changes it)")
+_ASSUME = flags.DEFINE_list("assume", [], "StepAssumptions fields for --estimate, e.g. generations=12,row_tokens=6000")
 
 
 def main(argv):
@@ -51,6 +54,21 @@ def main(argv):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     print(format_table(rep), flush=True)
+    if _ESTIMATE.value:
+        import dataclasses
+
+        from envace_jax.aot.estimate import StepAssumptions, estimate_step, format_estimate
+
+        try:
+            kv = dict(x.split("=", 1) for x in _ASSUME.value)
+            fields = {f.name for f in dataclasses.fields(StepAssumptions)}
+            unknown = sorted(set(kv) - fields)
+            if unknown:
+                raise ValueError(f"--assume: unknown {unknown}; choose from {sorted(fields)}")
+            a = StepAssumptions(**{k: int(v) for k, v in kv.items()})
+            print(format_estimate(estimate_step(rep, a), a, rep.topology), flush=True)
+        except ValueError as e:
+            print(f"no estimate: {e}", file=sys.stderr, flush=True)
     if _OUTPUT.value:
         rep.write(_OUTPUT.value)
         print(f"wrote {_OUTPUT.value}", flush=True)

@@ -49,6 +49,7 @@ class ProgramReport:
     collectives: dict[str, int]
     roofline_s: float
     steps: int = 1                      # decode: loop steps the roofline covers
+    setup_s: float = 0.0                # decode: the once-per-call part of the roofline (before the loop)
     error: str = ""                     # the compiler's out-of-memory message, if any
     warnings: list[str] = dataclasses.field(default_factory=list)
 

@@ -99,7 +99,8 @@ def compile_report(cfg: ExperimentConfig, topology: str, num_slices: int = 1,
                     # one step is the difference; the setup runs once per call, not once per step.
                     setup = fitted(DECODE_SETUP) or (0.0, 0.0)
                     cost = tuple(max(a - b, 0.0) for a, b in zip(cost, setup))
-                    roofline = roofline_seconds(*cost, chip) * rep.steps + roofline_seconds(*setup, chip)
+                    rep = dataclasses.replace(rep, setup_s=roofline_seconds(*setup, chip))
+                    roofline = roofline_seconds(*cost, chip) * rep.steps + rep.setup_s
                 rep = dataclasses.replace(rep, flops=cost[0], bytes_accessed=cost[1], roofline_s=roofline)
         reports.append(rep)
     return Report(topology if num_slices == 1 else f"{num_slices}x{topology}", len(devices), chip, shapes, reports)
