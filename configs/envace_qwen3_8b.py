@@ -14,7 +14,8 @@ HBM (``make aot`` compiles them for it on any CPU host; figures in README):
 
 - ``data.prompts_per_step`` counts prompts *per process* (each host samples its own): 1 on 16 hosts is
   the reference's 16 prompts x 4 rollouts per step. On H hosts use 16 / H.
-- Parameters, gradients and Adam's moments are sharded over all 64 chips (fsdp).
+- Parameters, gradients and Adam's moments are sharded over all 64 chips (fsdp). Each host samples from
+  its own bfloat16 copy of the weights split over its 4 chips by heads (``rl.train.rollout_mesh``).
 - The reference's micro-batch of one 20k-token row is per GPU. With several hosts our micro-batch is
   rounded up to whole rows per chip (``rl.placement.process_micro_batch_rows``), so one row per chip: 64
   rows per micro-batch; attention runs in 512-query blocks so a 20k row needs ~1 GB of scores per
