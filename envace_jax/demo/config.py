@@ -118,10 +118,9 @@ def envace() -> DemoConfig:
     RL prompts are all push-back tasks: the base's pass@16 exceeds its greedy success there (0.781 vs
     0.680 on validation) and barely on the paths where the tools simply answer (0.938 greedy), so those
     are the prompts whose rollouts disagree and carry a GRPO signal. On validation (256 tasks), from
-    the base: 48 steps at lr 2e-4 with half push-back prompts, 0.809 -> 0.809; all push-back at the
-    same budget, 0.809 -> 0.809; lr 1e-3, 0.809 -> 0.723; all push-back, 96 steps at lr 3e-4 (this
-    preset), 0.809 -> 0.832 (push-back 0.680 -> 0.727, happy 0.938 -> 0.938). Held-out tasks stay at
-    half push-back."""
+    the base: 48 steps at lr 2e-4 with all push-back prompts, 0.809 -> 0.809; 48 steps at lr 1e-3 with
+    half, 0.809 -> 0.723; all push-back, 96 steps at lr 3e-4 (this preset), 0.809 -> 0.832 (push-back
+    0.680 -> 0.727, happy 0.938 -> 0.938). Held-out tasks stay at half push-back."""
     return DemoConfig(base_dir=DEFAULT_BASE_DIR, rl_tasks=1024, validation_tasks=256, test_tasks=1024,
                       rl_push_back_share=1.0, eval_push_back_share=0.5, sft_steps=0, fidelity_tasks=128,
                       more_sft_lr=3e-4, rl_steps=96, rl_lr=3e-4)
