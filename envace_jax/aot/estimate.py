@@ -1,4 +1,5 @@
-"""An estimate of one RL step's seconds from the compiled programs' rooflines (``aot.json``).
+"""An estimate of one RL step's seconds from the compiled programs' rooflines (a ``report.Report``,
+as ``launch/aot_compile.py --estimate`` prints it).
 
 The rooflines are lower bounds per program call (max of flops over peak and bytes over HBM bandwidth
 per chip), so the step estimated here is what the programs would take at 100% of the chip's peak or

@@ -158,8 +158,8 @@ def rollout_mesh(cfg: qwen3.Qwen3Config, devices: Sequence[Any]) -> Any:
 
 def rollout_config(cfg: qwen3.Qwen3Config) -> qwen3.Qwen3Config:
     """The rollout copy's architecture: parameters stored in the compute dtype. Every layer casts its
-    weights to the compute dtype anyway, so a bfloat16 copy of float32 master weights samples exactly
-    the same tokens, at half the memory and half the bytes read per decode step."""
+    weights to the compute dtype anyway, so a bfloat16 copy of float32 master weights computes exactly
+    the same numbers, at half the memory and half the bytes read per decode step."""
     return cfg.replace(param_dtype=cfg.dtype)
 
 
