@@ -60,12 +60,15 @@ def main(argv):
         from envace_jax.aot.estimate import StepAssumptions, estimate_step, format_estimate
 
         try:
-            kv = dict(x.split("=", 1) for x in _ASSUME.value)
             fields = {f.name for f in dataclasses.fields(StepAssumptions)}
-            unknown = sorted(set(kv) - fields)
-            if unknown:
-                raise ValueError(f"--assume: unknown {unknown}; choose from {sorted(fields)}")
-            a = StepAssumptions(**{k: int(v) for k, v in kv.items()})
+            kv = {}
+            for item in _ASSUME.value:
+                k, sep, v = item.partition("=")
+                if not sep or k not in fields or not v.strip().isdigit():
+                    raise ValueError(f"--assume: {item!r} is not field=<integer >= 0> with a field "
+                                     f"from {sorted(fields)}")
+                kv[k] = int(v)
+            a = StepAssumptions(**kv)
             print(format_estimate(estimate_step(rep, a), a, rep.topology), flush=True)
         except ValueError as e:
             print(f"no estimate: {e}", file=sys.stderr, flush=True)
