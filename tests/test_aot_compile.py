@@ -188,3 +188,32 @@ def test_decode_step_bytes_exclude_the_once_per_call_setup(tmp_path):
     cache = 4 * L * rows * K * H * window * 2           # float32 k and v of every layer
     assert weights <= p["bytes_accessed"] <= weights + 3 * cache, (p["bytes_accessed"], weights, cache)
     assert p["roofline_s"] >= 64 * p["bytes_accessed"] / CHIPS["v5e"].hbm_bytes_per_s
+
+
+@needs_libtpu
+def test_one_host_topology_of_a_slice():
+    from envace_jax.aot.report import host_topology, topology_devices
+
+    # v5e / v6e hosts drive 8 chips (2x4), v5p hosts 4 (2x2x1); a one-host slice needs no other topology.
+    assert host_topology("v5e:16x16", topology_devices("v5e:16x16")) == "v5e:2x4"
+    assert host_topology("v5p:4x4x4", topology_devices("v5p:4x4x4")) == "v5p:2x2x1"
+    assert host_topology("v5e:2x4", topology_devices("v5e:2x4")) is None
+
+
+@needs_libtpu
+def test_sampler_of_a_multi_host_v5e_slice_compiles_on_one_host(tmp_path):
+    # v5e:4x4 is 2 hosts of 8 chips. libtpu refuses a program placed on one host's chips of a v5e slice
+    # ("device assignment should include all slice devices"), which is what the per-host sampler is:
+    # its programs are compiled for a one-host v5e:2x4 slice instead.
+    proc, rep = _aot(tmp_path, "--topology=v5e:4x4", "--programs=prefill,decode,train_step")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "2 host(s) x 8 chips" in proc.stdout, proc.stdout
+    progs = {p["name"]: p for p in rep["programs"]}
+    assert rep["chips"] == 16 and set(progs) == {"prefill", "decode", "train_step"}
+    assert all(p["fits"] and p["roofline_s"] > 0 for p in progs.values())
+    meshes = {}
+    for line in proc.stdout.splitlines():
+        cells = line.split()
+        if cells and cells[0] in progs:
+            meshes[cells[0]] = math.prod(int(x) for x in next(c for c in cells if c.count(",") == 2).split(","))
+    assert meshes == {"train_step": 16, "prefill": 8, "decode": 8}, proc.stdout

@@ -108,8 +108,12 @@ def mesh_over(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: int = 1
 
 
 def build_programs(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: int = 1, *,
-                   unrolled_layers: int | None = None) -> tuple[RunShapes, list[Program]]:
+                   unrolled_layers: int | None = None,
+                   sampler_devices: Sequence[Any] | None = None) -> tuple[RunShapes, list[Program]]:
     """The run's train_step, logprobs, prefill and decode over ``devices`` (one topology's chips).
+
+    With several hosts the sampler's programs run on one host's chips: ``sampler_devices`` (a one-host
+    topology of the same chip, ``report.host_topology``), else the first host's devices of ``devices``.
 
     ``unrolled_layers=n``: the same programs for an ``n``-layer model with every layer and attention
     block written out instead of looped (no ``while`` loop hides work from XLA's cost analysis; the
@@ -128,7 +132,7 @@ def build_programs(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: in
     # Sampling mesh and model: the training model itself with one process; with several, each process
     # samples from its own full copy on its own chips (rl.train.rollout_copy).
     if shapes.processes > 1:
-        local_mesh = rollout_mesh(mcfg, hosts(devices)[0])
+        local_mesh = rollout_mesh(mcfg, list(sampler_devices) if sampler_devices else hosts(devices)[0])
         sample_model = abstract_model(rollout_config(mcfg), local_mesh, shd.TRAIN_RULES)
         rollout_copy = per_chip_bytes(nnx.state(sample_model, nnx.Param))
     else:

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from envace_jax.aot.analyze import ProgramReport, analyze, compiled_cost, layer_fit, roofline_seconds
 from envace_jax.aot.chips import ChipSpec, chip_for_topology, topology_chips
-from envace_jax.aot.plan import RunShapes, model_config
+from envace_jax.aot.plan import RunShapes, hosts, model_config
 from envace_jax.config import ExperimentConfig
 
 
@@ -70,13 +70,41 @@ def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
     return list(desc.devices)
 
 
+def host_topology(topology: str, devices: Sequence[Any]) -> str | None:
+    """The topology of ONE host of ``devices``' slice (``"v5e:2x4"`` for a v5e slice's 8-chip host), or
+    None for a one-host slice.
+
+    Why: each host samples on its own chips (``rl.train.rollout_copy``), but libtpu refuses a program
+    placed on a subset of a v5e / v6e slice ("device assignment should include all slice devices";
+    those chips have limited ICI routing), so the sampler's programs are compiled for a slice of one
+    host of the same chip, which is what that host's chips are to the sampler."""
+    groups = hosts(devices)
+    if len(groups) == 1:
+        return None
+    coords = [tuple(getattr(d, "coords", ())) for d in groups[0]]
+    if not all(coords) or len({len(c) for c in coords}) != 1:
+        raise RuntimeError(f"{topology}: the devices carry no chip coordinates to size one host by")
+    dims = [max(c[i] for c in coords) - min(c[i] for c in coords) + 1 for i in range(len(coords[0]))]
+    given = len(topology.split(":", 1)[1].lower().split("x"))  # v5e:16x16 names 2 axes, v5p:4x4x4 three
+    while len(dims) > given and dims[-1] == 1:
+        dims.pop()
+    gen = topology.split(":", 1)[0]
+    return f"{gen}:{'x'.join(str(d) for d in dims)}"
+
+
 def compile_report(cfg: ExperimentConfig, topology: str, num_slices: int = 1,
                    only: Sequence[str] | None = None) -> Report:
     from envace_jax.aot.programs import DECODE_SETUP, build_programs
 
     chip = chip_for_topology(topology)
     devices = topology_devices(topology, num_slices)
-    shapes, programs = build_programs(cfg, devices, num_slices)
+    one_host = host_topology(topology, devices)
+    sampler_devices = topology_devices(one_host) if one_host else None
+    if sampler_devices is not None and len(sampler_devices) != len(hosts(devices)[0]):
+        raise RuntimeError(f"{one_host}: {len(sampler_devices)} chips, but a host of {topology} drives "
+                           f"{len(hosts(devices)[0])}")
+    build = lambda **kw: build_programs(cfg, devices, num_slices, sampler_devices=sampler_devices, **kw)
+    shapes, programs = build()
     programs = [p for p in programs if p.name != DECODE_SETUP]
     if only:
         unknown = sorted(set(only) - {p.name for p in programs})
@@ -84,7 +112,7 @@ def compile_report(cfg: ExperimentConfig, topology: str, num_slices: int = 1,
             raise ValueError(f"--programs: unknown {unknown}; choose from {[p.name for p in programs]}")
         programs = [p for p in programs if p.name in only]
     # Costs without loops: the same programs for 1- and 2-layer models, layers and blocks written out.
-    small = {n: {p.name: p for p in build_programs(cfg, devices, num_slices, unrolled_layers=n)[1]} for n in (1, 2)}
+    small = {n: {p.name: p for p in build(unrolled_layers=n)[1]} for n in (1, 2)}
     num_layers = model_config(cfg).num_layers
     reports = []
     fitted = lambda name: layer_fit(compiled_cost(small[1][name]), compiled_cost(small[2][name]), num_layers)
