@@ -40,7 +40,7 @@ def test_demo_tiny_model_with_rehearsal_and_sweep(tmp_path):
     assert res["categories"]["parallel_n0"]["extra_generated_tokens_mean"] == 0
     assert res["categories"]["parallel_n1"]["extra_generated_tokens_mean"] > 0
     md = (tmp_path / "sweep" / "sweep.md").read_text()
-    assert md.count("\n| ") == 4 and "| sequential | 1 | 2 |" in md
+    assert md.count("\n| ") == 4 and "| sequential | 1 | always: 100% | 2 |" in md
 
 
 def _launch(*args):

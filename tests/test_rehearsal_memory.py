@@ -285,6 +285,66 @@ def test_config_errors_name_the_field():
             R.RehearsalConfig(**kw)
 
 
+# ----------------------------------------------------------------------------- place_memory="on_mistake"
+
+def schema_slip_script(c):
+    """ACT passes the account as ``name`` (the schema declares ``account``) unless a memory says the schema
+    rejected that call; the imagined tool accepts either (only the schema can tell)."""
+    tok = c.renderer.tokenizer
+
+    def script(req, n):
+        text = tok.decode(list(req.prompt_ids), skip_special_tokens=False)
+        if req.role == REHEARSE:
+            args = json.loads(_last(r"- arguments \(JSON, parsed from the assistant's tool_call\):\n(\{.*?\})", text))
+            acc = args.get("account") or args.get("name")
+            return (f"<think>\nok\n</think>\n\n<execution_result>\n{json.dumps({'account': acc, 'balance': 1})}"
+                    f"\n</execution_result>")
+        last_turn = text.rsplit("<|im_start|>user", 1)[-1]
+        if "<tool_response>" in last_turn:
+            resp = json.loads(_last(r"<tool_response>\n(.*?)\n</tool_response>", last_turn))
+            answer = f"{resp['account']} has {resp['balance']}." if "balance" in resp else "Sorry, no such account."
+            return f"<think>\nanswer\n</think>\n\n{answer}"
+        acc = _last(r"What is (\w+)'s balance", text)
+        key = "account" if "the tool schema rejects it" in text else "name"
+        call = json.dumps({"name": "get_balance", "arguments": {key: acc}})
+        return f"<think>\ncall\n</think>\n\n\n<tool_call>\n{call}\n</tool_call>"
+    return script
+
+
+def test_on_mistake_places_no_memory_for_an_imagined_refusal_of_a_valid_call():
+    # policy_script's rehearsal fails with "unknown account 'Ana'": the call matches the schema, so the
+    # refusal is the imagined world's claim and nothing is placed; the committed run is N = 0's.
+    tasks = balance_tasks(2)
+    _, reh, eps, _ = _run(R.RehearsalConfig(n=1, place_memory="on_mistake"), tasks)
+    assert all(o.traces[0].steps[0].error and o.traces[0].steps[0].problem is None for o in reh)
+    assert [o.memory for o in reh] == ["", ""]
+    names = [t["reference_messages"][1]["tool_calls"][0]["function"]["arguments"]["account"] for t in tasks]
+    assert [args["account"] for _, _, args in RecordingEnv.log] == [n.capitalize() for n in names]
+    assert [e.score for e in eps] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("mode", R.MODES)
+def test_on_mistake_catches_a_call_the_schema_rejects_that_the_imagined_tool_accepted(mode):
+    tasks = balance_tasks(2)
+    c = codec()
+    results = {}
+    for gate in ("always", "on_mistake"):
+        RecordingEnv.log.clear()
+        _, reh, eps, _ = _run(R.RehearsalConfig(n=1, mode=mode, place_memory=gate), tasks,
+                              ScriptedClient(c, schema_slip_script(c)))
+        results[gate] = (reh, eps, [sorted(args) for _, _, args in RecordingEnv.log])
+    reh, eps, keys = results["on_mistake"]
+    for o in reh:
+        step = o.traces[0].steps[0]
+        assert not step.error and "name" in step.problem and "account" in step.problem   # accepted, but invalid
+        assert "Avoid (calls that failed in rehearsal):" in o.memory and "the tool schema rejects it" in o.memory
+    assert keys == [["account"], ["account"]] and [e.score for e in eps] == [1.0, 1.0]
+    # EnvACE's memory shows the imagined success as the plan to follow: the committed run repeats the slip
+    reh, eps, keys = results["always"]
+    assert all("Avoid" not in o.memory and "Plan that ran without errors" in o.memory for o in reh)
+    assert keys == [["name"], ["name"]] and [e.score for e in eps] == [0.0, 0.0]
+
+
 # ----------------------------------------------------------------------------- sweep
 
 def test_sweep_table_over_n_and_modes():
@@ -305,7 +365,8 @@ def test_sweep_table_over_n_and_modes():
     data = json.loads(res.to_json())
     assert len(data["rows"]) == 6
     md = res.to_markdown()
-    assert md.count("\n") == 8 and "| sequential | 2 | 2 | 1.000" in md
+    assert md.count("\n") == 8 and "| sequential | 2 | always: 100% | 2 | 1.000" in md
+    assert "| parallel | 0 | - | 2 | 0.000" in md
 
 
 def test_wilson_interval_by_hand():

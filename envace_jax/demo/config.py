@@ -78,6 +78,9 @@ class DemoConfig:
     # ---- test-time rehearsal table (launch/demo.py --rehearsal_sweep)
     rehearsal_temperature: float = 0.6   # sampling of the imagined episodes (the committed run is greedy)
     rehearsal_max_memory_chars: int = 600
+    # "on_mistake": the memory reaches the real attempt only when a rehearsal wrote a call the tool schema
+    # rejects (eval.rehearsal); "always": every time, as EnvACE does
+    rehearsal_place_memory: str = "on_mistake"
 
     def __post_init__(self):
         if self.eval_split not in SPLITS:
@@ -88,6 +91,9 @@ class DemoConfig:
                 raise ValueError(f"demo {name} must be None or in [0, 1], got {v!r}")
         if self.temperature <= 0 or self.rehearsal_temperature < 0:
             raise ValueError("demo temperature must be > 0 (training rollouts sample) and rehearsal_temperature >= 0")
+        if self.rehearsal_place_memory not in ("always", "on_mistake"):
+            raise ValueError(f"demo rehearsal_place_memory must be 'always' or 'on_mistake', "
+                             f"got {self.rehearsal_place_memory!r}")
         if self.rl_mode not in ("rehearsal", "real", "simulator"):
             raise ValueError(f"demo rl_mode must be rehearsal, real or simulator, got {self.rl_mode!r}")
         for name in ("sft_tasks", "rl_tasks", "test_tasks", "validation_tasks", "sft_batch_rows",

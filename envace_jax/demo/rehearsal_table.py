@@ -51,12 +51,14 @@ def run_rehearsal_table(cfg: DemoConfig, run_dir: str, *, ns: Sequence[int] = (0
     rollout = stages.rollout_config(cfg, "real", greedy=True)
     rollout = dataclasses.replace(rollout, max_model_len=max(cfg.max_model_len, 1536))
     base = RehearsalConfig(n=0, max_tokens_per_rehearsal=1024, max_memory_chars=cfg.rehearsal_max_memory_chars,
-                           temperature=cfg.rehearsal_temperature, seed=cfg.seed)
+                           temperature=cfg.rehearsal_temperature, place_memory=cfg.rehearsal_place_memory,
+                           seed=cfg.seed)
     result, _ = demo_eval.sweep(tasks, codec, stages.make_client(model, codec), rollout, base, ns, modes,
                                 make_env=demo_data.make_real_env)
     header = (f"# Test-time rehearsal on the demo suite ({cfg.eval_split} split, {len(tasks)} tasks, real tools, "
               f"greedy)\n\nModel: {model_dir}. N imagined episodes (REHEARSE plays the tools, no logged results) "
-              f"are condensed into a memory in the system prompt before the one real episode.\n\n")
+              f"are condensed into a memory in the system prompt before the one real episode "
+              f"(placed: {cfg.rehearsal_place_memory}).\n\n")
     with open(os.path.join(run_dir, "rehearsal_sweep.md"), "w", encoding="utf-8") as f:
         f.write(header + result.to_markdown())
     with open(os.path.join(run_dir, "rehearsal_sweep.json"), "w", encoding="utf-8") as f:

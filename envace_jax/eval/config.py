@@ -26,6 +26,9 @@ TAU2_USERS = ("scripted", "model")
 REHEARSAL_MODES = ("parallel", "sequential")
 MEMORY_KINDS = ("template", "model")
 PLACEMENTS = ("system", "note")
+# When the committed run gets the memory: "always" (EnvACE), or "on_mistake": only when a rehearsal wrote a
+# call the tool schema rejects or a malformed call (eval.rehearsal explains why).
+MEMORY_GATES = ("always", "on_mistake")
 
 
 def _at_least(cfg: Any, section: str, names: tuple[str, ...], low: int) -> None:
@@ -104,6 +107,7 @@ class RehearsalConfig:
     memory: str = "template"
     max_memory_chars: int = 1500
     placement: str = "system"
+    place_memory: str = "always"            # or "on_mistake" (MEMORY_GATES)
     grounding: str = "none"                 # "reference" keeps the few-shot logged results (privileged)
     user_turns: str = "first"               # "all" rehearses every scripted user turn
     summary: RoleSampling = RoleSampling(temperature=0.0, max_new_tokens=256)
@@ -114,7 +118,7 @@ class RehearsalConfig:
 
     def __post_init__(self):
         choices = {"mode": REHEARSAL_MODES, "memory": MEMORY_KINDS, "placement": PLACEMENTS,
-                   "grounding": ("none", "reference"), "user_turns": ("first", "all")}
+                   "place_memory": MEMORY_GATES, "grounding": ("none", "reference"), "user_turns": ("first", "all")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"rehearsal.{name}={getattr(self, name)!r}; choose one of {allowed}")

@@ -29,7 +29,15 @@ Rehearsal memory (``memory="template"``, deterministic; ``build_template_memory`
     Rehearsal 2: get_balance(...) -> {...} | answered: Ana has 40.
 
 Lines are added in that priority order (lessons first, then the per-rehearsal traces) until
-``max_memory_chars`` would be exceeded. ``memory="model"``: the policy itself condenses the template
+``max_memory_chars`` would be exceeded.
+
+When the memory is placed (``place_memory``). ``"always"`` (EnvACE): every committed run gets it.
+``"on_mistake"``: only when a rehearsal caught a mistake of the policy's own, a call the tool schema
+in the prompt rejects (``chat.call_schema``) or a malformed call; its "Avoid" list then holds those
+calls only. Why: an imagined tool that refuses a call the schema accepts ("insufficient funds",
+"slot taken") makes a claim about the world's state, which the one real call settles anyway, and an
+imagined success is no evidence either; on the demo a memory in the prompt costs the small model
+more in distraction than such claims are worth (README, test-time rehearsal). ``memory="model"``: the policy itself condenses the template
 text of all rehearsals so far with a summarisation prompt (``summary_messages``); an empty summary
 falls back to the template. The memory is placed once, in the committed episode's initial messages
 (``placement="system"``: appended to the system prompt; ``"note"``: an extra system message before the
@@ -47,10 +55,11 @@ import dataclasses
 import json
 from typing import Any, Callable, Mapping, Sequence
 
+from envace_jax.chat.call_schema import call_problem
 from envace_jax.chat.simulator import is_failed_result
 from envace_jax.chat.tool_parser import strip_think
 from envace_jax.envs.base import NoToolEnvironment
-from envace_jax.eval.config import MEMORY_KINDS, PLACEMENTS, RehearsalConfig  # noqa: F401  (knobs live there)
+from envace_jax.eval.config import MEMORY_GATES, MEMORY_KINDS, PLACEMENTS, RehearsalConfig  # noqa: F401
 from envace_jax.eval.config import REHEARSAL_MODES as MODES
 from envace_jax.eval.results import mean_ci, wilson_ci
 from envace_jax.rl.policy_client import GenRequest
@@ -133,6 +142,7 @@ class StepTrace:
     arguments: Any
     response: str
     error: bool
+    problem: str | None = None       # why the tool schema rejects the call (None: it matches)
 
 
 @dataclasses.dataclass
@@ -148,6 +158,7 @@ class RehearsalTrace:
 def trace_of(ep: Episode, index: int, start: int) -> RehearsalTrace:
     """``start``: number of initial messages (before anything the episode generated)."""
     steps: list[StepTrace] = []
+    tools = (ep.record or {}).get("tools") or []
     final, malformed, turn = None, None, 0
     msgs = ep.messages
     for i in range(start, len(msgs)):
@@ -164,7 +175,8 @@ def trace_of(ep: Episode, index: int, start: int) -> RehearsalTrace:
                 fn = c["function"]
                 if c["id"] in answers:
                     resp = answers[c["id"]]
-                    steps.append(StepTrace(turn, fn["name"], fn["arguments"], resp, is_failed_result(resp)))
+                    steps.append(StepTrace(turn, fn["name"], fn["arguments"], resp, is_failed_result(resp),
+                                           call_problem(fn["name"], fn["arguments"], tools)))
         elif m.get("role") == "tool" and m.get("name") == "error_tool_call" and "tool_call_id" not in m:
             malformed = str(m.get("content", ""))
     return RehearsalTrace(index, steps, final, ep.termination or "", malformed)
@@ -186,8 +198,14 @@ def _best(traces: Sequence[RehearsalTrace]) -> RehearsalTrace | None:
     return min(clean, key=lambda t: (t.final_answer is None, len(t.steps), -t.index))
 
 
-def build_template_memory(traces: Sequence[RehearsalTrace], max_chars: int) -> str:
-    """The deterministic rehearsal memory (format in the module doc), at most ``max_chars`` long."""
+def caught_mistake(traces: Sequence[RehearsalTrace]) -> bool:
+    """Did a rehearsal write a call the tool schema rejects, or a malformed call?"""
+    return any(t.malformed_call for t in traces) or any(s.problem for t in traces for s in t.steps)
+
+
+def build_template_memory(traces: Sequence[RehearsalTrace], max_chars: int, *, mistakes_only: bool = False) -> str:
+    """The deterministic rehearsal memory (format in the module doc), at most ``max_chars`` long.
+    ``mistakes_only``: "Avoid" lists the calls the tool schema rejects, not every imagined failure."""
     if not traces:
         return ""
     lines = [f"{MEMORY_HEADER}: {len(traces)} private rehearsal{'s' if len(traces) != 1 else ''} of this task. "
@@ -197,9 +215,10 @@ def build_template_memory(traces: Sequence[RehearsalTrace], max_chars: int) -> s
     for t in traces:
         for s in t.steps:
             key = _call_text(s.name, s.arguments)
-            if s.error and key not in seen:
+            if (s.problem if mistakes_only else s.error) and key not in seen:
                 seen.add(key)
-                avoid.append(f"- {key} -> {_short(s.response)}")
+                why = f"the tool schema rejects it: {s.problem}" if mistakes_only else _short(s.response)
+                avoid.append(f"- {key} -> {_short(why)}")
     if avoid:
         lines += ["Avoid (calls that failed in rehearsal):"] + avoid
     if any(t.malformed_call for t in traces):
@@ -316,7 +335,10 @@ class TestTimeRehearsal:
         return engine.run(records, uids)
 
     def _memory(self, record: Mapping[str, Any], traces: list[RehearsalTrace], out: TaskRehearsal) -> str:
-        template = build_template_memory(traces, self.cfg.max_memory_chars)
+        gated = self.cfg.place_memory == "on_mistake"
+        if gated and not caught_mistake(traces):
+            return ""
+        template = build_template_memory(traces, self.cfg.max_memory_chars, mistakes_only=gated)
         if self.cfg.memory == "template":
             return template
         prompt = self.codec.caller_prompt(summary_messages(record, traces, self.cfg.max_memory_chars), [])
@@ -379,11 +401,13 @@ def summarize_run(run: RehearsalRun) -> dict[str, Any]:
     wins = sum(s >= 1.0 - 1e-9 for s in scores)
     n = max(1, len(scores))
     mean, ci = (sum(scores) / len(scores) if scores else float("nan")), mean_ci(scores)
-    return {"mode": run.config.mode, "n": run.config.n, "memory": run.config.memory, "tasks": len(scores),
+    return {"mode": run.config.mode, "n": run.config.n, "memory": run.config.memory,
+            "place_memory": run.config.place_memory, "tasks": len(scores),
             "score": mean, "score_ci95": ci, "success": wins / n, "success_ci95": wilson_ci(wins, len(scores)),
             "extra_generated_tokens": sum(o.generated_tokens for o in run.rehearsals) / n,
             "extra_prompt_tokens": sum(o.prompt_tokens for o in run.rehearsals) / n,
-            "memory_chars": sum(len(o.memory) for o in run.rehearsals) / n}
+            "memory_chars": sum(len(o.memory) for o in run.rehearsals) / n,
+            "memory_placed": sum(bool(o.memory) for o in run.rehearsals) / n}
 
 
 @dataclasses.dataclass
@@ -394,10 +418,11 @@ class SweepResult:
         return json.dumps({"rows": self.rows}, indent=2)
 
     def to_markdown(self) -> str:
-        lines = ["| mode | N | tasks | score (95% CI) | success (95% CI) | extra gen tokens/task | "
-                 "extra prompt tokens/task | memory chars |", "|---|---:|---:|---|---|---:|---:|---:|"]
+        lines = ["| mode | N | memory placed | tasks | score (95% CI) | success (95% CI) | extra gen tokens/task | "
+                 "extra prompt tokens/task | memory chars |", "|---|---:|---|---:|---|---|---:|---:|---:|"]
         for r in self.rows:
-            lines.append(f"| {r['mode']} | {r['n']} | {r['tasks']} | {r['score']:.3f} "
+            placed = "-" if r["n"] == 0 else f"{r.get('place_memory', 'always')}: {r.get('memory_placed', 0):.0%}"
+            lines.append(f"| {r['mode']} | {r['n']} | {placed} | {r['tasks']} | {r['score']:.3f} "
                          f"[{r['score_ci95'][0]:.3f}, {r['score_ci95'][1]:.3f}] | {r['success']:.3f} "
                          f"[{r['success_ci95'][0]:.3f}, {r['success_ci95'][1]:.3f}] | "
                          f"{r['extra_generated_tokens']:.1f} | {r['extra_prompt_tokens']:.1f} | {r['memory_chars']:.0f} |")

@@ -1,0 +1,66 @@
+"""Does a tool call match the tool's declared schema? (name, arguments: JSON Schema via ``jsonschema``)
+
+Only what the prompt itself declares is checked, so the answer is available wherever the policy is:
+the tool exists, the arguments are an object, required ones are present, no undeclared one is passed,
+enumerated values are among the choices, and the JSON types agree. Benchmarks write non-standard types
+(BFCL's ``"dict"``, ``"float"``, ``"tuple"``); a type JSON Schema does not know is not checked.
+
+Used by test-time rehearsal (``eval.rehearsal``): an imagined tool that refused a call the schema
+accepts is a claim about the world's state, which only the real tool can settle; a call the schema
+rejects is the policy's own mistake, and rehearsal has found it before the real attempt.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping, Sequence
+
+import jsonschema
+
+_JSON_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
+
+
+def _standard_types(schema: Any) -> Any:
+    """``schema`` with every ``type`` JSON Schema does not define removed (at any depth)."""
+    if isinstance(schema, list):
+        return [_standard_types(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k == "type":
+            kinds = [v] if isinstance(v, str) else list(v) if isinstance(v, list) else []
+            kept = [t for t in kinds if t in _JSON_TYPES]
+            if kept:
+                out[k] = kept[0] if isinstance(v, str) else kept
+        elif k == "properties" and isinstance(v, dict):
+            out[k] = {name: _standard_types(s) for name, s in v.items()}
+        else:
+            out[k] = _standard_types(v)
+    return out
+
+
+def _function(tool: Mapping[str, Any]) -> Mapping[str, Any]:
+    return tool.get("function", tool) if isinstance(tool, Mapping) else {}
+
+
+def call_problem(name: str, arguments: Any, tools: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the call ``name(arguments)`` does not match ``tools`` (OpenAI function schemas), or None."""
+    fn = next((_function(t) for t in tools if _function(t).get("name") == name), None)
+    if fn is None:
+        return f"no tool named {name!r}"
+    if not isinstance(arguments, Mapping):
+        return f"arguments of {name} are not an object"
+    params = fn.get("parameters") or {}
+    schema = _standard_types(copy.deepcopy(dict(params)))
+    schema.setdefault("type", "object")
+    if "properties" in schema:  # a declared parameter list is the whole list
+        schema.setdefault("additionalProperties", False)
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(dict(arguments)), key=lambda e: list(e.path))
+    if not errors:
+        return None
+    parts = []
+    for e in errors:
+        where = ".".join(str(p) for p in e.path)
+        parts.append(f"{where + ': ' if where else ''}{e.message}")
+    return f"{name}: " + "; ".join(parts)
