@@ -42,7 +42,9 @@ def test_run_shapes_of_the_8b_config_on_a_v5p_64_layout():
     assert s.train_rows == 64
     assert s.train_width == 20032                       # 20000 rounded up to the 64-token bucket
     episodes = cfg.data.prompts_per_step * cfg.rl.n_rollouts
-    assert s.sample_rows == 2 * episodes                # pending requests + parked ACT rows
+    assert s.sample_rows == 2 * episodes and s.rows_per_episode == 2  # requests + parked ACT rows
+    real = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, mode="real"))
+    assert run_shapes(real, devices).rows_per_episode == 1 and run_shapes(real, devices).sample_rows == episodes
     assert s.cache_window == 20480                      # 20000 in quarter-octave buckets (step 4096)
     assert s.decode_budget == 8192 and s.prefill_chunk == 512
 

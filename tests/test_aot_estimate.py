@@ -48,3 +48,9 @@ def test_estimate_refuses_what_it_cannot_estimate():
         estimate_step(dataclasses.replace(r, programs=r.programs[:2]))
     with pytest.raises(ValueError, match="exceed the compiled batch"):
         estimate_step(r, StepAssumptions(prompts=64))
+    # 64 x 4 episodes over 16 hosts: 16 rows per host with REHEARSE sharing the policy (parked ACT rows
+    # too) exceed the 8 compiled; 16 without it (a separate simulator: one row per episode) do too, 8 fit
+    with pytest.raises(ValueError, match="16 sampler rows per host"):
+        estimate_step(r, StepAssumptions(prompts=32))
+    one_role = dataclasses.replace(r, shapes=dataclasses.replace(r.shapes, rows_per_episode=1))
+    assert estimate_step(one_role, StepAssumptions(prompts=32))["total"] > 0

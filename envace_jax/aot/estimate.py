@@ -53,7 +53,7 @@ def estimate_step(report, a: StepAssumptions = StepAssumptions()) -> dict[str, f
     episodes = a.prompts * a.rollouts
     if episodes % s.processes:
         raise ValueError(f"{episodes} episodes do not split over {s.processes} hosts")
-    rows_per_call = 2 * episodes // s.processes  # pending requests plus parked ACT rows
+    rows_per_call = s.rows_per_episode * episodes // s.processes  # requests (plus parked ACT rows)
     if rows_per_call > s.sample_batch:
         raise ValueError(f"{rows_per_call} sampler rows per host exceed the compiled batch {s.sample_batch}")
     dec = progs["decode"]

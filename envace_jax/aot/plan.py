@@ -59,6 +59,8 @@ class RunShapes:
     prefill_chunk: int
     cache_window: int
     decode_budget: int
+    rows_per_episode: int = 2  # sampler rows an episode holds: its request, plus its parked ACT row when
+                               # the policy also plays REHEARSE (BOTH_ROLES_MODES)
 
 
 def hosts(devices: Sequence[Any]) -> list[list[Any]]:
@@ -78,7 +80,8 @@ def run_shapes(cfg: ExperimentConfig, devices: Sequence[Any]) -> RunShapes:
     train_rows = process_micro_batch_rows(r.micro_batch_size, local, processes) * processes
     width = row_width(r.max_row_length, r.max_row_length, r.length_multiple)
     episodes = cfg.data.prompts_per_step * r.n_rollouts
-    rows = episodes * (2 if cfg.rollout.mode in BOTH_ROLES_MODES else 1)
+    per_episode = 2 if cfg.rollout.mode in BOTH_ROLES_MODES else 1
+    rows = episodes * per_episode
     if cfg.rollout.rolling:  # rl.rolling_client: at most rolling_slots rows decode in one call
         rows = cfg.rollout.rolling_slots
     max_new = max(cfg.rollout.act.max_new_tokens, cfg.rollout.rehearse.max_new_tokens)
@@ -88,4 +91,4 @@ def run_shapes(cfg: ExperimentConfig, devices: Sequence[Any]) -> RunShapes:
     chunk = min(pow2_bucket(SAMPLER_MAX_CHUNK, 16), SAMPLER_MAX_CHUNK)
     return RunShapes(processes=processes, chips_per_process=local, train_rows=train_rows, train_width=width,
                      sample_batch=pow2_bucket(rows), sample_rows=rows, prefill_chunk=chunk, cache_window=window,
-                     decode_budget=pow2_bucket(max_new, 8))
+                     decode_budget=pow2_bucket(max_new, 8), rows_per_episode=per_episode)
