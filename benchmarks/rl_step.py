@@ -1,6 +1,7 @@
 """The demo's RL step at its default shapes, every second accounted for, lockstep against rolling batch.
 
     python benchmarks/rl_step.py [--steps 3] [--workload demo|long_tail|both] [--cache_dir runs/bench_rl]
+    python benchmarks/rl_step.py --compare prefill   # rolling batch: split prefill against one-call prefill
 
 Builds the demo as ``make demo`` does (data, tokenizer, the default 0.5M-parameter model) and warm-starts
 it with the demo's SFT (cached in ``--cache_dir``, so later runs skip it). Then it runs RL steps of the
@@ -23,6 +24,13 @@ per generation and up to 16 micro-steps: most generations still stop after a few
 few that do not run on, and some episodes take many more turns, so a lockstep call or batch waits on
 its slowest row. Episodes per second count the rollout phase (sampling, judge and host work of the
 rollout); the update phases are the same work in both engines.
+
+``--compare refill`` runs the rolling batch with and without ``eager_refill`` (a call returns once a
+quarter of its rows finished even when no request waits yet, so their episodes' next requests join).
+``--compare prefill`` runs the rolling batch twice instead, with the sampler's split prefill
+(``Sampler(split_prefill=True)``, the default: a call whose rows write very different lengths prefills
+them in sub-batches) and with one-call prefill, and adds the prefill slot efficiency (tokens written /
+slots computed) to each line.
 """
 
 from __future__ import annotations
@@ -99,10 +107,15 @@ class Meter:
             self.t[k] = 0.0
         st = self.sampler.stats
         self._slot0, self._gen0 = st.slot_steps, st.generated_tokens
+        self._pslot0, self._ptok0 = st.prefill_slots, st.prefill_tokens
 
     def utilisation(self) -> float:
         st = self.sampler.stats
         return (st.generated_tokens - self._gen0) / max(1, st.slot_steps - self._slot0)
+
+    def prefill_efficiency(self) -> float:
+        st = self.sampler.stats
+        return (st.prefill_tokens - self._ptok0) / max(1, st.prefill_slots - self._pslot0)
 
 
 def build(cfg, cache_dir: str):
@@ -135,7 +148,7 @@ class Arm:
     """One engine (lockstep or rolling) on one workload, built once so its programs compile once; every
     step starts from the same SFT parameters and a fresh optimizer state."""
 
-    def __init__(self, demo, cfg, rolling: bool, slots: int):
+    def __init__(self, demo, cfg, rolling: bool, slots: int, split_prefill: bool = True, eager_refill: bool = False):
         from envace_jax.demo import stages
 
         self.demo, self.stages = demo, stages
@@ -144,6 +157,9 @@ class Arm:
         self.opt0 = stages.host_copy(self.trainer.state_dict())
         self.step, self.client = stages.make_rl_step(cfg.replace(rolling=rolling, rolling_slots=slots), cfg.rl_mode,
                                                      demo.model, demo.codec, self.trainer)
+        self.client.sampler.split_prefill = split_prefill
+        if rolling:
+            self.client.eager_refill = eager_refill
         self.meter = Meter(self.client, self.step.engine, self.trainer)
         self._rollout = self.step.rollout
 
@@ -171,7 +187,8 @@ class Arm:
         ph = dict(self.meter.t)
         ph["host"] = total - sum(v for k, v in ph.items() if k != "host")
         lens = [len(g.gen_ids) for e in episodes for g in e.generations]
-        return ph, t_roll, total, len(episodes), self.meter.utilisation(), lens, [e.steps for e in episodes]
+        return (ph, t_roll, total, len(episodes), self.meter.utilisation(), lens, [e.steps for e in episodes],
+                self.meter.prefill_efficiency())
 
 
 def main():
@@ -180,6 +197,9 @@ def main():
     ap.add_argument("--workload", default="both", choices=["demo", "long_tail", "both"])
     ap.add_argument("--slots", type=int, default=32, help="rows of the rolling batch")
     ap.add_argument("--cache_dir", default="runs/bench_rl")
+    ap.add_argument("--compare", default="engines", choices=["engines", "prefill", "refill"],
+                    help="engines: lockstep vs rolling batch; prefill: rolling batch, one-call vs split prefill; "
+                         "refill: rolling batch, refill only for waiting requests vs eager refill")
     args = ap.parse_args()
 
     import jax
@@ -204,30 +224,42 @@ def main():
               f"max_new_tokens {cfg.act_max_new_tokens}, max_steps {cfg.max_steps}, rolling slots {args.slots}",
               flush=True)
         rows = {False: [], True: []}
-        arms = {r: Arm(demo, cfg, r, args.slots) for r in (False, True)}
+        if args.compare == "prefill":   # False: one-call prefill, True: split prefill (both rolling)
+            arms = {r: Arm(demo, cfg, True, args.slots, split_prefill=r) for r in (False, True)}
+            names = {False: "one-call prefill", True: "split prefill"}
+        elif args.compare == "refill":
+            arms = {r: Arm(demo, cfg, True, args.slots, eager_refill=r) for r in (False, True)}
+            names = {False: "refill when waiting", True: "eager refill"}
+        else:
+            arms = {r: Arm(demo, cfg, r, args.slots) for r in (False, True)}
+            names = {False: "lockstep", True: "rolling"}
         for it in range(args.steps + 1):  # the first round compiles
             records = [tasks[(it * cfg.prompts_per_step + i) % len(tasks)] for i in range(cfg.prompts_per_step)]
             for rolling in (False, True):
-                ph, t_roll, total, n, util, lens, steps = arms[rolling].run(records, it)
-                tag = "rolling " if rolling else "lockstep"
+                ph, t_roll, total, n, util, lens, steps, pre = arms[rolling].run(records, it)
+                tag = names[rolling]
                 print(f"{'(compile) ' if it == 0 else ''}step {it} {tag}: total {total:6.1f}s, rollout {t_roll:6.1f}s "
-                      f"({n / t_roll:5.2f} episodes/s), slot utilisation {100 * util:4.1f}% | "
+                      f"({n / t_roll:5.2f} episodes/s), slot utilisation {100 * util:4.1f}%, prefill slot "
+                      f"efficiency {100 * pre:4.1f}% | "
                       + " ".join(f"{k} {v:5.1f}" for k, v in ph.items())
                       + f" | gen len p50 {np.median(lens):.0f} p90 {np.percentile(lens, 90):.0f} max {max(lens)}, "
                       f"micro-steps p50 {np.median(steps):.0f} max {max(steps)}", flush=True)
                 if it > 0:
-                    rows[rolling].append((n / t_roll, util, total, ph))
+                    rows[rolling].append((n / t_roll, util, total, ph, pre))
         if not rows[False]:
             continue
         eps = {r: float(np.median([x[0] for x in v])) for r, v in rows.items()}
         util = {r: float(np.median([x[1] for x in v])) for r, v in rows.items()}
+        pre = {r: float(np.median([x[4] for x in v])) for r, v in rows.items()}
         gain = float(np.median([b[0] / a[0] for a, b in zip(rows[False], rows[True])]))
-        print(f"{name}: episodes/s lockstep {eps[False]:.2f}, rolling {eps[True]:.2f} (median per-step ratio "
-              f"{gain:.2f}x); slot utilisation lockstep {100 * util[False]:.1f}%, rolling {100 * util[True]:.1f}%")
+        step_gain = float(np.median([a[2] / b[2] for a, b in zip(rows[False], rows[True])]))
+        print(f"{name}: episodes/s {names[False]} {eps[False]:.2f}, {names[True]} {eps[True]:.2f} (median per-step "
+              f"ratio {gain:.2f}x; whole step {step_gain:.2f}x); slot utilisation {100 * util[False]:.1f}% / "
+              f"{100 * util[True]:.1f}%; prefill slot efficiency {100 * pre[False]:.1f}% / {100 * pre[True]:.1f}%")
         for r, v in rows.items():
             mean = {k: float(np.median([x[3][k] for x in v])) for k in PHASES}
             tot = float(np.median([x[2] for x in v]))
-            print(f"  {'rolling ' if r else 'lockstep'} phase medians (s): " + ", ".join(f"{k} {x:.1f}" for k, x in mean.items())
+            print(f"  {names[r]} phase medians (s): " + ", ".join(f"{k} {x:.1f}" for k, x in mean.items())
                   + f"; step {tot:.1f}")
 
 

@@ -173,6 +173,11 @@ class Sampler:
       window_buckets: sorted device-cache sizes to round a call's need up to (default four per
         power of two, at least 64); the size never exceeds ``capacity + headroom``.
       k_max: candidate count of the fast sampling path (see ``sampling_ops``).
+      split_prefill: a prefill chunk whose rows write very different lengths (a rolling batch: rows
+        still generating write one token, joining rows a whole prompt) runs as up to two sub-batch
+        calls on the rows that write, instead of padding every row to the longest
+        (``sampling_plan.split_rows``); same tokens, fewer computed slots. ``split_min_rows``: the
+        smallest sub-batch (powers of two from it: fewer shapes to compile).
       mesh, rules: sample under this mesh; parameters are resharded to ``rules`` (default
         ``SAMPLE_RULES``) only if they are not already laid out that way.
     """
@@ -180,7 +185,7 @@ class Sampler:
     def __init__(self, model: qwen3.Qwen3, *, cache_size: int | None = None, max_chunk: int = 512,
                  length_buckets: Sequence[int] | None = None, batch_buckets: Sequence[int] | None = None,
                  window_buckets: Sequence[int] | None = None, k_max: int = 64, mesh: jax.sharding.Mesh | None = None, rules: shd.Rules | None = None,
-                 seed: int = 0):
+                 seed: int = 0, split_prefill: bool = True, split_min_rows: int = 8):
         if not isinstance(model, qwen3.Qwen3):
             raise TypeError(f"Sampler(model): expected a qwen3.Qwen3, got {type(model).__name__}")
         if cache_size is not None and cache_size < 1:
@@ -195,6 +200,7 @@ class Sampler:
         self.batch_buckets = tuple(batch_buckets) if batch_buckets else None
         self.window_buckets = tuple(window_buckets) if window_buckets else None
         self.k_max = int(k_max)
+        self.split_prefill, self.split_min_rows = bool(split_prefill), int(split_min_rows)
         self.mesh = mesh if mesh is not None else model.mesh
         self.rules = dict(rules if rules is not None else shd.SAMPLE_RULES) if self.mesh is not None else None
         self._seed_rng = np.random.default_rng(seed)
@@ -213,6 +219,8 @@ class Sampler:
         devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()
         self._cpu = all(d.platform == "cpu" for d in devices)
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("size", "gather"), donate_argnums=(1, 2))
+        self._prepare = jax.jit(self._prepare_impl, static_argnames=("size", "gather"), donate_argnums=(0, 1))
+        self._prefill_rows = jax.jit(self._prefill_rows_impl, donate_argnums=(1, 2, 3))
         self._decode = jax.jit(self._decode_impl, static_argnames=("budget",), donate_argnums=(1, 2))
 
     # ---------------------------------------------------------------- jitted programs
@@ -240,6 +248,29 @@ class Sampler:
         logits, cache = model(tokens, cache=qwen3.KVCache(k, v, end), chunk_lengths=lens,
                               logits_at=jnp.maximum(lens - 1, 0))
         return logits, *self._cache_constrain(cache.k, cache.v), cache.end
+
+    def _prepare_impl(self, k, v, src, *, size: int, gather: bool):
+        """The cache of the call before its first sub-batch prefill: rows gathered from the previous
+        state (if ``gather``) and resized to ``size`` slots (what ``_prefill_impl`` does first)."""
+        self.num_compilations += 1
+        if gather:
+            k, v = tuple(a[src] for a in k), tuple(a[src] for a in v)
+        k = tuple(_resize(a, qwen3.CACHE_K_SLOT_AXIS, size) for a in k)
+        v = tuple(_resize(a, qwen3.CACHE_V_SLOT_AXIS, size) for a in v)
+        return self._cache_constrain(k, v)
+
+    def _prefill_rows_impl(self, params, k, v, logits, rows, end, tokens, lens, is_last):
+        """``_prefill_impl`` on the sub-batch ``rows`` (int32 ``[b]``, distinct) of the cache: their
+        cache rows are gathered, written at ``end`` (``[b]``) with ``tokens`` ``[b, T]`` / ``lens``
+        ``[b]``, and scattered back; ``logits`` ``[B, V]`` takes the new logits where ``is_last``."""
+        self.num_compilations += 1
+        model = nnx.merge(self._graphdef, params)
+        sub = qwen3.KVCache(tuple(a[rows] for a in k), tuple(a[rows] for a in v), end)
+        lg, cache = model(tokens, cache=sub, chunk_lengths=lens, logits_at=jnp.maximum(lens - 1, 0))
+        k = tuple(a.at[rows].set(n) for a, n in zip(k, cache.k))
+        v = tuple(a.at[rows].set(n) for a, n in zip(v, cache.v))
+        logits = logits.at[rows].set(jnp.where(is_last[:, None], lg.astype(logits.dtype), logits[rows]))
+        return logits, *self._cache_constrain(k, v)
 
     def _decode_impl(self, params, k, v, end, logits, keys, draws, temperature, top_p, top_k, n_max,
                      cap_reason, stop_ids, min_done, *, budget: int):
@@ -443,7 +474,8 @@ class Sampler:
             st, rows = prev
             prev_rows = PrevRows(ends=st.ends, pending=st.pending, keys=st.keys, draws=st.draws, rows=rows)
         plan = plan_batch(chunks, ps, seeds, capacity, batch=B, max_chunk=self.max_chunk, prev=prev_rows,
-                          length_buckets=self.length_buckets, window_buckets=self.window_buckets)
+                          length_buckets=self.length_buckets, window_buckets=self.window_buckets,
+                          split_prefill=self.split_prefill, split_min_rows=self.split_min_rows)
 
         params = self._params()
         if prev is not None:
@@ -465,6 +497,29 @@ class Sampler:
         row = ("batch",)
         logits = None
         for chunk in plan.prefill:
+            if chunk.groups is not None:
+                if gather or k[0].shape[qwen3.CACHE_K_SLOT_AXIS] != plan.window:
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                        k, v = self._prepare(k, v, self._put(plan.gather_rows, row), size=plan.window,
+                                             gather=gather)
+                gather = False
+                if logits is None:
+                    logits = self._put(np.zeros((B, self.cfg.vocab_size), np.float32), ("batch", None))
+                last = chunk.last_for(plan.lens)
+                for g in chunk.groups:
+                    is_last = np.zeros(g.rows.shape, bool)
+                    is_last[:g.n_real] = last[g.rows[:g.n_real]]
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                        # a sub-batch is not split over the mesh's batch axis (its size is any bucket)
+                        logits, k, v = self._prefill_rows(
+                            params, k, v, logits, self._put(g.rows, (None,)),
+                            self._put(g.end.astype(np.int32), (None,)),
+                            self._put(plan.group_tokens(chunk, g), (None, None)),
+                            self._put(g.take.astype(np.int32), (None,)), self._put(is_last, (None,)))
+                end_dev = self._put((chunk.end + chunk.take).astype(np.int32), row)
+                continue
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                 lg, k, v, end_dev = self._prefill(
@@ -495,7 +550,7 @@ class Sampler:
         st.slot_steps += B * steps
         st.generated_tokens += int(n_gen.sum())
         st.prefill_tokens += int(plan.lens.sum())
-        st.prefill_slots += B * sum(c.length for c in plan.prefill)
+        st.prefill_slots += sum(c.slots for c in plan.prefill)
         if self.timed:
             st.prefill_s += t1 - t0
             st.decode_s += time.perf_counter() - t1

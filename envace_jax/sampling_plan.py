@@ -59,14 +59,37 @@ class PrevRows:
 
 
 @dataclasses.dataclass(frozen=True)
+class PrefillGroup:
+    """Part of a chunk run on a sub-batch: entry ``i`` is batch row ``rows[i]``, writing ``take[i]``
+    tokens at ``end[i]``, padded to ``length`` columns. Entries past ``n_real`` are padding: distinct
+    rows of the batch that write nothing, placed at the end they have after the chunk (what a program
+    writes past a row's end is never read, and a later write overwrites it)."""
+
+    rows: np.ndarray
+    n_real: int
+    take: np.ndarray
+    length: int
+    end: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
 class PrefillChunk:
     """One prefill call: row ``b`` writes ``take[b]`` tokens (from ``offset`` of its input) at
-    ``end[b]``, padded to ``length`` columns."""
+    ``end[b]``, padded to ``length`` columns. With ``groups`` the chunk runs instead as one call per
+    group, each on the rows it names (``split_rows``)."""
 
     offset: int
     take: np.ndarray
     length: int
     end: np.ndarray
+    groups: tuple[PrefillGroup, ...] | None = None
+
+    @property
+    def slots(self) -> int:
+        """Token slots the chunk's calls compute (rows x columns, padding included)."""
+        if self.groups is None:
+            return int(self.take.shape[0]) * self.length
+        return sum(int(g.rows.shape[0]) * g.length for g in self.groups)
 
     def last_for(self, lens: np.ndarray) -> np.ndarray:
         """Rows whose last input token is in this chunk (their next-token logits come from it)."""
@@ -112,6 +135,15 @@ class BatchPlan:
         which row they copy is never read."""
         return np.maximum(self.src, 0).astype(np.int32)
 
+    def group_tokens(self, chunk: PrefillChunk, group: PrefillGroup) -> np.ndarray:
+        """int32 ``[len(group.rows), group.length]`` right-padded tokens of one sub-batch call."""
+        tok = np.zeros((group.rows.shape[0], group.length), np.int32)
+        for i in range(group.n_real):
+            t = int(group.take[i])
+            r = int(group.rows[i])
+            tok[i, :t] = self.inputs[r][chunk.offset: chunk.offset + t]
+        return tok
+
     def chunk_tokens(self, chunk: PrefillChunk) -> np.ndarray:
         """int32 ``[batch, chunk.length]`` right-padded tokens of one prefill call."""
         tok = np.zeros((self.batch, chunk.length), np.int32)
@@ -140,6 +172,52 @@ class BatchPlan:
         return ends, pending, (self.draws[:n] + n_gen).astype(np.int32)
 
 
+# A chunk is split only when its groups compute at most this share of the full batch's slots: each
+# group is one more program call, with a gather and a scatter of its rows' cache.
+SPLIT_AT_MOST = 0.6
+# Smallest sub-batch: fewer distinct shapes to compile.
+SUB_BATCH_MIN = 8
+
+
+def split_rows(take: np.ndarray, end: np.ndarray, *, length: int, headroom: int,
+               length_buckets: Sequence[int] | None, min_rows: int = SUB_BATCH_MIN
+               ) -> tuple[PrefillGroup, ...] | None:
+    """The chunk's writing rows in at most two sub-batches by length, or None when the full batch
+    (``len(take)`` rows x ``length`` columns) costs little more.
+
+    Why: in a rolling batch most rows write one token (the pending one of a row still generating)
+    while a few joining rows write whole prompts; one call pads every row to the longest prompt.
+    Sub-batches are powers of two of at least ``min_rows`` rows (not the sampler's batch buckets,
+    which may start at the full batch) and lengths use its length buckets, so they reuse a few
+    compiled shapes."""
+    batch = int(take.shape[0])
+    active = np.flatnonzero(take > 0)
+    if active.size == 0:
+        return None
+    order = active[np.argsort(take[active], kind="stable")]
+    t_of = lambda rows: min(bucket(max(int(take[rows].max()), 1), length_buckets, 16), headroom)
+    b_of = lambda m: min(pow2_bucket(m, min_rows), batch)
+    best, best_cost = None, batch * length
+    for k in range(order.size):   # order[:k] short rows, order[k:] long rows (k = 0: one sub-batch)
+        parts = [p for p in (order[:k], order[k:]) if p.size]
+        cost = sum(b_of(p.size) * t_of(p) for p in parts)
+        if cost < best_cost:
+            best, best_cost = parts, cost
+    if best is None or best_cost > SPLIT_AT_MOST * batch * length:
+        return None
+    after = end + take
+    groups = []
+    for part in best:
+        b = b_of(part.size)
+        spare = [r for r in np.concatenate([np.flatnonzero(take == 0), order]) if r not in set(part.tolist())]
+        pad = np.asarray(spare[: b - part.size], np.int64)
+        rows = np.concatenate([part, pad]).astype(np.int32)
+        groups.append(PrefillGroup(rows=rows, n_real=int(part.size),
+                                   take=np.concatenate([take[part], np.zeros(pad.size, take.dtype)]),
+                                   length=t_of(part), end=np.concatenate([end[part], after[pad]])))
+    return tuple(groups)
+
+
 def _row_key(seed: int, i: int) -> tuple[int, int]:
     return seed % 2**32, (i + 0x9E3779B9 * (seed >> 32)) % 2**32
 
@@ -147,13 +225,15 @@ def _row_key(seed: int, i: int) -> tuple[int, int]:
 def plan_batch(inputs: Sequence[np.ndarray], ps: Sequence["SamplingParams"], seeds: Sequence[int], capacity: int,
                *, batch: int, max_chunk: int, prev: PrevRows | None = None,
                length_buckets: Sequence[int] | None = None,
-               window_buckets: Sequence[int] | None = None) -> BatchPlan:
+               window_buckets: Sequence[int] | None = None, split_prefill: bool = False,
+               split_min_rows: int = SUB_BATCH_MIN) -> BatchPlan:
     """Plans one sampler call of ``len(inputs)`` rows padded to ``batch`` (see ``BatchPlan``).
 
     ``inputs[i]``: int32 tokens row ``i`` appends (the whole prompt for a fresh row); ``seeds[i]``:
     its seed (used by fresh rows only; kept rows continue their stream). The cache may hold at most
     ``capacity`` tokens per row; chunks are at most ``max_chunk`` long (and the window never exceeds
-    ``capacity + min(max_chunk, capacity)``, the sampler's headroom rule).
+    ``capacity + min(max_chunk, capacity)``, the sampler's headroom rule). ``split_prefill``: a chunk
+    whose rows write very different lengths runs as sub-batches (``split_rows``).
     """
     n = len(inputs)
     if not (len(ps) == len(seeds) == n) or n > batch:
@@ -202,12 +282,15 @@ def plan_batch(inputs: Sequence[np.ndarray], ps: Sequence["SamplingParams"], see
     while True:
         take = np.clip(lens - off, 0, max_chunk)
         T = min(bucket(max(int(take.max()), 1), length_buckets, 16), headroom)
-        prefill.append(PrefillChunk(off, take, T, end_cur))
+        groups = (split_rows(take, end_cur, length=T, headroom=headroom, length_buckets=length_buckets,
+                             min_rows=split_min_rows) if split_prefill else None)
+        prefill.append(PrefillChunk(off, take, T, end_cur, groups))
         end_cur = end_cur + take
         off += max_chunk
         if off >= lens.max():
             break
     need = max(max(int((c.end + c.length).max()) for c in prefill),
+               max((int((g.end + g.length).max()) for c in prefill for g in c.groups or ()), default=0),
                int((end_after + np.maximum(n_max, 1)).max()))
     window = min(phys, quarter_octave_bucket(need) if window_buckets is None else bucket(need, window_buckets, 1))
 

@@ -101,6 +101,29 @@ def test_rolling_client_greedy_equals_one_generation_per_request(model):
     assert rolling_use > lock.stats.utilisation
 
 
+def test_eager_refill_returns_before_the_longest_row_with_nothing_waiting(model):
+    # Three requests of 4, 12 and 24 new tokens fill the 3 slots, nothing waits. Without eager refill
+    # the call decodes until the 24-token row ends; with it, the call returns once ceil(0.3 x 3) = 1
+    # row (the 4-token one) is done, the others report nothing yet and finish in later calls with the
+    # tokens one call would have given them. No stop token can be sampled, so rows run to their budget.
+    prompts = _prompts(model, [6, 9, 5], seed=3)
+    news = [4, 12, 24]
+    outs, steps = {}, {}
+    for eager in (False, True):
+        client = RollingSamplerClient(_sampler(model), [10**6], slots=3, refill=0.3, eager_refill=eager)
+        tickets = client.submit([_req(p, n) for p, n in zip(prompts, news)])
+        first = client.step()
+        steps[eager] = [t for t, _, _ in first]
+        got = {t: o for t, _, o in first}
+        while client.open_requests:
+            got.update({t: o for t, _, o in client.step()})
+        outs[eager] = [got[t] for t in tickets]
+    assert sorted(steps[False]) == [0, 1, 2] and steps[True] == [0]
+    for a, b in zip(outs[False], outs[True]):
+        assert a.ids == b.ids and len(a.ids) in news
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
 def test_rolling_client_continues_a_finished_row_of_its_key(model):
     s = _sampler(model)
     client = RollingSamplerClient(s, codec().stop_token_ids, slots=4)

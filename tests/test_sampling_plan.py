@@ -78,3 +78,52 @@ def test_fresh_rows_get_distinct_streams_and_bad_sizes_are_named():
     assert plan.keys[0].tolist() != plan.keys[1].tolist() and (plan.src == -1).all()
     with pytest.raises(ValueError, match="3 inputs"):
         plan_batch(_ids(1, 1, 1), [p] * 3, [0] * 3, 16, batch=2, max_chunk=8)
+
+
+def test_split_rows_by_hand():
+    from envace_jax.sampling_plan import split_rows
+
+    # A rolling call: six rows still generating write their pending token, one joining row a 90-token
+    # prompt, one row writes nothing. One call would compute 8 rows x 128 columns = 1,024 slots; two
+    # sub-batches compute 8 x 16 (the one-token rows) + 1 x 128 (the prompt) = 256.
+    take = np.array([1, 1, 1, 0, 1, 90, 1, 1])
+    end = np.array([40, 41, 42, 43, 44, 0, 46, 47])
+    groups = split_rows(take, end, length=128, headroom=512, length_buckets=None, min_rows=1)
+    short, long_ = groups
+    assert (short.n_real, short.length, long_.n_real, long_.length) == (6, 16, 1, 128)
+    assert short.rows[:6].tolist() == [0, 1, 2, 4, 6, 7] and long_.rows.tolist() == [5]
+    assert short.take.tolist() == [1] * 6 + [0, 0] and short.end[:6].tolist() == [40, 41, 42, 44, 46, 47]
+    # Padding entries: distinct rows outside the group (first the idle row 3, then row 5), at the end
+    # they have after the chunk, so what they write lands past anything they hold.
+    assert short.rows[6:].tolist() == [3, 5] and short.end[6:].tolist() == [43, 90]
+    assert len(set(short.rows.tolist())) == 8
+    # Rows of similar length: one call costs little more, so the chunk is not split.
+    assert split_rows(np.array([60, 70, 80, 90]), np.zeros(4, np.int64), length=128, headroom=512,
+                      length_buckets=None, min_rows=1) is None
+    # Sub-batches of at least 8 rows (the default): a 32-row call with 28 one-token rows and 4 prompts
+    take = np.array([1] * 28 + [100] * 4)
+    short, long_ = split_rows(take, np.arange(32) + 200, length=128, headroom=512, length_buckets=None)
+    assert (len(short.rows), short.length, len(long_.rows), long_.length) == (32, 16, 8, 128)
+
+
+def test_plan_splits_only_when_asked_and_sizes_the_window_for_the_padding_writes():
+    p = SamplingParams(temperature=0.0, max_new_tokens=4)
+    # twelve kept rows write their pending token, one fresh row a 100-token prompt, in a 32-row call
+    ins = [np.zeros(0, np.int32)] * 12 + _ids(100)
+    prev = _prev(ends=[30 + r for r in range(12)] + [0], pending=[5 + r for r in range(12)] + [-1],
+                 rows=list(range(12)) + [-1])
+    kw = dict(batch=32, max_chunk=512, prev=prev)
+    whole = plan_batch(ins, [p] * 13, [0] * 13, 256, **kw)
+    split = plan_batch(ins, [p] * 13, [0] * 13, 256, **kw, split_prefill=True)
+    assert whole.prefill[0].groups is None and whole.prefill[0].slots == 32 * 128
+    g = split.prefill[0].groups
+    # Sub-batches of at least 8 rows. The cheapest: 8 x 16 for five pending tokens, and 8 x 128 for the
+    # prompt with the other seven pending tokens in its padding rows (12 + 1 rows at 16 x 16 + 8 x 128,
+    # or all 13 at 16 x 128, cost more).
+    assert [x.n_real for x in g] == [5, 8] and split.prefill[0].slots == 8 * 16 + 8 * 128
+    assert [x.length for x in g] == [16, 128] and 12 in g[1].rows[:g[1].n_real].tolist()
+    assert sorted(np.concatenate([x.rows[:x.n_real] for x in g]).tolist()) == list(range(13))
+    assert split.window >= max(int((x.end + x.length).max()) for x in g) and split.window == whole.window
+    tok = {int(r): split.group_tokens(split.prefill[0], x)[i] for x in g for i, r in enumerate(x.rows[:x.n_real])}
+    assert tok[12][:100].tolist() == ins[12].tolist()
+    assert [int(tok[r][0]) for r in range(12)] == [5 + r for r in range(12)]   # the pending tokens

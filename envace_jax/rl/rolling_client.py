@@ -13,7 +13,9 @@ decoding; requests beyond that wait in a queue. Each ``step()`` is one sampler c
 * carries finished rows that may be continued later (parked, ``max_new_tokens=0``) only in slots the
   batch bucket pads anyway, so keeping them costs nothing;
 * stops decoding as soon as ``refill`` of the running rows have finished while requests wait (the
-  sampler's ``min_done``), so their slots are refilled at once instead of idling to the end.
+  sampler's ``min_done``), so their slots are refilled at once instead of idling to the end; with
+  ``eager_refill`` also when nothing waits yet (in a rollout engine, a finished row's episode queues
+  its next request as soon as ``step()`` returns it).
 
 ``step()`` returns the requests that finished in that call, so an engine can act on them (parse,
 queue the episode's next request) while the other rows are still generating. ``generate()`` runs
@@ -52,12 +54,13 @@ class RollingSamplerClient:
     """``PolicyClient`` with a rolling batch of at most ``slots`` rows (see the module docstring).
 
     ``refill``: fraction of the running rows that must finish before a call returns early to refill
-    their slots (only while requests wait; 0 < refill <= 1). ``continuation``: a request may append to
-    the finished row of its ``cache_key`` (rows that are still generating always continue).
+    their slots (only while requests wait, or always with ``eager_refill``; 0 < refill <= 1).
+    ``continuation``: a request may append to the finished row of its ``cache_key`` (rows that are
+    still generating always continue).
     """
 
     def __init__(self, sampler: Sampler, stop_token_ids: Sequence[int], *, slots: int = 32, refill: float = 0.25,
-                 continuation: bool = True):
+                 continuation: bool = True, eager_refill: bool = False):
         if not isinstance(sampler, Sampler):
             raise TypeError(f"RollingSamplerClient(sampler): expected a Sampler, got {type(sampler).__name__}")
         if sampler.cache_size is None:
@@ -71,6 +74,7 @@ class RollingSamplerClient:
             raise ValueError(f"RollingSamplerClient(refill={refill}) must be in (0, 1]")
         self.sampler, self.stop_token_ids = sampler, stops
         self.slots, self.refill, self.continuation = int(slots), float(refill), continuation
+        self.eager_refill = bool(eager_refill)
         self.calls: list[CallStats] = []
         self._state: SamplerState | None = None
         self._queue: collections.deque[_Job] = collections.deque()
@@ -145,7 +149,7 @@ class RollingSamplerClient:
         params = [self._remaining(j) for j in jobs]
         waiting = len(self._queue)
         live = sum(p.max_new_tokens > 0 for p in params)
-        min_done = max(1, math.ceil(self.refill * live)) if waiting and live else None
+        min_done = max(1, math.ceil(self.refill * live)) if (waiting or self.eager_refill) and live else None
         if self._state is None:
             out = self.sampler.generate([list(j.request.prompt_ids) for j in jobs], params, return_state=True,
                                         min_done=min_done)
