@@ -209,7 +209,8 @@ def split_rows(take: np.ndarray, end: np.ndarray, *, length: int, headroom: int,
     groups = []
     for part in best:
         b = b_of(part.size)
-        spare = [r for r in np.concatenate([np.flatnonzero(take == 0), order]) if r not in set(part.tolist())]
+        members = set(part.tolist())
+        spare = [r for r in np.concatenate([np.flatnonzero(take == 0), order]) if r not in members]
         pad = np.asarray(spare[: b - part.size], np.int64)
         rows = np.concatenate([part, pad]).astype(np.int32)
         groups.append(PrefillGroup(rows=rows, n_real=int(part.size),

@@ -1,4 +1,5 @@
-"""Sampling under an 8-device CPU mesh gives the single-device greedy tokens."""
+"""Sampling under an 8-device CPU mesh gives the single-device greedy tokens, also when a prefill runs
+as sub-batches of the rows that write (split prefill: 2 of the 8 rows, over a batch split 4 ways)."""
 
 from __future__ import annotations
 
@@ -20,18 +21,24 @@ SCRIPT = textwrap.dedent("""
     rng = np.random.RandomState(0)
     prompts = [rng.randint(3, 256, n).tolist() for n in (5, 12, 9, 3, 17, 8, 4, 10)]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
-    single = Sampler(qwen3.init_model(cfg, seed=1), cache_size=96)
+    single = Sampler(qwen3.init_model(cfg, seed=1), cache_size=160, split_prefill=False)
     ref = single.generate(prompts, greedy, return_state=True)
-    ref2 = single.continue_(ref.state, [[7, 8, 9]] * 8, greedy)
+    ref2 = single.continue_(ref.state, [[7, 8, 9]] * 8, greedy, return_state=True)
+    # six rows write only their pending token, two append 40 tokens: a split prefill on the mesh
+    mixed = [[]] * 6 + [rng.randint(3, 256, 40).tolist() for _ in range(2)]
+    ref3 = single.continue_(ref2.state, mixed, greedy)
 
     mesh = shd.make_mesh(data=2, fsdp=2, tensor=2)
     # Parameters live in the training layout; the sampler reshards them to SAMPLE_RULES.
     model = qwen3.init_model(cfg, seed=1, mesh=mesh, rules=shd.TRAIN_RULES)
-    s = Sampler(model, cache_size=96)
+    s = Sampler(model, cache_size=160, split_min_rows=1)
     out = s.generate(prompts, greedy, return_state=True)
     spec = out.state.k[0].sharding.spec
-    out2 = s.continue_(out.state, [[7, 8, 9]] * 8, greedy)
+    out2 = s.continue_(out.state, [[7, 8, 9]] * 8, greedy, return_state=True)
+    slots = s.stats.prefill_slots
+    out3 = s.continue_(out2.state, mixed, greedy)
     print(json.dumps({"same": out.tokens == ref.tokens, "same2": out2.tokens == ref2.tokens,
+                      "same3": out3.tokens == ref3.tokens, "split_slots": s.stats.prefill_slots - slots,
                       "lp": float(np.max(np.abs(np.concatenate(out.logprobs) - np.concatenate(ref.logprobs)))),
                       "spec": str(spec)}))
 """)
@@ -46,7 +53,8 @@ def test_sharded_greedy_equals_single_device():
     import json
 
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["same"] and res["same2"], res
+    assert res["same"] and res["same2"] and res["same3"], res
+    assert res["split_slots"] == 8 * 16 + 2 * 64, res   # the one-call prefill would compute 8 x 64
     assert res["lp"] < 1e-4, res
     # The cache is split over the batch (data, fsdp) and kv heads (tensor).
     assert "('data', 'fsdp')" in res["spec"] and "tensor" in res["spec"], res
