@@ -66,6 +66,16 @@ def _last(pattern: str, text: str) -> str | None:
     return found[-1] if found else None
 
 
+def _reply_to_tool_response(text: str) -> str | None:
+    """The scripted final reply when the last user turn holds a tool response, else None."""
+    last_turn = text.rsplit("<|im_start|>user", 1)[-1]
+    if "<tool_response>" not in last_turn:
+        return None
+    resp = json.loads(_last(r"<tool_response>\n(.*?)\n</tool_response>", last_turn))
+    answer = f"{resp['account']} has {resp['balance']}." if "balance" in resp else "Sorry, no such account."
+    return f"<think>\nanswer\n</think>\n\n{answer}"
+
+
 def policy_script(c, summary: str = "Call get_balance with the lowercase name."):
     """ACT asks for the Capitalised account unless the memory says that call failed; REHEARSE predicts
     an unknown-account error for a Capitalised name and a balance of 1 otherwise."""
@@ -80,11 +90,9 @@ def policy_script(c, summary: str = "Call get_balance with the lowercase name.")
             acc = args["account"]
             payload = {"error": f"unknown account '{acc}'"} if acc[:1].isupper() else {"account": acc, "balance": 1}
             return f"<think>\nok\n</think>\n\n<execution_result>\n{json.dumps(payload)}\n</execution_result>"
-        last_turn = text.rsplit("<|im_start|>user", 1)[-1]
-        if "<tool_response>" in last_turn:
-            resp = json.loads(_last(r"<tool_response>\n(.*?)\n</tool_response>", last_turn))
-            answer = f"{resp['account']} has {resp['balance']}." if "balance" in resp else "Sorry, no such account."
-            return f"<think>\nanswer\n</think>\n\n{answer}"
+        reply = _reply_to_tool_response(text)
+        if reply is not None:
+            return reply
         name = _last(r"What is (\w+)'s balance", text)
         wrong = name.capitalize()
         failed = f'get_balance({{"account":"{wrong}"}})'
@@ -299,11 +307,9 @@ def schema_slip_script(c):
             acc = args.get("account") or args.get("name")
             return (f"<think>\nok\n</think>\n\n<execution_result>\n{json.dumps({'account': acc, 'balance': 1})}"
                     f"\n</execution_result>")
-        last_turn = text.rsplit("<|im_start|>user", 1)[-1]
-        if "<tool_response>" in last_turn:
-            resp = json.loads(_last(r"<tool_response>\n(.*?)\n</tool_response>", last_turn))
-            answer = f"{resp['account']} has {resp['balance']}." if "balance" in resp else "Sorry, no such account."
-            return f"<think>\nanswer\n</think>\n\n{answer}"
+        reply = _reply_to_tool_response(text)
+        if reply is not None:
+            return reply
         acc = _last(r"What is (\w+)'s balance", text)
         key = "account" if "the tool schema rejects it" in text else "name"
         call = json.dumps({"name": "get_balance", "arguments": {key: acc}})

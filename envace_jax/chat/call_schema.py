@@ -12,31 +12,31 @@ rejects is the policy's own mistake, and rehearsal has found it before the real 
 
 from __future__ import annotations
 
-import copy
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jsonschema
 
 _JSON_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 
 
-def _standard_types(schema: Any) -> Any:
-    """``schema`` with every ``type`` JSON Schema does not define removed (at any depth)."""
-    if isinstance(schema, list):
-        return [_standard_types(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
+def map_types(node: Any, rename: Callable[[str], str | None]) -> Any:
+    """A copy of the JSON schema ``node`` with every ``"type"`` name ``t`` replaced by ``rename(t)``
+    (None drops it; a list of types keeps the names that survive), at any depth. Property names are
+    data, not schema keywords: only their schemas are walked."""
+    if isinstance(node, list):
+        return [map_types(x, rename) for x in node]
+    if not isinstance(node, dict):
+        return node
     out = {}
-    for k, v in schema.items():
-        if k == "type":
-            kinds = [v] if isinstance(v, str) else list(v) if isinstance(v, list) else []
-            kept = [t for t in kinds if t in _JSON_TYPES]
+    for k, v in node.items():
+        if k == "type" and isinstance(v, (str, list)):
+            kept = [n for n in (rename(t) for t in ([v] if isinstance(v, str) else v) if isinstance(t, str)) if n]
             if kept:
                 out[k] = kept[0] if isinstance(v, str) else kept
         elif k == "properties" and isinstance(v, dict):
-            out[k] = {name: _standard_types(s) for name, s in v.items()}
+            out[k] = {name: map_types(s, rename) for name, s in v.items()}
         else:
-            out[k] = _standard_types(v)
+            out[k] = map_types(v, rename)
     return out
 
 
@@ -52,7 +52,7 @@ def call_problem(name: str, arguments: Any, tools: Sequence[Mapping[str, Any]]) 
     if not isinstance(arguments, Mapping):
         return f"arguments of {name} are not an object"
     params = fn.get("parameters") or {}
-    schema = _standard_types(copy.deepcopy(dict(params)))
+    schema = map_types(dict(params), lambda t: t if t in _JSON_TYPES else None)
     schema.setdefault("type", "object")
     if "properties" in schema:  # a declared parameter list is the whole list
         schema.setdefault("additionalProperties", False)

@@ -26,6 +26,7 @@ import tempfile
 import types
 from typing import Any, Mapping, Sequence
 
+from envace_jax.chat.call_schema import map_types
 from envace_jax.envs.base import ToolEnvironment, ToolResult
 
 MULTI_TURN_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
@@ -109,20 +110,7 @@ _JSON_TYPE = {"dict": "object", "float": "number", "tuple": "array", "any": "str
 
 
 def _json_schema(node: Any) -> Any:
-    if isinstance(node, list):
-        return [_json_schema(x) for x in node]
-    if not isinstance(node, dict):
-        return node
-    out = {}
-    for k, v in node.items():
-        if k == "type" and isinstance(v, str):
-            out[k] = _JSON_TYPE.get(v, v)
-        elif k == "properties" and isinstance(v, dict):
-            # Property names are data, not schema keywords: recurse only into their schemas.
-            out[k] = {name: _json_schema(s) for name, s in v.items()}
-        else:
-            out[k] = _json_schema(v)
-    return out
+    return map_types(node, lambda t: _JSON_TYPE.get(t, t))
 
 
 def function_doc_to_schema(doc: Mapping[str, Any], *, include_response: bool = False) -> dict[str, Any]:
