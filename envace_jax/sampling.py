@@ -39,6 +39,7 @@ did not fit: then nothing is written, no token is generated, and the row's cache
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -160,6 +161,14 @@ def _resize(x: jax.Array, axis: int, size: int) -> jax.Array:
     return x
 
 
+@contextlib.contextmanager
+def _unusable_donations_ok():
+    """Prefill donates the cache; XLA warns when it cannot reuse a buffer (e.g. a resize), which is fine."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        yield
+
+
 class Sampler:
     """Batched sampler over a live ``qwen3.Qwen3`` model (reads its current parameters each call).
 
@@ -239,25 +248,24 @@ class Sampler:
         new end ``[B]``).
         """
         self.num_compilations += 1
-        if gather:
-            k, v = tuple(a[src] for a in k), tuple(a[src] for a in v)
-        k = tuple(_resize(a, qwen3.CACHE_K_SLOT_AXIS, size) for a in k)
-        v = tuple(_resize(a, qwen3.CACHE_V_SLOT_AXIS, size) for a in v)
-        k, v = self._cache_constrain(k, v)
+        k, v = self._gather_resize(k, v, src, size, gather)
         model = nnx.merge(self._graphdef, params)
         logits, cache = model(tokens, cache=qwen3.KVCache(k, v, end), chunk_lengths=lens,
                               logits_at=jnp.maximum(lens - 1, 0))
         return logits, *self._cache_constrain(cache.k, cache.v), cache.end
 
-    def _prepare_impl(self, k, v, src, *, size: int, gather: bool):
-        """The cache of the call before its first sub-batch prefill: rows gathered from the previous
-        state (if ``gather``) and resized to ``size`` slots (what ``_prefill_impl`` does first)."""
-        self.num_compilations += 1
+    def _gather_resize(self, k, v, src, size: int, gather: bool):
+        """The call's cache: rows gathered from the previous state (if ``gather``), resized to ``size``."""
         if gather:
             k, v = tuple(a[src] for a in k), tuple(a[src] for a in v)
         k = tuple(_resize(a, qwen3.CACHE_K_SLOT_AXIS, size) for a in k)
         v = tuple(_resize(a, qwen3.CACHE_V_SLOT_AXIS, size) for a in v)
         return self._cache_constrain(k, v)
+
+    def _prepare_impl(self, k, v, src, *, size: int, gather: bool):
+        """The cache of the call before its first sub-batch prefill (what ``_prefill_impl`` does first)."""
+        self.num_compilations += 1
+        return self._gather_resize(k, v, src, size, gather)
 
     def _prefill_rows_impl(self, params, k, v, logits, rows, end, tokens, lens, is_last):
         """``_prefill_impl`` on the sub-batch ``rows`` (int32 ``[b]``, distinct) of the cache: their
@@ -499,8 +507,7 @@ class Sampler:
         for chunk in plan.prefill:
             if chunk.groups is not None:
                 if gather or k[0].shape[qwen3.CACHE_K_SLOT_AXIS] != plan.window:
-                    with warnings.catch_warnings():
-                        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                    with _unusable_donations_ok():
                         k, v = self._prepare(k, v, self._put(plan.gather_rows, row), size=plan.window,
                                              gather=gather)
                 gather = False
@@ -510,8 +517,7 @@ class Sampler:
                 for g in chunk.groups:
                     is_last = np.zeros(g.rows.shape, bool)
                     is_last[:g.n_real] = last[g.rows[:g.n_real]]
-                    with warnings.catch_warnings():
-                        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                    with _unusable_donations_ok():
                         # a sub-batch is not split over the mesh's batch axis (its size is any bucket)
                         logits, k, v = self._prefill_rows(
                             params, k, v, logits, self._put(g.rows, (None,)),
@@ -520,8 +526,7 @@ class Sampler:
                             self._put(g.take.astype(np.int32), (None,)), self._put(is_last, (None,)))
                 end_dev = self._put((chunk.end + chunk.take).astype(np.int32), row)
                 continue
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            with _unusable_donations_ok():
                 lg, k, v, end_dev = self._prefill(
                     params, k, v, self._put(plan.gather_rows, row), self._put(chunk.end.astype(np.int32), row),
                     self._put(plan.chunk_tokens(chunk), ("batch", None)),

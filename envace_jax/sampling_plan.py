@@ -195,7 +195,8 @@ def split_rows(take: np.ndarray, end: np.ndarray, *, length: int, headroom: int,
     if active.size == 0:
         return None
     order = active[np.argsort(take[active], kind="stable")]
-    t_of = lambda rows: min(bucket(max(int(take[rows].max()), 1), length_buckets, 16), headroom)
+    # parts are runs of ``order`` (ascending take): a part's longest row is its last
+    t_of = lambda rows: min(bucket(int(take[rows[-1]]), length_buckets, 16), headroom)
     b_of = lambda m: min(pow2_bucket(m, min_rows), batch)
     best, best_cost = None, batch * length
     for k in range(order.size):   # order[:k] short rows, order[k:] long rows (k = 0: one sub-batch)

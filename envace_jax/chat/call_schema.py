@@ -16,6 +16,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jsonschema
 
+from envace_jax.chat.simulator import find_tool
+
 _JSON_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 
 
@@ -40,13 +42,9 @@ def map_types(node: Any, rename: Callable[[str], str | None]) -> Any:
     return out
 
 
-def _function(tool: Mapping[str, Any]) -> Mapping[str, Any]:
-    return tool.get("function", tool) if isinstance(tool, Mapping) else {}
-
-
 def call_problem(name: str, arguments: Any, tools: Sequence[Mapping[str, Any]]) -> str | None:
     """Why the call ``name(arguments)`` does not match ``tools`` (OpenAI function schemas), or None."""
-    fn = next((_function(t) for t in tools if _function(t).get("name") == name), None)
+    fn = find_tool(tools, name)
     if fn is None:
         return f"no tool named {name!r}"
     if not isinstance(arguments, Mapping):

@@ -171,6 +171,11 @@ def _function(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     return schema.get("function", schema)
 
 
+def find_tool(tools: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
+    """The function schema named ``name`` among OpenAI tool schemas (or bare function schemas), or None."""
+    return next((_function(t) for t in tools if _function(t).get("name") == name), None)
+
+
 def logged_tool_calls(reference_messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, Any, str]]:
     """(tool name, arguments, result) for every call of a reference conversation, in order.
 
@@ -228,7 +233,7 @@ def build_simulator_messages(*, tools: Sequence[Mapping[str, Any]], history: Seq
     if not isinstance(call_name, str):
         raise ValueError(f"call_name must be a string, got {type(call_name).__name__}")
     compact = options.compact
-    schema = next((_function(t) for t in tools if _function(t).get("name") == call_name), None)
+    schema = find_tool(tools, call_name)
     input_schema = (schema or {}).get("parameters", UNAVAILABLE)
     examples = logged_tool_calls(reference_messages) if options.few_shot else []
     sections: list[str] = []

@@ -17,6 +17,7 @@ import dataclasses
 import typing
 
 from envace_jax.data.demo_tasks import SPLITS
+from envace_jax.eval.config import MEMORY_GATES
 
 DEFAULT_BASE_DIR = "assets/demo_base"
 
@@ -91,8 +92,8 @@ class DemoConfig:
                 raise ValueError(f"demo {name} must be None or in [0, 1], got {v!r}")
         if self.temperature <= 0 or self.rehearsal_temperature < 0:
             raise ValueError("demo temperature must be > 0 (training rollouts sample) and rehearsal_temperature >= 0")
-        if self.rehearsal_place_memory not in ("always", "on_mistake"):
-            raise ValueError(f"demo rehearsal_place_memory must be 'always' or 'on_mistake', "
+        if self.rehearsal_place_memory not in MEMORY_GATES:
+            raise ValueError(f"demo rehearsal_place_memory must be one of {MEMORY_GATES}, "
                              f"got {self.rehearsal_place_memory!r}")
         if self.rl_mode not in ("rehearsal", "real", "simulator"):
             raise ValueError(f"demo rl_mode must be rehearsal, real or simulator, got {self.rl_mode!r}")
