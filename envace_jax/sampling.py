@@ -92,7 +92,10 @@ class SamplerState:
     """Device cache plus host bookkeeping of one batch, for ``Sampler.continue_``.
 
     ``ends[b]``: tokens of row b in the cache; ``pending[b]``: its last generated token, not yet in
-    the cache (-1 if none); ``keys``/``draws``: its PRNG stream. Consumed (donated) by ``continue_``.
+    the cache (-1 if none); ``keys``/``draws``: its PRNG stream. ``carried[b]``: the row was still
+    generating when the call returned (``min_done``): its last token is already in the cache and
+    ``logits[b]`` (float32 ``[B, V]`` on device) are its next-token logits, so a continuation with
+    nothing appended decodes on from them without writing anything. Consumed (donated) by ``continue_``.
     """
 
     k: tuple[jax.Array, ...]  # per-layer buffers (see qwen3.KVCache)
@@ -103,6 +106,8 @@ class SamplerState:
     draws: np.ndarray
     capacity: int
     consumed: bool = False
+    logits: jax.Array | None = None
+    carried: np.ndarray | None = None
 
     @property
     def batch_size(self) -> int:
@@ -290,7 +295,8 @@ class Sampler:
         cap_reason (reason when n_max is reached) int32 ``[B]``; stop_ids int32 ``[B, S_max]``
         padded with -1; min_done int32 scalar: stop once this many rows that started live are done
         (the rest report ``RUNNING``). Returns tokens int32 ``[B, budget]``, logprobs float32
-        ``[B, budget]``, n int32 ``[B]`` generated, reason int32 ``[B]``, k, v, end.
+        ``[B, budget]``, n int32 ``[B]`` generated, reason int32 ``[B]``, k, v, end, and the logits
+        after each row's last fed token (see ``SamplerState.carried``).
         """
         self.num_compilations += 1
         B = logits.shape[0]
@@ -332,9 +338,12 @@ class Sampler:
                                   logits_at=jnp.zeros((B,), jnp.int32), decode_weights=weights)
             return i + 1, cache.k, cache.v, cache.end, logits, c
 
-        _, k, v, end, _, c = jax.lax.while_loop(cond, body, (jnp.int32(0), k, v, end, logits, c0))
+        _, k, v, end, last, c = jax.lax.while_loop(cond, body, (jnp.int32(0), k, v, end, logits, c0))
         tokens, lps, n, _, reason = c
-        return tokens, lps, n, reason, *self._cache_constrain(k, v), end
+        # Rows still running fed their last token: `last` holds their next-token logits. Rows that never
+        # decoded keep the logits they came with (a carried row may sit out a call).
+        last = jnp.where(start[:, None], logits, last)
+        return tokens, lps, n, reason, *self._cache_constrain(k, v), end, last
 
     # ---------------------------------------------------------------- ahead-of-time compilation
     def program_specs(self, batch: int, chunk: int, window: int, budget: int, stop_width: int = 4):
@@ -486,10 +495,15 @@ class Sampler:
                           split_prefill=self.split_prefill, split_min_rows=self.split_min_rows)
 
         params = self._params()
+        # Kept rows that write nothing and were still generating decode on from their carried logits.
+        carry = np.zeros((B,), bool)
         if prev is not None:
             st = prev[0]
             k, v, gather = st.k, st.v, True
             st.consumed = True
+            if st.carried is not None:
+                kept = plan.src[:n] >= 0
+                carry[:n] = kept & (plan.lens[:n] == 0) & st.carried[np.maximum(plan.src[:n], 0)]
         elif self._spare is not None and self._spare[0][0].shape[0] == B:
             k, v = self._spare
             gather = False
@@ -504,6 +518,11 @@ class Sampler:
         # Prefill, in chunks of at most max_chunk tokens per row.
         row = ("batch",)
         logits = None
+        if not plan.prefill:   # nothing to write: the cache is only gathered and resized
+            if gather or k[0].shape[qwen3.CACHE_K_SLOT_AXIS] != plan.window:
+                with _unusable_donations_ok():
+                    k, v = self._prepare(k, v, self._put(plan.gather_rows, row), size=plan.window, gather=gather)
+            end_dev = self._put(plan.end_after.astype(np.int32), row)
         for chunk in plan.prefill:
             if chunk.groups is not None:
                 if gather or k[0].shape[qwen3.CACHE_K_SLOT_AXIS] != plan.window:
@@ -534,11 +553,16 @@ class Sampler:
             gather = False
             last_here = chunk.last_for(plan.lens)
             logits = lg if logits is None else jnp.where(self._put(last_here, row)[:, None], lg, logits)
+        if carry.any():
+            held = jnp.take(prev[0].logits, self._put(plan.gather_rows, row), axis=0)
+            logits = held if logits is None else jnp.where(self._put(carry, row)[:, None], held, logits)
+        if logits is None:   # no row decodes
+            logits = self._put(np.zeros((B, self.cfg.vocab_size), np.float32), ("batch", None))
         if self.timed:
             logits.block_until_ready()
         t1 = time.perf_counter()
 
-        tokens, lps, n_gen, reason, k, v, end_dev = self._decode(
+        tokens, lps, n_gen, reason, k, v, end_dev, last_logits = self._decode(
             params, k, v, end_dev, logits, self._put(plan.keys, ("batch", None)), self._put(plan.draws, row),
             self._put(plan.temperature, row), self._put(plan.top_p, row), self._put(plan.top_k, row),
             self._put(plan.n_max.astype(np.int32), row), self._put(plan.cap_reason.astype(np.int32), row),
@@ -567,9 +591,11 @@ class Sampler:
             prefill_logits=logits[:n],
         )
         if return_state:
-            ends, pending, draws = plan.next_state(tokens, n_gen)
+            running = (reason[:n] == RUNNING) & (n_gen[:n] > 0)
+            ends, pending, draws = plan.next_state(tokens, n_gen, running)
             out.state = SamplerState(k=k, v=v, ends=ends, pending=pending, keys=plan.keys[:n].copy(),
-                                     draws=draws, capacity=capacity)
+                                     draws=draws, capacity=capacity, logits=last_logits,
+                                     carried=running | (carry[:n] & (n_gen[:n] == 0)))
         else:
             self._spare = (k, v)
         return out

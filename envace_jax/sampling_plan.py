@@ -153,22 +153,26 @@ class BatchPlan:
                 tok[i, :t] = self.inputs[i][chunk.offset: chunk.offset + t]
         return tok
 
-    def next_state(self, tokens: np.ndarray, n_gen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def next_state(self, tokens: np.ndarray, n_gen: np.ndarray, running: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ends, pending, draws) of the first ``n`` rows after decoding ``n_gen`` tokens each.
 
-        The last generated token is pending (not in the cache yet). A row that generated nothing
-        keeps what it had: a refused kept row keeps its old pending token (nothing was written); a
-        fresh row has none.
+        The last generated token of a finished row is pending (not in the cache yet); a row still
+        ``running`` (bool ``[n]``: the call returned early) fed it, so it has none. A row that
+        generated nothing keeps what it had: a refused kept row keeps its old pending token (nothing
+        was written); a fresh row has none.
         """
         n = self.n
         n_gen = np.asarray(n_gen[:n], np.int64)
+        running = np.zeros((n,), bool) if running is None else np.asarray(running[:n], bool) & (n_gen > 0)
         pending = self.pending0[:n].copy()
         ends = self.end_after[:n].copy()
         written = ~self.full_now[:n]
         pending[written] = -1  # its old pending token went into the cache with the chunk
-        got = n_gen > 0
+        got = (n_gen > 0) & ~running
         pending[got] = np.asarray(tokens)[np.arange(n)[got], n_gen[got] - 1]
         ends[got] += n_gen[got] - 1
+        ends[running] += n_gen[running]
         return ends, pending, (self.draws[:n] + n_gen).astype(np.int32)
 
 
@@ -281,7 +285,7 @@ def plan_batch(inputs: Sequence[np.ndarray], ps: Sequence["SamplingParams"], see
     # must cover end + chunk length for all rows in all chunks, and every decode write.
     prefill = []
     off, end_cur = 0, end0.copy()
-    while True:
+    while lens.max() > 0:   # nothing to write (every row carries its logits, or sits out): no prefill
         take = np.clip(lens - off, 0, max_chunk)
         T = min(bucket(max(int(take.max()), 1), length_buckets, 16), headroom)
         groups = (split_rows(take, end_cur, length=T, headroom=headroom, length_buckets=length_buckets,
@@ -291,7 +295,7 @@ def plan_batch(inputs: Sequence[np.ndarray], ps: Sequence["SamplingParams"], see
         off += max_chunk
         if off >= lens.max():
             break
-    need = max(max(int((c.end + c.length).max()) for c in prefill),
+    need = max(max((int((c.end + c.length).max()) for c in prefill), default=0),
                max((int((g.end + g.length).max()) for c in prefill for g in c.groups or ()), default=0),
                int((end_after + np.maximum(n_max, 1)).max()))
     window = min(phys, quarter_octave_bucket(need) if window_buckets is None else bucket(need, window_buckets, 1))

@@ -162,3 +162,32 @@ def test_rolling_engine_plays_the_same_greedy_episodes_as_lockstep(model):
     gb = [(g.role, g.prompt_ids, g.gen_ids, g.turn) for e in b for g in e.generations]
     assert ga == gb and any(g[0] == REHEARSE for g in ga)
     assert max(c[ACT] + c[REHEARSE] for c in eng.sampler_calls) <= 4   # never more rows than slots
+
+
+def test_running_rows_carry_their_logits_and_write_nothing(model):
+    # A row still generating when the call returns has fed its last token: the next call decodes on
+    # from the logits it carries, writing nothing (no prefill token). It may also sit out a call
+    # (max_new_tokens=0) and keep them, or take appended tokens after what it generated. Every path
+    # must give the tokens of one uninterrupted greedy generation of the same text.
+    s = _sampler(model)
+    prompts = _prompts(model, [11, 25], seed=5)
+    greedy = lambda n: SamplingParams(temperature=0.0, max_new_tokens=n)
+    out = s.generate(prompts, [greedy(2), greedy(12)], return_state=True, min_done=1)
+    assert out.finish_reasons == ["length", "running"] and out.lengths == [2, 2]
+    st = out.state
+    assert st.carried.tolist() == [False, True] and st.pending[1] == -1 and st.pending[0] >= 0
+    assert st.ends[1] == 25 + 2  # both generated tokens are in the cache
+    before = s.stats.prefill_tokens
+    out2 = s.continue_(st, [[]], [greedy(0)], rows=[1], return_state=True)   # sits out
+    assert out2.lengths == [0] and out2.state.carried.tolist() == [True]
+    out3 = s.continue_(out2.state, [[]], [greedy(10)], rows=[0], return_state=True, min_done=1)
+    assert s.stats.prefill_tokens == before   # neither call wrote a token
+    ref = s.generate([prompts[1]], greedy(12))
+    assert out.tokens[1] + out3.tokens[0] == ref.tokens[0]
+    np.testing.assert_allclose(out.logprobs[1] + out3.logprobs[0], ref.logprobs[0], atol=1e-5)
+    # Appending to a row that was still running: its tokens so far, then the appended ones.
+    out = s.generate(prompts, [greedy(2), greedy(12)], return_state=True, min_done=1)
+    extra = _prompts(model, [7], seed=6)[0]
+    out4 = s.continue_(out.state, [extra], [greedy(6)], rows=[1])
+    ref = s.generate([prompts[1] + out.tokens[1] + extra], greedy(6))
+    assert out4.tokens[0] == ref.tokens[0]

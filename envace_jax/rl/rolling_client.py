@@ -5,9 +5,9 @@ row ends, so every row that stops early leaves its slot idle until then, and a c
 than a batch bucket pads up to the next bucket. ``RollingSamplerClient`` keeps at most ``slots`` rows
 decoding; requests beyond that wait in a queue. Each ``step()`` is one sampler call that:
 
-* carries on the rows still generating (their last token is pending in the cache, their PRNG stream
-  and remaining ``max_new_tokens`` go on: a row split over calls draws what it would have drawn in
-  one call);
+* carries on the rows still generating: they write nothing, their next-token logits come from the
+  previous call (``SamplerState.carried``), their PRNG stream and remaining ``max_new_tokens`` go on,
+  so a row split over calls draws what it would have drawn in one call;
 * gives the free slots to waiting requests, in submission order (a request whose ``cache_key`` names
   a finished row still intact in the state appends only its new suffix, as ``SamplerClient`` does);
 * carries finished rows that may be continued later (parked, ``max_new_tokens=0``) only in slots the
@@ -159,7 +159,7 @@ class RollingSamplerClient:
                                          params + [park] * len(parked),
                                          rows=src + [self._parked[k][0] for k in parked], return_state=True,
                                          min_done=min_done)
-        written = [1] * len(running) + [len(a) for a in appended[len(running):]]  # running rows re-feed one
+        written = [0] * len(running) + [len(a) for a in appended[len(running):]]  # running rows carry their logits
         self.calls.append(CallStats({r: sum(j.request.role == r for j in jobs) for r in (ACT, REHEARSE)},
                                     continued=sum(s >= 0 for s in src[len(running):]),
                                     fresh=sum(s < 0 for s in src), parked=len(parked),
