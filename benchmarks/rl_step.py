@@ -26,7 +26,10 @@ its slowest row. Episodes per second count the rollout phase (sampling, judge an
 rollout); the update phases are the same work in both engines.
 
 ``--compare refill`` runs the rolling batch with and without ``eager_refill`` (a call returns once a
-quarter of its rows finished even when no request waits yet, so their episodes' next requests join).
+quarter of its rows finished even when no request waits yet, so their episodes' next requests join;
+the demo's default). ``--batch_buckets 8,16,32,...`` overrides the batch sizes the sampler pads a call
+to. Each line also counts the step's sampler calls and the programs traced in it (a new shape bucket:
+compiled, or loaded from the persistent cache), which inflate the first steps.
 ``--compare prefill`` runs the rolling batch twice instead, with the sampler's split prefill
 (``Sampler(split_prefill=True)``, the default: a call whose rows write very different lengths prefills
 them in sub-batches) and with one-call prefill, and adds the prefill slot efficiency (tokens written /
@@ -148,7 +151,8 @@ class Arm:
     """One engine (lockstep or rolling) on one workload, built once so its programs compile once; every
     step starts from the same SFT parameters and a fresh optimizer state."""
 
-    def __init__(self, demo, cfg, rolling: bool, slots: int, split_prefill: bool = True, eager_refill: bool = False):
+    def __init__(self, demo, cfg, rolling: bool, slots: int, split_prefill: bool = True, eager_refill: bool | None = None,
+                 batch_buckets: tuple[int, ...] | None = None):
         from envace_jax.demo import stages
 
         self.demo, self.stages = demo, stages
@@ -158,7 +162,9 @@ class Arm:
         self.step, self.client = stages.make_rl_step(cfg.replace(rolling=rolling, rolling_slots=slots), cfg.rl_mode,
                                                      demo.model, demo.codec, self.trainer)
         self.client.sampler.split_prefill = split_prefill
-        if rolling:
+        if batch_buckets:
+            self.client.sampler.batch_buckets = batch_buckets
+        if rolling and eager_refill is not None:   # None: the demo's setting
             self.client.eager_refill = eager_refill
         self.meter = Meter(self.client, self.step.engine, self.trainer)
         self._rollout = self.step.rollout
@@ -175,6 +181,7 @@ class Arm:
                                                   self.opt0))
         self.client.reset()
         self.meter.reset()
+        c0, n0 = self.client.sampler.num_compilations, len(self.client.calls)
         t0 = time.perf_counter()
         episodes = self._rollout(records, iteration)
         t_roll = time.perf_counter() - t0
@@ -188,7 +195,7 @@ class Arm:
         ph["host"] = total - sum(v for k, v in ph.items() if k != "host")
         lens = [len(g.gen_ids) for e in episodes for g in e.generations]
         return (ph, t_roll, total, len(episodes), self.meter.utilisation(), lens, [e.steps for e in episodes],
-                self.meter.prefill_efficiency())
+                self.meter.prefill_efficiency(), self.client.sampler.num_compilations - c0, len(self.client.calls) - n0)
 
 
 def main():
@@ -200,7 +207,10 @@ def main():
     ap.add_argument("--compare", default="engines", choices=["engines", "prefill", "refill"],
                     help="engines: lockstep vs rolling batch; prefill: rolling batch, one-call vs split prefill; "
                          "refill: rolling batch, refill only for waiting requests vs eager refill")
+    ap.add_argument("--batch_buckets", default="",
+                    help="comma-separated batch sizes the sampler rounds a call up to (default: the demo's)")
     args = ap.parse_args()
+    bb = tuple(int(x) for x in args.batch_buckets.split(",")) if args.batch_buckets else None
 
     import jax
 
@@ -225,22 +235,22 @@ def main():
               flush=True)
         rows = {False: [], True: []}
         if args.compare == "prefill":   # False: one-call prefill, True: split prefill (both rolling)
-            arms = {r: Arm(demo, cfg, True, args.slots, split_prefill=r) for r in (False, True)}
+            arms = {r: Arm(demo, cfg, True, args.slots, split_prefill=r, batch_buckets=bb) for r in (False, True)}
             names = {False: "one-call prefill", True: "split prefill"}
         elif args.compare == "refill":
-            arms = {r: Arm(demo, cfg, True, args.slots, eager_refill=r) for r in (False, True)}
+            arms = {r: Arm(demo, cfg, True, args.slots, eager_refill=r, batch_buckets=bb) for r in (False, True)}
             names = {False: "refill when waiting", True: "eager refill"}
         else:
-            arms = {r: Arm(demo, cfg, r, args.slots) for r in (False, True)}
+            arms = {r: Arm(demo, cfg, r, args.slots, batch_buckets=bb) for r in (False, True)}
             names = {False: "lockstep", True: "rolling"}
         for it in range(args.steps + 1):  # the first round compiles
             records = [tasks[(it * cfg.prompts_per_step + i) % len(tasks)] for i in range(cfg.prompts_per_step)]
             for rolling in (False, True):
-                ph, t_roll, total, n, util, lens, steps, pre = arms[rolling].run(records, it)
+                ph, t_roll, total, n, util, lens, steps, pre, compiles, calls = arms[rolling].run(records, it)
                 tag = names[rolling]
                 print(f"{'(compile) ' if it == 0 else ''}step {it} {tag}: total {total:6.1f}s, rollout {t_roll:6.1f}s "
                       f"({n / t_roll:5.2f} episodes/s), slot utilisation {100 * util:4.1f}%, prefill slot "
-                      f"efficiency {100 * pre:4.1f}% | "
+                      f"efficiency {100 * pre:4.1f}%, {calls} sampler calls, {compiles} programs traced | "
                       + " ".join(f"{k} {v:5.1f}" for k, v in ph.items())
                       + f" | gen len p50 {np.median(lens):.0f} p90 {np.percentile(lens, 90):.0f} max {max(lens)}, "
                       f"micro-steps p50 {np.median(steps):.0f} max {max(steps)}", flush=True)

@@ -187,6 +187,10 @@ class RolloutConfig(Checked):
     # (transitions, seeds, caps) is unchanged; only the order across episodes differs.
     rolling: bool = False
     rolling_slots: int = 32              # rows the rolling batch decodes at once
+    # A call also returns early when nothing waits yet, once a quarter of its rows are done, so their
+    # episodes' next requests join (RollingSamplerClient.eager_refill). Measured on the CPU demo only
+    # (benchmarks/rl_step.py --compare refill), hence off here.
+    rolling_eager_refill: bool = False
     seed: int = 0
 
 

@@ -71,6 +71,9 @@ class DemoConfig:
     # goes to the next waiting request; False = lockstep micro-steps (one sampler call per step)
     rolling: bool = True
     rolling_slots: int = 32          # rows of the RL rollouts' rolling batch (evaluation uses eval_batch)
+    # ... and a call returns once a quarter of its rows are done even when nothing waits yet: the rollout
+    # engine queues their episodes' next requests at once (benchmarks/rl_step.py --compare refill)
+    rolling_eager_refill: bool = True
     # ---- evaluation
     eval_batch: int = 128            # episodes per rollout call in the real-tool evaluation
     fidelity_tasks: int = 32        # held-out tasks whose calls are teacher-forced for REHEARSE fidelity

@@ -35,7 +35,8 @@ from envace_jax.sampling import Sampler
 # program costs seconds, more than the padding it saves.
 TRAIN_LEN = 384
 LENGTH_MULTIPLE = 64
-SAMPLER_BUCKETS = dict(batch_buckets=(32, 128, 512), length_buckets=(32, 128, 256), window_buckets=(256, 512, 1024))
+# Batch sizes 8 and 16 too: the rolling batch's later calls hold few rows (episodes end at different steps)
+SAMPLER_BUCKETS = dict(batch_buckets=(8, 16, 32, 128, 512), length_buckets=(32, 128, 256), window_buckets=(256, 512, 1024))
 
 
 class Clock:
@@ -150,7 +151,8 @@ def make_client(model, codec, cfg: DemoConfig | None = None, slots: int | None =
         # plus a generation (REHEARSE prompts stay below it); windows are still sized per call.
         sampler = Sampler(model, cache_size=cfg.max_model_len + max(cfg.act_max_new_tokens, cfg.rehearse_max_new_tokens),
                           **SAMPLER_BUCKETS)
-        return RollingSamplerClient(sampler, codec.stop_token_ids, slots=slots or cfg.rolling_slots)
+        return RollingSamplerClient(sampler, codec.stop_token_ids, slots=slots or cfg.rolling_slots,
+                                    eager_refill=cfg.rolling_eager_refill)
     return SamplerClient(Sampler(model, **SAMPLER_BUCKETS), stop_token_ids=codec.stop_token_ids)
 
 

@@ -137,7 +137,7 @@ def make_client(model, codec, mesh, rollout: config_lib.RolloutConfig | None = N
     if rollout is not None and rollout.rolling:
         size = rollout.max_model_len + max(rollout.act.max_new_tokens, rollout.rehearse.max_new_tokens)
         return RollingSamplerClient(Sampler(model, mesh=mesh, cache_size=size), codec.stop_token_ids,
-                                    slots=rollout.rolling_slots)
+                                    slots=rollout.rolling_slots, eager_refill=rollout.rolling_eager_refill)
     return SamplerClient(Sampler(model, mesh=mesh), codec.stop_token_ids)
 
 
