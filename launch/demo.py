@@ -27,16 +27,6 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "demo.py")
-_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "demo config file (configs/demo.py[:preset])",
-                                          lock_config=True)
-_RUN_DIR = flags.DEFINE_string("run_dir", "runs/demo", "where the data, models, report and summary go")
-_COMPARE = flags.DEFINE_bool("compare", False, "RL in modes real, simulator and rehearsal")
-_SWEEP = flags.DEFINE_bool("rehearsal_sweep", False, "after a demo run in --run_dir: test-time rehearsal N=0,1,2 "
-                           "(parallel, sequential) with its exported model, into rehearsal_sweep.md")
-_SWEEP_TASKS = flags.DEFINE_integer("sweep_tasks", 0, "tasks for --rehearsal_sweep (0: the whole split)")
-_LEVERAGE = flags.DEFINE_bool("leverage", False, "greedy success and pass@1/4/16 of the RL start per branch kind and "
-                              "task type (leverage.md)")
-_NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "no progress bars")
 
 
 def legacy_argv(argv: list[str]) -> list[str]:
@@ -66,6 +56,23 @@ def legacy_argv(argv: list[str]) -> list[str]:
             raise SystemExit("give the preset either with --preset or in --config=configs/demo.py:PRESET, not both")
         out.insert(1, f"--config={DEFAULT_CONFIG}:{preset}")
     return out
+
+
+if __name__ == "__main__":
+    # Before the flags are defined: config_flags registers the ``--config.field`` overrides it finds in
+    # sys.argv when it loads the default config, at definition time.
+    sys.argv = legacy_argv(sys.argv)
+
+_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "demo config file (configs/demo.py[:preset])",
+                                          lock_config=True)
+_RUN_DIR = flags.DEFINE_string("run_dir", "runs/demo", "where the data, models, report and summary go")
+_COMPARE = flags.DEFINE_bool("compare", False, "RL in modes real, simulator and rehearsal")
+_SWEEP = flags.DEFINE_bool("rehearsal_sweep", False, "after a demo run in --run_dir: test-time rehearsal N=0,1,2 "
+                           "(parallel, sequential) with its exported model, into rehearsal_sweep.md")
+_SWEEP_TASKS = flags.DEFINE_integer("sweep_tasks", 0, "tasks for --rehearsal_sweep (0: the whole split)")
+_LEVERAGE = flags.DEFINE_bool("leverage", False, "greedy success and pass@1/4/16 of the RL start per branch kind and "
+                              "task type (leverage.md)")
+_NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "no progress bars")
 
 
 def main(argv) -> int:
@@ -118,5 +125,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    sys.argv = legacy_argv(sys.argv)  # config_flags reads the overrides from sys.argv itself
     app.run(main)

@@ -58,6 +58,7 @@ def test_report_files_exist_and_summary_has_required_keys(reduced_run):
 @pytest.mark.parametrize("args,needle", [
     (["--config.sft_tasks=0"], "demo sft_tasks must be >= 1, got 0"),
     (["--preset=reduced", "--set", "sft_tasks=0"], "demo sft_tasks must be >= 1, got 0"),   # the earlier spelling
+    (["--set", "sft_tasks=0"], "demo sft_tasks must be >= 1, got 0"),   # ... without a preset (was an unknown flag)
     (["--config.eval_split=dev"], "demo eval_split must be one of"),
     (["--config.rl_push_back_share=1.5"], "demo rl_push_back_share must be None or in [0, 1], got 1.5"),
 ])
