@@ -13,8 +13,10 @@ Multi-turn (the rollout engine's per-step call)::
 ``continue_`` gathers the listed rows of the previous state's cache (``-1`` = a fresh prompt in that
 slot), appends each row's new tokens after what the row already holds, and decodes again, so a turn
 costs the appended tokens plus the generated ones, not the whole conversation. The last generated
-token of a row is not in the cache yet (feeding it would cost one more forward that a finished
-episode never needs); it is written in front of the row's next appended chunk.
+token of a finished row is not in the cache yet (feeding it would cost one more forward that a
+finished episode never needs); it is written in front of the row's next appended chunk. A row still
+generating when a call returns early (``min_done``) has fed it already and carries its next-token
+logits in the state, so continuing it writes nothing (``SamplerState.carried``).
 
 What each call does before touching the device (row resume, room, prefill chunks, window, budget)
 is planned in numpy by ``sampling_plan.plan_batch``. Two compiled programs carry the plan out per
@@ -125,7 +127,7 @@ class SamplerOutput:
     finish_reasons: list[str]
     lengths: list[int]
     state: SamplerState | None = None
-    prefill_logits: jax.Array | None = None  # float32 [B, V]: logits after each row's last input token
+    prefill_logits: jax.Array | None = None  # float32 [B, V]: next-token logits the decode started from
 
 
 @dataclasses.dataclass
@@ -187,8 +189,8 @@ class Sampler:
       window_buckets: sorted device-cache sizes to round a call's need up to (default four per
         power of two, at least 64); the size never exceeds ``capacity + headroom``.
       k_max: candidate count of the fast sampling path (see ``sampling_ops``).
-      split_prefill: a prefill chunk whose rows write very different lengths (a rolling batch: rows
-        still generating write one token, joining rows a whole prompt) runs as up to two sub-batch
+      split_prefill: a prefill chunk whose rows write very different lengths (a rolling batch: resumed
+        rows write a pending token and a short suffix, joining rows a whole prompt) runs as up to two sub-batch
         calls on the rows that write, instead of padding every row to the longest
         (``sampling_plan.split_rows``); same tokens, fewer computed slots. ``split_min_rows``: the
         smallest sub-batch (powers of two from it: fewer shapes to compile).
@@ -290,7 +292,7 @@ class Sampler:
         """On-device decode loop.
 
         Shapes: k, v per-layer tuples (see ``qwen3.KVCache``); end int32 ``[B]``; logits float32 ``[B, V]`` (next-token
-        logits after the prefill); keys uint32 ``[B, 2]``; draws int32 ``[B]`` draws already made by
+        logits after the prefill, or carried from the previous call); keys uint32 ``[B, 2]``; draws int32 ``[B]`` draws already made by
         each row; temperature/top_p float32 ``[B]``; top_k, n_max (tokens this row may generate),
         cap_reason (reason when n_max is reached) int32 ``[B]``; stop_ids int32 ``[B, S_max]``
         padded with -1; min_done int32 scalar: stop once this many rows that started live are done
@@ -342,7 +344,7 @@ class Sampler:
         tokens, lps, n, _, reason = c
         # Rows still running fed their last token: `last` holds their next-token logits. Rows that never
         # decoded keep the logits they came with (a carried row may sit out a call).
-        last = jnp.where(start[:, None], logits, last)
+        last = shd.constrain(jnp.where(start[:, None], logits, last), ("batch", None), self.mesh, self.rules)
         return tokens, lps, n, reason, *self._cache_constrain(k, v), end, last
 
     # ---------------------------------------------------------------- ahead-of-time compilation
@@ -501,9 +503,16 @@ class Sampler:
             st = prev[0]
             k, v, gather = st.k, st.v, True
             st.consumed = True
+            kept_idle = (plan.src[:n] >= 0) & (plan.lens[:n] == 0)
             if st.carried is not None:
-                kept = plan.src[:n] >= 0
-                carry[:n] = kept & (plan.lens[:n] == 0) & st.carried[np.maximum(plan.src[:n], 0)]
+                carry[:n] = kept_idle & st.carried[np.maximum(plan.src[:n], 0)]
+            # A kept row that writes nothing, holds no pending token and carries no logits has nothing
+            # to decode from.
+            lost = np.flatnonzero(kept_idle & ~carry[:n] & (plan.n_max[:n] > 0))
+            if lost.size:
+                raise ValueError(f"continue_: rows {lost.tolist()} append nothing to a row that holds no pending "
+                                 f"token or carried logits, so they have nothing to decode from; append tokens "
+                                 f"or ask for max_new_tokens=0")
         elif self._spare is not None and self._spare[0][0].shape[0] == B:
             k, v = self._spare
             gather = False
@@ -554,9 +563,10 @@ class Sampler:
             last_here = chunk.last_for(plan.lens)
             logits = lg if logits is None else jnp.where(self._put(last_here, row)[:, None], lg, logits)
         if carry.any():
-            held = jnp.take(prev[0].logits, self._put(plan.gather_rows, row), axis=0)
+            held = shd.constrain(jnp.take(prev[0].logits, self._put(plan.gather_rows, row), axis=0),
+                                 ("batch", None), self.mesh, self.rules)
             logits = held if logits is None else jnp.where(self._put(carry, row)[:, None], held, logits)
-        if logits is None:   # no row decodes
+        if logits is None:   # no row writes or carries anything: none decodes
             logits = self._put(np.zeros((B, self.cfg.vocab_size), np.float32), ("batch", None))
         if self.timed:
             logits.block_until_ready()
@@ -593,9 +603,11 @@ class Sampler:
         if return_state:
             running = (reason[:n] == RUNNING) & (n_gen[:n] > 0)
             ends, pending, draws = plan.next_state(tokens, n_gen, running)
+            carried = running | (carry[:n] & (n_gen[:n] == 0))
+            # float32 [B, V] kept only when a row needs it (at Qwen3's vocabulary, ~600 KB a row)
             out.state = SamplerState(k=k, v=v, ends=ends, pending=pending, keys=plan.keys[:n].copy(),
-                                     draws=draws, capacity=capacity, logits=last_logits,
-                                     carried=running | (carry[:n] & (n_gen[:n] == 0)))
+                                     draws=draws, capacity=capacity, logits=last_logits if carried.any() else None,
+                                     carried=carried)
         else:
             self._spare = (k, v)
         return out

@@ -189,8 +189,9 @@ def split_rows(take: np.ndarray, end: np.ndarray, *, length: int, headroom: int,
     """The chunk's writing rows in at most two sub-batches by length, or None when the full batch
     (``len(take)`` rows x ``length`` columns) costs little more.
 
-    Why: in a rolling batch most rows write one token (the pending one of a row still generating)
-    while a few joining rows write whole prompts; one call pads every row to the longest prompt.
+    Why: in a rolling batch most rows write little (a resumed row its pending token and a short
+    suffix; a row still generating nothing) while a few joining rows write whole prompts; one call
+    pads every row to the longest prompt.
     Sub-batches are powers of two of at least ``min_rows`` rows (not the sampler's batch buckets,
     which may start at the full batch) and lengths use its length buckets, so they reuse a few
     compiled shapes."""

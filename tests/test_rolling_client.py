@@ -191,3 +191,10 @@ def test_running_rows_carry_their_logits_and_write_nothing(model):
     out4 = s.continue_(out.state, [extra], [greedy(6)], rows=[1])
     ref = s.generate([prompts[1] + out.tokens[1] + extra], greedy(6))
     assert out4.tokens[0] == ref.tokens[0]
+    # A row whose last tokens were written without decoding (max_new_tokens=0) holds neither a pending
+    # token nor logits: continuing it with nothing appended is refused instead of decoding from zeros.
+    out = s.generate([prompts[0]], greedy(3), return_state=True)
+    out5 = s.continue_(out.state, [extra], [greedy(0)], return_state=True)
+    assert out5.state.pending[0] == -1 and not out5.state.carried[0]
+    with pytest.raises(ValueError, match=r"rows \[0\] append nothing"):
+        s.continue_(out5.state, [[]], [greedy(4)])

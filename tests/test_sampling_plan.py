@@ -83,7 +83,7 @@ def test_fresh_rows_get_distinct_streams_and_bad_sizes_are_named():
 def test_split_rows_by_hand():
     from envace_jax.sampling_plan import split_rows
 
-    # A rolling call: six rows still generating write their pending token, one joining row a 90-token
+    # A rolling call: six resumed rows write their pending token, one joining row a 90-token
     # prompt, one row writes nothing. One call would compute 8 rows x 128 columns = 1,024 slots; two
     # sub-batches compute 8 x 16 (the one-token rows) + 1 x 128 (the prompt) = 256.
     take = np.array([1, 1, 1, 0, 1, 90, 1, 1])
@@ -108,7 +108,7 @@ def test_split_rows_by_hand():
 
 def test_plan_splits_only_when_asked_and_sizes_the_window_for_the_padding_writes():
     p = SamplingParams(temperature=0.0, max_new_tokens=4)
-    # twelve kept rows write their pending token, one fresh row a 100-token prompt, in a 32-row call
+    # twelve resumed rows write their pending token, one fresh row a 100-token prompt, in a 32-row call
     ins = [np.zeros(0, np.int32)] * 12 + _ids(100)
     prev = _prev(ends=[30 + r for r in range(12)] + [0], pending=[5 + r for r in range(12)] + [-1],
                  rows=list(range(12)) + [-1])
