@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from envace_jax.sampling import SamplingParams
+    from envace_jax.sampling_records import SamplingParams
 
 RUNNING, STOP, LENGTH, CACHE_FULL = 0, 1, 2, 3
 # "running": still generating when the call returned early (``min_done``); continue it with nothing
