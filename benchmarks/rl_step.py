@@ -30,6 +30,10 @@ quarter of its rows finished even when no request waits yet, so their episodes' 
 the demo's default). ``--batch_buckets 8,16,32,...`` overrides the batch sizes the sampler pads a call
 to. Each line also counts the step's sampler calls and the programs traced in it (a new shape bucket:
 compiled, or loaded from the persistent cache), which inflate the first steps.
+``--compare update`` runs the rolling batch with the update's exact shortcuts off (old log-probs
+recomputed by a second pass, every row through the backward pass: the reference) and on (the demo's
+default: old log-probs from the update's own pass, rows without advantage left out); the two arms take
+the same optimizer steps (tests/test_update_shortcuts.py).
 ``--compare prefill`` runs the rolling batch twice instead, with the sampler's split prefill
 (``Sampler(split_prefill=True)``, the default: a call whose rows write very different lengths prefills
 them in sub-batches) and with one-call prefill, and adds the prefill slot efficiency (tokens written /
@@ -152,9 +156,11 @@ class Arm:
     step starts from the same SFT parameters and a fresh optimizer state."""
 
     def __init__(self, demo, cfg, rolling: bool, slots: int, split_prefill: bool = True, eager_refill: bool | None = None,
-                 batch_buckets: tuple[int, ...] | None = None):
+                 batch_buckets: tuple[int, ...] | None = None, update_shortcuts: bool | None = None):
         from envace_jax.demo import stages
 
+        if update_shortcuts is not None:   # None: the demo's setting
+            cfg = cfg.replace(rl_update_shortcuts=update_shortcuts)
         self.demo, self.stages = demo, stages
         self.params = stages.snapshot(demo.model)
         self.trainer = stages.make_trainer(demo.model, cfg, cfg.rl_lr, 0)
@@ -204,9 +210,10 @@ def main():
     ap.add_argument("--workload", default="both", choices=["demo", "long_tail", "both"])
     ap.add_argument("--slots", type=int, default=32, help="rows of the rolling batch")
     ap.add_argument("--cache_dir", default="runs/bench_rl")
-    ap.add_argument("--compare", default="engines", choices=["engines", "prefill", "refill"],
+    ap.add_argument("--compare", default="engines", choices=["engines", "prefill", "refill", "update"],
                     help="engines: lockstep vs rolling batch; prefill: rolling batch, one-call vs split prefill; "
-                         "refill: rolling batch, refill only for waiting requests vs eager refill")
+                         "refill: rolling batch, refill only for waiting requests vs eager refill; "
+                         "update: rolling batch, the update's exact shortcuts off vs on")
     ap.add_argument("--batch_buckets", default="",
                     help="comma-separated batch sizes the sampler rounds a call up to (default: the demo's)")
     args = ap.parse_args()
@@ -240,6 +247,9 @@ def main():
         elif args.compare == "refill":
             arms = {r: Arm(demo, cfg, True, args.slots, eager_refill=r, batch_buckets=bb) for r in (False, True)}
             names = {False: "refill when waiting", True: "eager refill"}
+        elif args.compare == "update":
+            arms = {r: Arm(demo, cfg, True, args.slots, batch_buckets=bb, update_shortcuts=r) for r in (False, True)}
+            names = {False: "two-pass update", True: "update shortcuts"}
         else:
             arms = {r: Arm(demo, cfg, r, args.slots, batch_buckets=bb) for r in (False, True)}
             names = {False: "lockstep", True: "rolling"}

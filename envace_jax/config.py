@@ -263,6 +263,26 @@ class RLSection(Checked):
     # (the reference's row padding). A truncated row is scored under a context the sampler never saw
     # (and from position 0), so its log-probs and ratio are not those of the sampled policy.
     overlong_rows: str = "drop"
+    # Exact shortcuts of the update, off in the faithful setting (the reference runs neither):
+    # with one optimizer step per batch (ppo_epochs = mini_batches = 1) the recomputed old log-probs are
+    # the update's own log-probs at the same weights, so take them from the update's forward pass
+    # (stop-gradient: ratio 1) instead of a second pass over the batch
+    old_logprobs_from_update: bool = False
+    # rows whose advantage is exactly 0 add nothing to the gradient when the loss has no KL and no entropy
+    # term: leave them out of the forward/backward passes and divide by the whole batch's loss count, so
+    # the optimizer step is the same (needs mini_batches = 1)
+    skip_zero_advantage_rows: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.old_logprobs_from_update and (self.ppo_epochs != 1 or self.mini_batches != 1
+                                              or not self.recompute_old_logprobs):
+            raise ValueError("rl.old_logprobs_from_update needs rl.ppo_epochs = rl.mini_batches = 1 and "
+                             f"rl.recompute_old_logprobs (got {self.ppo_epochs}, {self.mini_batches}, "
+                             f"{self.recompute_old_logprobs}): later steps' old log-probs are not the update's own")
+        if self.skip_zero_advantage_rows and self.mini_batches != 1:
+            raise ValueError(f"rl.skip_zero_advantage_rows needs rl.mini_batches = 1, got {self.mini_batches}: "
+                             "each mini-batch's loss count would change with the rows left out")
 
 
 @dataclasses.dataclass(frozen=True)

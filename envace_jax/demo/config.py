@@ -62,6 +62,10 @@ class DemoConfig:
     # SFT batches (the warm start's rows, both roles) interleaved after each RL step, with the RL optimizer:
     # keeps the shared-reward update from eroding REHEARSE fidelity (0 = pure RL, as the reference)
     rl_replay_batches: int = 1
+    # the update's exact shortcuts (rl.old_logprobs_from_update, rl.skip_zero_advantage_rows): the same
+    # optimizer steps as the reference's two-pass update over every row (tests/test_update_shortcuts.py),
+    # in less time (most groups' rollouts score alike: ~70% of the rows carry no advantage)
+    rl_update_shortcuts: bool = True
     act_max_new_tokens: int = 64
     rehearse_max_new_tokens: int = 64
     temperature: float = 0.6         # both roles' training rollouts (evaluation is greedy)

@@ -230,9 +230,10 @@ def make_rl_step(cfg: DemoConfig, mode: str, model, codec, trainer: Trainer, sim
     client = make_client(model, codec, cfg)
     sim_client = make_client(simulator_model, codec, cfg) if simulator_model is not None else None
     # The reference's step (row-mean baseline, 0.1 empty-output penalty, recomputed old log-probs, one
-    # optimizer step) on the demo's short rows.
+    # optimizer step) on the demo's short rows, with the update's exact shortcuts unless turned off.
     rl = RLSection(n_rollouts=cfg.n_rollouts, micro_batch_size=cfg.micro_batch_size, max_row_length=TRAIN_LEN,
-                   length_multiple=LENGTH_MULTIPLE)
+                   length_multiple=LENGTH_MULTIPLE, old_logprobs_from_update=cfg.rl_update_shortcuts,
+                   skip_zero_advantage_rows=cfg.rl_update_shortcuts)
     step = build_rl_step(rl, rollout_config(cfg, mode, greedy=False), codec, client, ChecklistTurnJudge(RuleJudge()),
                          trainer, simulator=sim_client, make_env=make_real_env if mode == "real" else None,
                          pad_id=0, seed=cfg.seed)

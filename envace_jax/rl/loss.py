@@ -203,6 +203,34 @@ def _aggregate(x: jax.Array, w: jax.Array, agg: str, unit_scale: jax.Array) -> P
     return jnp.sum(jnp.where(has, row_val * rs, 0.0)), jnp.sum(rs)
 
 
+def _unit_scale(w: jax.Array, agg: str, role_ids, role_balanced: bool, role_counts, num_roles: int) -> jax.Array:
+    """Per-row factor of the role-balanced weighting (1 / units of the row's role), or ones."""
+    if not role_balanced:
+        return jnp.ones((w.shape[0],), jnp.float32)
+    rid = role_ids.astype(jnp.int32)
+    counts = role_unit_counts(w, rid, agg, num_roles) if role_counts is None else role_counts
+    n_r = jnp.asarray(counts, jnp.float32)[rid]
+    return jnp.where(n_r > 0, 1.0 / jnp.where(n_r > 0, n_r, 1.0), 0.0)
+
+
+def loss_count(loss_weights, agg: str = "seq_mean_token_mean", role_ids=None, role_balanced: bool = False,
+               num_roles: int = 2) -> tuple[float, np.ndarray]:
+    """On the host (numpy, no device program per shape): the count ``policy_loss`` divides these rows'
+    loss by (token weight for ``token_mean``, rows with any weight otherwise; the number of roles
+    present when role-balanced) and the units per role (``role_unit_counts``). What a batch's gradient
+    is normalised by when only some of its rows go through the model (``rl.skip_zero_advantage_rows``)."""
+    if agg not in AGG_MODES:
+        raise ValueError(f"agg={agg!r} is not one of {AGG_MODES}")
+    w = np.asarray(loss_weights, np.float64)
+    per_row = w.sum(-1) if agg == "token_mean" else (w.sum(-1) > 0).astype(np.float64)
+    rid = np.zeros((w.shape[0],), np.int64) if role_ids is None else np.asarray(role_ids, np.int64)
+    per_role = np.bincount(rid, weights=per_row, minlength=num_roles)[:num_roles]
+    if role_balanced and role_ids is None:
+        raise ValueError("role_balanced=True needs role_ids")
+    count = float((per_role > 0).sum()) if role_balanced else float(per_row.sum())
+    return count, per_role.astype(np.float32)
+
+
 def _token_mean(x: jax.Array, w: jax.Array) -> Pair:
     return jnp.sum(jnp.where(w > 0, x * w, 0.0)), jnp.sum(w)
 
@@ -280,14 +308,7 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, los
         pg = clipped
         lower = jnp.zeros_like(on)
 
-    if role_balanced:
-        rid = role_ids.astype(jnp.int32)
-        counts = role_unit_counts(w, rid, agg, num_roles) if role_counts is None else role_counts
-        n_r = jnp.asarray(counts, jnp.float32)[rid]
-        unit_scale = jnp.where(n_r > 0, 1.0 / jnp.where(n_r > 0, n_r, 1.0), 0.0)
-    else:
-        unit_scale = jnp.ones((logp.shape[0],), jnp.float32)
-
+    unit_scale = _unit_scale(w, agg, role_ids, role_balanced, role_counts, num_roles)
     total = pg
     out: dict[str, Pair] = {"pg_loss": _aggregate(pg, w, agg, unit_scale)}
     if ref_logp is not None:

@@ -30,6 +30,7 @@ import numpy as np
 from envace_jax.config import RLSection
 from envace_jax.rl.advantages import advantage_stats, role_wise_advantages
 from envace_jax.rl.batch import TrainBatch, build_batch
+from envace_jax.rl.loss import loss_count
 from envace_jax.rl.reward import empty_output_penalty
 from envace_jax.rl.rollout import TRAINED_ROLES, RolloutConfig, RolloutEngine
 from envace_jax.rl.trainer import Trainer
@@ -132,9 +133,11 @@ def logprob_mismatch(batch: TrainBatch, recomputed: np.ndarray) -> dict[str, flo
 
 
 def ppo_update(trainer: Trainer, batch: TrainBatch, *, epochs: int = 1, mini_batches: int = 1,
-               shuffle: bool = True) -> list[dict[str, float]]:
+               shuffle: bool = True, **update_kw) -> list[dict[str, float]]:
     """``epochs`` passes of ``mini_batches`` optimizer steps over ``batch`` (reference: 1 x 1); the
-    metrics of each step. Mini-batch order is reshuffled per epoch from the trainer's step count."""
+    metrics of each step. Mini-batch order is reshuffled per epoch from the trainer's step count.
+    ``update_kw`` go to every ``Trainer.update`` (only given when set, so a Trainer-like object without
+    them still works)."""
     out = []
     n = batch.size
     for ep in range(epochs):
@@ -145,7 +148,7 @@ def ppo_update(trainer: Trainer, batch: TrainBatch, *, epochs: int = 1, mini_bat
             # Every process must take the same number of steps (each is a collective); a process
             # with no rows in this part contributes zero-weight padding rows.
             if len(part) or _process_count() > 1:
-                out.append(trainer.update(batch.take(np.sort(part))))
+                out.append(trainer.update(batch.take(np.sort(part)), **update_kw))
     return out
 
 
@@ -155,15 +158,39 @@ def _process_count() -> int:
     return jax.process_count()
 
 
-def _rows_all_processes(n: int) -> int:
-    """``n`` summed over JAX processes (the update is a collective: all take it or none)."""
+def _sum_all_processes(x):
+    """``x`` (a number or array) summed over JAX processes."""
     import jax
 
     if jax.process_count() == 1:
-        return n
+        return x
     from jax.experimental import multihost_utils
 
-    return int(np.asarray(multihost_utils.process_allgather(np.asarray(n, np.int64))).sum())
+    return np.asarray(multihost_utils.process_allgather(np.asarray(x))).sum(0)
+
+
+def _rows_all_processes(n: int) -> int:
+    """``n`` summed over JAX processes (the update is a collective: all take it or none)."""
+    return int(_sum_all_processes(np.asarray(n, np.int64)))
+
+
+def _flat_key_rows(gens: Sequence[Generation], scores: np.ndarray, group_ids: np.ndarray, cfg: RLSection) -> np.ndarray:
+    """Rows whose advantage is 0 in exact arithmetic although its float value may not be: their
+    (prompt, role) key scored the same on every row and holds at least two units (rows; episodes for
+    ``trajectory_mean``), so a mean baseline equals each score up to rounding (three 0.3s average to
+    0.3 + 1e-8 in float32). Not for ``baseline="none"`` (the advantage is the score) or std-normalised
+    advantages (rounding / (0 + eps) is what the faithful step trains on)."""
+    flat = np.zeros((len(gens),), bool)
+    if cfg.baseline == "none" or cfg.normalize_std:
+        return flat
+    keys: dict[tuple[int, int], list[int]] = {}
+    for i, g in enumerate(gens):
+        keys.setdefault((int(group_ids[i]), g.role_id), []).append(i)
+    for rows in keys.values():
+        units = len({gens[i].episode for i in rows}) if cfg.baseline == "trajectory_mean" else len(rows)
+        if units >= 2 and np.ptp(scores[rows]) == 0:
+            flat[rows] = True
+    return flat
 
 
 @dataclasses.dataclass
@@ -207,6 +234,30 @@ class RLStep:
         for client in (self.engine.policy, getattr(self.engine, "simulator", None)):
             if client is not None and hasattr(client, "reset"):
                 client.reset()
+
+    def _nonzero_advantage_rows(self, trainer: Trainer, gens: Sequence[Generation], idx: list[int],
+                                adv: np.ndarray, scores: np.ndarray,
+                                group_ids: np.ndarray) -> tuple[list[int], dict[str, Any]]:
+        """``rl.skip_zero_advantage_rows``: the rows of ``idx`` whose advantage is not exactly 0, and the
+        update arguments that keep the optimizer step that of all of ``idx``: the loss count (and
+        role-balanced unit counts) of all its rows, summed over processes. The step is still taken when
+        no row is left (Adam's moments move the weights even at a zero gradient)."""
+        c = trainer.loss_cfg
+        flat = _flat_key_rows(gens, scores, group_ids, self.cfg)
+        if c.kl_coef or c.entropy_coef:
+            raise ValueError("rl.skip_zero_advantage_rows needs loss.kl_coef = loss.entropy_coef = 0: rows "
+                             f"without advantage still carry those terms (got {c.kl_coef}, {c.entropy_coef})")
+        count, role_counts = 0.0, np.zeros((len(ROLES),), np.float32)
+        if idx:
+            full = build_batch([gens[i] for i in idx], adv[idx], group_ids[idx], max_len=self.cfg.max_row_length,
+                               pad_id=self.pad_id, length_multiple=self.cfg.length_multiple)
+            count, role_counts = loss_count(full.loss_weights, c.agg, full.role_ids, c.role_balanced, len(ROLES))
+        keep = [i for i in idx if adv[i] != 0.0 and not flat[i]] if idx else []
+        kw: dict[str, Any] = {"loss_count": float(_sum_all_processes(np.asarray(count, np.float64))),
+                              "skipped": len(idx) - len(keep)}
+        if c.role_balanced:
+            kw["role_counts"] = np.asarray(_sum_all_processes(role_counts), np.float32)
+        return keep, kw
 
     def rollout(self, records: Sequence[Mapping[str, Any]], iteration: int) -> list[Episode]:
         """The step's episodes; rollout seeds depend on (seed, iteration) only."""
@@ -254,6 +305,12 @@ class RLStep:
             if _rows_all_processes(len(idx)) == 0:
                 metrics[f"{tag}/skipped_no_rows"] = 1.0
                 continue
+            update_kw: dict[str, Any] = {}
+            if cfg.skip_zero_advantage_rows:
+                idx, update_kw = self._nonzero_advantage_rows(trainer, gens, idx, adv, scores, group_ids)
+                metrics[f"{tag}/zero_advantage_rows_skipped"] = float(update_kw.pop("skipped"))
+            if cfg.old_logprobs_from_update:
+                update_kw["old_from_update"] = True
             rows += len(idx)
             if idx:
                 batch = build_batch([gens[i] for i in idx], adv[idx], group_ids[idx], max_len=cfg.max_row_length,
@@ -264,13 +321,13 @@ class RLStep:
             metrics[f"{tag}/rows"] = float(len(idx))
             metrics[f"{tag}/truncated_prompt_rows"] = float(batch.truncated_rows)
             metrics[f"{tag}/seq_len"] = float(batch.tokens.shape[1])
-            if cfg.recompute_old_logprobs:
+            if cfg.recompute_old_logprobs and not cfg.old_logprobs_from_update:
                 # The reference scores the batch with the pre-update policy and uses that as pi_old, so
                 # the first PPO step starts at ratio 1 whatever the sampler's numerics were.
                 fresh = trainer.compute_logprobs(batch)
                 metrics.update(logprob_mismatch(batch, fresh))
                 batch.old_logprobs = fresh.astype(np.float32)
-            outs = ppo_update(trainer, batch, epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches)
+            outs = ppo_update(trainer, batch, epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches, **update_kw)
             for k in sorted({k for o in outs for k in o}):
                 vals = [o[k] for o in outs if k in o]
                 metrics[f"{tag}/{k}"] = float(np.mean(vals))

@@ -18,6 +18,7 @@ step's (``rl.step.ppo_update``).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -121,12 +122,15 @@ class Trainer:
         return fused_token_logprobs(hidden, head, mb["targets"], mb["temperature"][:, None], head_layout=layout,
                                     compute_dtype=model.config.dtype)
 
-    def _rl_sums(self, params, mb, ref_params):
+    def _rl_sums(self, params, mb, ref_params, old_from_update: bool = False):
         c = self.loss_cfg
         logp = self._forward_logp(params, mb)
         ref_logp = None if ref_params is None else jax.lax.stop_gradient(self._forward_logp(ref_params, mb))
+        # old_from_update: pi_old is the policy at these very weights (one optimizer step per batch), so
+        # its log-probs are this pass's, held constant; mb["old_logprobs"] stays the sampler's for the metric
+        old = jax.lax.stop_gradient(logp) if old_from_update else mb["old_logprobs"]
         out = loss_lib.policy_loss(
-            logp, mb["old_logprobs"], mb["advantages"], mb["loss_weights"],
+            logp, old, mb["advantages"], mb["loss_weights"],
             clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip,
             log_ratio_clamp=c.log_ratio_clamp, ref_logp=ref_logp, kl_coef=c.kl_coef, kl_type=c.kl_type,
             agg=c.agg, role_ids=mb["role_ids"], role_balanced=c.role_balanced,
@@ -148,11 +152,15 @@ class Trainer:
             out[f"nll/{name}"] = (-jnp.sum(jax.lax.stop_gradient(logp) * rw), jnp.sum(rw))
         return out["loss"][0], out
 
-    def _grad_fn(self, kind: str):
-        if kind not in self._grad_fns:
-            fn = self._rl_sums if kind == "rl" else self._sft_sums
-            self._grad_fns[kind] = jax.jit(jax.grad(fn, has_aux=True))
-        return self._grad_fns[kind]
+    def _grad_fn(self, kind: str, old_from_update: bool = False):
+        key = kind + ("/old_from_update" if old_from_update else "")
+        if key not in self._grad_fns:
+            if kind == "rl":
+                fn = functools.partial(self._rl_sums, old_from_update=old_from_update)
+            else:
+                fn = self._sft_sums
+            self._grad_fns[key] = jax.jit(jax.grad(fn, has_aux=True))
+        return self._grad_fns[key]
 
     def program(self, name: str) -> Callable:
         """A jitted program of the update, for lowering with abstract arguments (``envace_jax.aot``).
@@ -207,15 +215,24 @@ class Trainer:
         B, L = batch.tokens.shape
         return np.concatenate(outs, 0)[:B, :L] * batch.loss_weights
 
-    def accumulate(self, batch: TrainBatch, kind: str = "rl"):
-        """Gradient sums and metric (sum, count) pairs over all micro-batches of ``batch``."""
+    def accumulate(self, batch: TrainBatch, kind: str = "rl", *, old_from_update: bool = False,
+                   role_counts: np.ndarray | None = None):
+        """Gradient sums and metric (sum, count) pairs over all micro-batches of ``batch``.
+
+        ``old_from_update``: the RL loss takes pi_old's log-probs from this pass (see ``update``).
+        ``role_counts``: role-balanced unit counts of the whole optimizer batch, when ``batch`` holds only
+        some of its rows (``loss.role_unit_counts``; summed over processes by the caller)."""
         if kind not in ("rl", "sft"):
             raise ValueError(f"update kind {kind!r}; choose 'rl' or 'sft'")
-        grad_fn = self._grad_fn(kind)
+        if old_from_update and kind != "rl":
+            raise ValueError("old_from_update applies to the RL loss only")
+        grad_fn = self._grad_fn(kind, old_from_update)
         params = self.params
         grads, sums = None, None
         extra = {}
-        if kind == "rl" and self.loss_cfg.role_balanced:
+        if kind == "rl" and self.loss_cfg.role_balanced and role_counts is not None:
+            extra["role_counts"] = np.asarray(role_counts, np.float32)
+        elif kind == "rl" and self.loss_cfg.role_balanced:
             # Role weights must see the whole optimizer batch (all processes), not one micro-batch.
             counts = np.asarray(loss_lib.role_unit_counts(
                 jnp.asarray(batch.loss_weights), jnp.asarray(batch.role_ids), self.loss_cfg.agg))
@@ -238,10 +255,20 @@ class Trainer:
         count = jnp.maximum(sums["loss"][1], 1.0)
         return jax.tree.map(lambda g: g / count, grads)
 
-    def update(self, batch: TrainBatch, kind: str = "rl") -> dict[str, float]:
-        """One optimizer step over ``batch`` (accumulating micro-batches). Returns metrics."""
-        grads, sums = self.accumulate(batch, kind)
-        count = sums["loss"][1]
+    def update(self, batch: TrainBatch, kind: str = "rl", *, old_from_update: bool = False,
+               loss_count: float | None = None, role_counts: np.ndarray | None = None) -> dict[str, float]:
+        """One optimizer step over ``batch`` (accumulating micro-batches). Returns metrics.
+
+        ``old_from_update`` (RL): pi_old's log-probs are this pass's own, held constant (ratio 1), which
+        is what recomputing them before a single optimizer step gives, without the second pass.
+        ``loss_count``: the loss count of the whole optimizer batch when ``batch`` holds only some of its
+        rows (rows left out must add nothing to the gradient: ``rl.skip_zero_advantage_rows``); the
+        gradient and the ``loss`` metric are divided by it (summed over processes by the caller), with
+        ``role_counts`` of that whole batch for role-balanced losses. Other metrics are over ``batch``."""
+        grads, sums = self.accumulate(batch, kind, old_from_update=old_from_update, role_counts=role_counts)
+        count = sums["loss"][1] if loss_count is None else jnp.asarray(loss_count, jnp.float32)
+        if loss_count is not None:
+            sums = dict(sums, loss=(sums["loss"][0], count))
         before = self.nonfinite_steps
         new_params, self.opt_state, gnorm = self._apply(self.params, self.opt_state, grads, count)
         nnx.update(self.model, new_params)
