@@ -20,6 +20,8 @@ from envace_jax.data.demo_tasks import SPLITS
 from envace_jax.eval.config import MEMORY_GATES
 
 DEFAULT_BASE_DIR = "assets/demo_base"
+# rl_replay_roles -> the roles of the corpus rows RL's replay batches are drawn from
+REPLAY_ROLES = {"act+rehearse": ("act", "rehearse"), "rehearse": ("rehearse",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +64,9 @@ class DemoConfig:
     # SFT batches (the warm start's rows, both roles) interleaved after each RL step, with the RL optimizer:
     # keeps the shared-reward update from eroding REHEARSE fidelity (0 = pure RL, as the reference)
     rl_replay_batches: int = 1
+    # which of the corpus's roles the replay batches hold: "act+rehearse", or "rehearse" (world-model rows
+    # only: they keep REHEARSE faithful without pulling ACT back to the demonstrations' happy paths)
+    rl_replay_roles: str = "act+rehearse"
     # the update's exact shortcuts (rl.old_logprobs_from_update, rl.skip_zero_advantage_rows): the same
     # optimizer steps as the reference's two-pass update over every row (tests/test_update_shortcuts.py),
     # in less time (most groups' rollouts score alike: ~70% of the rows carry no advantage)
@@ -102,6 +107,8 @@ class DemoConfig:
         if self.rehearsal_place_memory not in MEMORY_GATES:
             raise ValueError(f"demo rehearsal_place_memory must be one of {MEMORY_GATES}, "
                              f"got {self.rehearsal_place_memory!r}")
+        if self.rl_replay_roles not in REPLAY_ROLES:
+            raise ValueError(f"demo rl_replay_roles must be one of {sorted(REPLAY_ROLES)}, got {self.rl_replay_roles!r}")
         if self.rl_mode not in ("rehearsal", "real", "simulator"):
             raise ValueError(f"demo rl_mode must be rehearsal, real or simulator, got {self.rl_mode!r}")
         for name in ("sft_tasks", "rl_tasks", "test_tasks", "validation_tasks", "sft_batch_rows",

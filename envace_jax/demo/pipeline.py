@@ -16,7 +16,7 @@ from envace_jax.demo import data as demo_data
 from envace_jax.demo import pretrain
 from envace_jax.demo import report as rep
 from envace_jax.demo import stages
-from envace_jax.demo.config import DemoConfig
+from envace_jax.demo.config import REPLAY_ROLES, DemoConfig
 from envace_jax.data.demo_tasks import BRANCHES
 from envace_jax.eval.results import nan_to_none
 from envace_jax.rl.types import ROLES
@@ -77,9 +77,15 @@ class Demo:
                                            exclude_uids={t['uid'] for t in self.rl_tasks})
         self.max_len = stages.TRAIN_LEN
 
-    def _sft_stream(self, seed: int):
-        """Role-balanced batches of the warm-start rows (the SFT stage and RL's replay batches)."""
-        return stages.sft_batches(self.rows, min(self.cfg.sft_batch_rows, len(self.rows)), seed)
+    def _sft_stream(self, seed: int, roles: tuple[str, ...] = ROLES):
+        """Role-balanced batches of the warm-start rows of ``roles`` (the SFT stage and RL's replay batches)."""
+        rows = [r for r in self.rows if r.role in roles]
+        return stages.sft_batches(rows, min(self.cfg.sft_batch_rows, len(rows)), seed)
+
+    def replay_stream(self):
+        """RL's replay batches (``rl_replay_batches`` after each step) of the corpus rows of ``rl_replay_roles``."""
+        cfg = self.cfg
+        return self._sft_stream(cfg.seed + 2, REPLAY_ROLES[cfg.rl_replay_roles]) if cfg.rl_replay_batches else None
 
     def sft(self) -> None:
         """The SFT stage (``sft_steps`` on the warm-start rows; none when RL starts from a base). Its end
@@ -129,7 +135,7 @@ class Demo:
                                                                shuffle=True, num_epochs=None, shard_index=0,
                                                                shard_count=1, read_threads=0, prefetch=0),
                                  decode=None)
-        replay = self._sft_stream(cfg.seed + 2) if cfg.rl_replay_batches else None
+        replay = self.replay_stream()
         log = []
         with self.clock(tag), _bar(cfg.rl_steps, f"RL [{mode}]", self.progress) as bar:
             for it in range(cfg.rl_steps):
@@ -176,7 +182,7 @@ class Demo:
                                           "eval": branch_share(self.eval_tasks)}},
                 "rl": {"steps": cfg.rl_steps, "prompts_per_step": cfg.prompts_per_step,
                        "n_rollouts": cfg.n_rollouts, "lr": cfg.rl_lr,
-                       "replay_batches": cfg.rl_replay_batches},
+                       "replay_batches": cfg.rl_replay_batches, "replay_roles": cfg.rl_replay_roles},
                 "test_episodes": len(self.eval_tasks)}
 
 

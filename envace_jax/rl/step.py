@@ -238,15 +238,16 @@ class RLStep:
     def _nonzero_advantage_rows(self, trainer: Trainer, gens: Sequence[Generation], idx: list[int],
                                 adv: np.ndarray, scores: np.ndarray,
                                 group_ids: np.ndarray) -> tuple[list[int], dict[str, Any]]:
-        """``rl.skip_zero_advantage_rows``: the rows of ``idx`` whose advantage is not exactly 0, and the
-        update arguments that keep the optimizer step that of all of ``idx``: the loss count (and
-        role-balanced unit counts) of all its rows, summed over processes. The step is still taken when
-        no row is left (Adam's moments move the weights even at a zero gradient)."""
+        """``rl.skip_zero_advantage_rows``: the rows of ``idx`` with an advantage (not 0, and not in a key
+        that scored alike: ``_flat_key_rows``), and the update arguments that keep the optimizer step that
+        of all of ``idx``: the loss count (and role-balanced unit counts) of all its rows, summed over
+        processes. The step is still taken when no row is left (Adam's moments move the weights even at a
+        zero gradient)."""
         c = trainer.loss_cfg
-        flat = _flat_key_rows(gens, scores, group_ids, self.cfg)
         if c.kl_coef or c.entropy_coef:
             raise ValueError("rl.skip_zero_advantage_rows needs loss.kl_coef = loss.entropy_coef = 0: rows "
                              f"without advantage still carry those terms (got {c.kl_coef}, {c.entropy_coef})")
+        flat = _flat_key_rows(gens, scores, group_ids, self.cfg)
         count, role_counts = 0.0, np.zeros((len(ROLES),), np.float32)
         if idx:
             full = build_batch([gens[i] for i in idx], adv[idx], group_ids[idx], max_len=self.cfg.max_row_length,
