@@ -38,7 +38,7 @@ def test_report_files_exist_and_summary_has_required_keys(reduced_run):
     report.check_summary(s)
     # the report states the RL settings the run used (reduced preset: T=0.6, one replay batch per step)
     text = (run_dir / "report.md").read_text()
-    assert "at temperature 0.6" in text and "1 SFT replay batch(es) after each RL step" in text
+    assert "at temperature 0.6" in text and "1 SFT replay batch(es) (act+rehearse rows of the corpus) after each RL step" in text
     n = s["test_episodes"]
     assert n == 8 and s["eval_split"] == "test"
     for key in ("real_success_before", "real_success_after", "more_sft_success", "fidelity_before", "fidelity_after"):
@@ -174,3 +174,22 @@ def test_demo_from_a_base_starts_from_it_and_reports_per_branch(base_run):
     train = read_split(str(run_dir / "data"), demo_data.DATASET_NAME, "train")
     rl_uids = {train[i]["uid"] for i in range(len(train))}
     assert len(rl_uids) == 16 and not used & rl_uids
+
+
+def test_replay_batches_hold_the_configured_roles(tmp_path):
+    """``rl_replay_roles="rehearse"`` (the default preset) replays world-model rows only; "act+rehearse"
+    half of each role; an unknown value is refused by name."""
+    from envace_jax.demo.config import default
+    from envace_jax.demo.pipeline import Demo
+    from envace_jax.rl.types import ACT, REHEARSE, Generation
+
+    rows = [Generation(role, [1, 2], [3], [0.0], f"u{i}", i, 0) for i, role in enumerate([ACT, REHEARSE] * 20)]
+    for roles, want in (("rehearse", {REHEARSE: 8}), ("act+rehearse", {ACT: 4, REHEARSE: 4})):
+        d = Demo(default().replace(rl_replay_roles=roles, sft_batch_rows=8), str(tmp_path), progress=False)
+        d.rows = rows
+        batch = next(d.replay_stream())
+        assert {r: sum(g.role == r for g in batch) for r in want} == want and len(batch) == 8
+    assert default().rl_replay_roles == "rehearse"
+    assert Demo(default().replace(rl_replay_batches=0), str(tmp_path), progress=False).replay_stream() is None
+    with pytest.raises(ValueError, match="rl_replay_roles"):
+        default().replace(rl_replay_roles="act")

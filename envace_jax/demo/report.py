@@ -182,8 +182,9 @@ def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mappi
           f"{summary['test_episodes']} held-out {summary['eval_split']} tasks run against the real tools.",
           f"RL: mode `{summary['rl_mode']}`, {summary['rl']['steps']} steps x {summary['rl']['prompts_per_step']} "
           f"prompts x {summary['rl']['n_rollouts']} rollouts at temperature {summary['config'].get('temperature')}, "
-          f"Adam lr {summary['rl']['lr']}, {summary['rl'].get('replay_batches', 0)} SFT replay batch(es) after each "
-          "RL step, rule judge, role-wise GRPO.",
+          f"Adam lr {summary['rl']['lr']}, {summary['rl'].get('replay_batches', 0)} SFT replay batch(es) "
+          f"({summary['rl'].get('replay_roles', 'act+rehearse')} rows of the corpus) after each RL step, rule judge, "
+          "role-wise GRPO.",
           "", "## Results", "", table(results_rows(summary), RESULT_HEADER), "", verdict, "",
           "Success by branch kind (happy: every tool answers; push_back: a tool errs or a returned value makes the "
           "user's condition fail, so the right reply depends on what the tool said):", "",
