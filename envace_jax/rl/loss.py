@@ -221,12 +221,12 @@ def loss_count(loss_weights, agg: str = "seq_mean_token_mean", role_ids=None, ro
     is normalised by when only some of its rows go through the model (``rl.skip_zero_advantage_rows``)."""
     if agg not in AGG_MODES:
         raise ValueError(f"agg={agg!r} is not one of {AGG_MODES}")
+    if role_balanced and role_ids is None:
+        raise ValueError("role_balanced=True needs role_ids")
     w = np.asarray(loss_weights, np.float64)
     per_row = w.sum(-1) if agg == "token_mean" else (w.sum(-1) > 0).astype(np.float64)
     rid = np.zeros((w.shape[0],), np.int64) if role_ids is None else np.asarray(role_ids, np.int64)
     per_role = np.bincount(rid, weights=per_row, minlength=num_roles)[:num_roles]
-    if role_balanced and role_ids is None:
-        raise ValueError("role_balanced=True needs role_ids")
     count = float((per_role > 0).sum()) if role_balanced else float(per_row.sum())
     return count, per_role.astype(np.float32)
 
