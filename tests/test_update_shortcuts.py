@@ -138,3 +138,12 @@ def test_shortcut_settings_are_checked():
                     LossConfig(kl_coef=0.01), eps)
     with pytest.raises(ValueError, match="kl_coef"):
         step([{}], 0)
+
+
+def test_trainer_refuses_an_entropy_bonus_it_would_not_apply():
+    """LossConfig.entropy_coef was accepted and silently ignored by the Trainer (its fused head computes
+    no entropy); it is now refused by name."""
+    cfg = qwen3.Qwen3Config(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                            num_kv_heads=1, head_dim=8)
+    with pytest.raises(ValueError, match="entropy_coef"):
+        Trainer(qwen3.init_model(cfg, seed=0), OptimConfig(), LossConfig(entropy_coef=0.01))

@@ -51,6 +51,11 @@ class Trainer:
                  pad_micro_batches: bool = False):
         """``pad_micro_batches``: fill a short last micro-batch with zero-weight rows, so batches of any
         row count reuse one compiled program per width (several processes always pad, in lockstep)."""
+        if loss.entropy_coef:
+            # The fused vocabulary head returns log-probs only; an entropy bonus set here would silently
+            # not be applied.
+            raise ValueError(f"loss.entropy_coef={loss.entropy_coef}: the Trainer's update has no entropy term "
+                             "(its fused vocabulary head returns log-probs only); set it to 0")
         self.model, self.optim_cfg, self.loss_cfg = model, optim, loss
         self.pad_micro_batches = bool(pad_micro_batches)
         self.micro_batch_size = int(micro_batch_size)
