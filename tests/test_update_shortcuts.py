@@ -133,11 +133,9 @@ def test_shortcut_settings_are_checked():
     cfg = qwen3.Qwen3Config(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
                             num_kv_heads=1, head_dim=8)
     eps = [_episodes(np.random.default_rng(1), [[1.0, 0.0]])]
-    step, _ = _step(qwen3.init_model(cfg, seed=0), RLSection(n_rollouts=2, skip_zero_advantage_rows=True,
-                                                              max_row_length=64),
-                    LossConfig(kl_coef=0.01), eps)
     with pytest.raises(ValueError, match="kl_coef"):
-        step([{}], 0)
+        _step(qwen3.init_model(cfg, seed=0), RLSection(n_rollouts=2, skip_zero_advantage_rows=True, max_row_length=64),
+              LossConfig(kl_coef=0.01), eps)
 
 
 def test_trainer_refuses_an_entropy_bonus_it_would_not_apply():

@@ -218,6 +218,12 @@ class RLStep:
             raise ValueError(f"rollout.mode={mode!r} shares one policy: give the same Trainer for {roles}")
         if mode == "noshare" and trainers[ACT] is trainers[REHEARSE]:
             raise ValueError("rollout.mode='noshare' needs two different Trainers for act and rehearse")
+        if cfg.skip_zero_advantage_rows:
+            for t in trainers.values():
+                c = t.loss_cfg
+                if c.kl_coef or c.entropy_coef:
+                    raise ValueError("rl.skip_zero_advantage_rows needs loss.kl_coef = loss.entropy_coef = 0: rows "
+                                     f"without advantage still carry those terms (got {c.kl_coef}, {c.entropy_coef})")
         self.cfg, self.engine = cfg, engine
         self.pad_id, self.seed = int(pad_id), int(seed)
         self.roles = roles
@@ -244,16 +250,13 @@ class RLStep:
         processes. The step is still taken when no row is left (Adam's moments move the weights even at a
         zero gradient)."""
         c = trainer.loss_cfg
-        if c.kl_coef or c.entropy_coef:
-            raise ValueError("rl.skip_zero_advantage_rows needs loss.kl_coef = loss.entropy_coef = 0: rows "
-                             f"without advantage still carry those terms (got {c.kl_coef}, {c.entropy_coef})")
         flat = _flat_key_rows(gens, scores, group_ids, self.cfg)
         count, role_counts = 0.0, np.zeros((len(ROLES),), np.float32)
         if idx:
             full = build_batch([gens[i] for i in idx], adv[idx], group_ids[idx], max_len=self.cfg.max_row_length,
                                pad_id=self.pad_id, length_multiple=self.cfg.length_multiple)
             count, role_counts = loss_count(full.loss_weights, c.agg, full.role_ids, c.role_balanced, len(ROLES))
-        keep = [i for i in idx if adv[i] != 0.0 and not flat[i]] if idx else []
+        keep = [i for i in idx if adv[i] != 0.0 and not flat[i]]
         kw: dict[str, Any] = {"loss_count": float(_sum_all_processes(np.asarray(count, np.float64))),
                               "skipped": len(idx) - len(keep)}
         if c.role_balanced:
