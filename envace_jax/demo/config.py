@@ -21,6 +21,7 @@ from envace_jax.eval.config import MEMORY_GATES
 
 DEFAULT_BASE_DIR = "assets/demo_base"
 # rl_replay_roles -> the roles of the corpus rows RL's replay batches are drawn from
+SILENT_ODDS = ("share", "natural")  # rl_silent_odds (demo.data.draw_rl_tasks)
 REPLAY_ROLES = {"act+rehearse": ("act", "rehearse"), "rehearse": ("rehearse",)}
 
 
@@ -41,6 +42,10 @@ class DemoConfig:
     # None keeps the natural mix (about 23%)
     rl_push_back_share: float | None = None
     eval_push_back_share: float | None = None
+    # how rl_push_back_share is reached: "share" takes push-back tasks wherever they fall; "natural" keeps,
+    # per task type, the natural odds of a silent push-back (no tool error announces it: a condition on a
+    # value fails) against a happy path, so RL cannot learn a branch from how often it is asked
+    rl_silent_odds: str = "share"
     # ---- tokenizer / model
     vocab_size: int = 2048           # lines_digits BPE: prompts ~110 tokens, digits single tokens
     hidden_size: int = 128
@@ -109,6 +114,8 @@ class DemoConfig:
                              f"got {self.rehearsal_place_memory!r}")
         if self.rl_replay_roles not in REPLAY_ROLES:
             raise ValueError(f"demo rl_replay_roles must be one of {sorted(REPLAY_ROLES)}, got {self.rl_replay_roles!r}")
+        if self.rl_silent_odds not in SILENT_ODDS:
+            raise ValueError(f"demo rl_silent_odds must be one of {SILENT_ODDS}, got {self.rl_silent_odds!r}")
         if self.rl_mode not in ("rehearsal", "real", "simulator"):
             raise ValueError(f"demo rl_mode must be rehearsal, real or simulator, got {self.rl_mode!r}")
         for name in ("sft_tasks", "rl_tasks", "test_tasks", "validation_tasks", "sft_batch_rows",

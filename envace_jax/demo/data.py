@@ -9,6 +9,7 @@ and the real environment is wrapped (``NormalizedEnv``). Content is unchanged; o
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import os
@@ -16,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from envace_jax.chat import Qwen3ChatCodec, SimulatorPromptOptions, build_demo_tokenizer, load_tokenizer
 from envace_jax.chat.simulator import is_failed_result
-from envace_jax.data.demo_tasks import generate_tasks, world_model_examples
+from envace_jax.data.demo_tasks import HAPPY, PUSH_BACK, branch_plan, generate_tasks, world_model_examples
 from envace_jax.envs.base import ToolEnvironment, ToolResult
 from envace_jax.envs.demo_worlds import make_env
 from envace_jax.eval.fidelity import caller_raw_text, demo_cases, real_view
@@ -70,9 +71,26 @@ def make_real_env(task: Mapping[str, Any]) -> ToolEnvironment:
 
 # ----------------------------------------------------------------------------- splits
 
+def silent_push_back(task: Mapping[str, Any]) -> bool:
+    """A push-back branch that no tool announces: every tool response of the reference conversation
+    succeeds, and only the values in them say the plan does not go through ("if ana has at least 28, send
+    28 ..." with a balance of 12). Its happy twin starts from the same kind of request."""
+    return task.get("branch") == PUSH_BACK and not any(
+        m.get("role") == "tool" and is_failed_result(m.get("content")) for m in task["reference_messages"])
+
+
 def draw_rl_tasks(cfg, exclude_uids: frozenset[str] | set[str] = frozenset()) -> list[dict[str, Any]]:
     """``cfg.rl_tasks`` train tasks at ``cfg.rl_push_back_share`` that are not in ``exclude_uids`` (the
-    demonstrations, or every task the base's pretraining corpus showed)."""
+    demonstrations, or every task the base's pretraining corpus showed).
+
+    With ``cfg.rl_silent_odds="natural"`` the share is reached without changing the odds of a silent
+    push-back against a happy path of the same task type (``silent_push_back``): forcing a share by branch
+    alone fills the push-back slots with, e.g., conditional transfers whose condition fails, and the happy
+    slots mostly with other types, so RL meets the condition failing in ~95% of conditional prompts and
+    learns to send nothing without reading the balance."""
+    if cfg.rl_push_back_share is not None and cfg.rl_silent_odds == "natural":
+        return [normalize_task(t) for t in _draw_keeping_silent_odds(cfg.rl_tasks, cfg.rl_push_back_share,
+                                                                     cfg.seed, set(exclude_uids))]
     n = len(exclude_uids) + cfg.rl_tasks if not cfg.from_base else cfg.rl_tasks
     while True:
         pool = generate_tasks(n, cfg.seed, "train", push_back_share=cfg.rl_push_back_share)
@@ -80,6 +98,41 @@ def draw_rl_tasks(cfg, exclude_uids: frozenset[str] | set[str] = frozenset()) ->
         if len(kept) >= cfg.rl_tasks:
             return [normalize_task(t) for t in kept[:cfg.rl_tasks]]
         n += cfg.rl_tasks - len(kept) + 16
+
+
+def _draw_keeping_silent_odds(n: int, share: float, seed: int, exclude: set[str]) -> list[dict[str, Any]]:
+    """``n`` train tasks, ``branch_plan(n, share)``'s count of them push-backs (the first ones of the natural
+    stream), and for each task type as many happy tasks per silent push-back taken as the natural stream
+    has, while happy slots last (types whose push-backs are most often silent served first); the other
+    happy slots take the stream's next happy tasks. Returned in draw order."""
+    n_pb = branch_plan(n, share).count(PUSH_BACK)
+    size = 8 * n + 64
+    while True:
+        pool = [t for t in generate_tasks(size, seed, "train") if t["uid"] not in exclude]  # natural mix
+        push_backs = [i for i, t in enumerate(pool) if t["branch"] == PUSH_BACK]
+        happy = [i for i, t in enumerate(pool) if t["branch"] == HAPPY]
+        if len(push_backs) >= n_pb and len(happy) >= n - n_pb:
+            break
+        size *= 2
+    taken = push_backs[:n_pb]
+    by_type = collections.Counter(t["task_type"] for t in pool)
+    silent_in_pool = collections.Counter(t["task_type"] for t in pool if silent_push_back(t))
+    happy_in_pool = collections.Counter(pool[i]["task_type"] for i in happy)
+    silent_taken = collections.Counter(pool[i]["task_type"] for i in taken if silent_push_back(pool[i]))
+    # Types whose push-backs are most often silent first: their odds matter most, and when the happy
+    # slots run out the types where silence is rare are the ones left skewed.
+    want, free = {}, n - n_pb
+    for k in sorted(silent_taken, key=lambda k: (-silent_in_pool[k] / by_type[k], k)):
+        want[k] = min(free, int(round(silent_taken[k] * happy_in_pool[k] / silent_in_pool[k])))
+        free -= want[k]
+    paired = []
+    for i in happy:
+        if want.get(pool[i]["task_type"], 0) > 0:
+            want[pool[i]["task_type"]] -= 1
+            paired.append(i)
+    kept = set(paired)
+    rest = [i for i in happy if i not in kept][:n - n_pb - len(paired)]
+    return [pool[i] for i in sorted(taken + paired + rest)]
 
 
 def generate_splits(cfg, exclude_uids: frozenset[str] | set[str] = frozenset()) -> dict[str, list[dict[str, Any]]]:
@@ -250,4 +303,4 @@ def sft_rows(demos: Sequence[Mapping[str, Any]], codec: Qwen3ChatCodec, wm_rows:
 
 __all__ = ["DATASET_NAME", "NormalizedEnv", "SIM_OPTIONS", "act_rows", "build_tokenizer", "generate_splits",
            "make_codec", "make_real_env", "normal_json", "normalize_task", "rehearse_rows", "rehearse_target",
-           "sft_rows", "draw_rl_tasks", "held_out_tasks", "world_model_rows", "write_and_read"]
+           "sft_rows", "silent_push_back", "draw_rl_tasks", "held_out_tasks", "world_model_rows", "write_and_read"]

@@ -179,10 +179,16 @@ class Demo:
                          "sft_rows": len(self.rows), "sft_rows_by_role": {r: by_role.get(r, 0) for r in ROLES},
                          "branch_share": {"demonstrations": branch_share(self.demos),
                                           "rl_prompts": branch_share(self.rl_tasks),
-                                          "eval": branch_share(self.eval_tasks)}},
+                                          "eval": branch_share(self.eval_tasks)},
+                         # push-backs no tool error announces (demo.data.silent_push_back), per set
+                         "silent_push_back_share": {
+                             name: sum(map(demo_data.silent_push_back, tasks)) / max(1, len(tasks))
+                             for name, tasks in (("demonstrations", self.demos), ("rl_prompts", self.rl_tasks),
+                                                 ("eval", self.eval_tasks))}},
                 "rl": {"steps": cfg.rl_steps, "prompts_per_step": cfg.prompts_per_step,
                        "n_rollouts": cfg.n_rollouts, "lr": cfg.rl_lr,
-                       "replay_batches": cfg.rl_replay_batches, "replay_roles": cfg.rl_replay_roles},
+                       "replay_batches": cfg.rl_replay_batches, "replay_roles": cfg.rl_replay_roles,
+                       "silent_odds": cfg.rl_silent_odds},
                 "test_episodes": len(self.eval_tasks)}
 
 
