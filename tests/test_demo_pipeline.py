@@ -165,6 +165,11 @@ def test_demo_from_a_base_starts_from_it_and_reports_per_branch(base_run):
         # the overall success is the episode-weighted mean of the per-branch ones
         assert s[f"real_success_{tag}"] == pytest.approx(
             sum(s[f"success_by_branch_{tag}"][k] * n_b[k] for k in BRANCHES) / sum(n_b.values()))
+        # push-back success is the episode-weighted mean over its announced and silent kinds
+        n_k = s["eval"][tag]["episodes_by_push_back_kind"]
+        assert sum(n_k.values()) == n_b["push_back"] and set(n_k) <= {"announced", "silent"}
+        assert s[f"success_by_branch_{tag}"]["push_back"] == pytest.approx(
+            sum(s[f"success_by_push_back_kind_{tag}"][k] * n_k[k] for k in n_k) / n_b["push_back"])
         for key in ("fidelity_state_changing", "fidelity_read_only", "optimistic_hallucination"):
             v = s[f"{key}_{tag}"]
             assert v is None or v != v or 0.0 <= v <= 1.0, key

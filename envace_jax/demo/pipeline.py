@@ -230,6 +230,7 @@ def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[st
              fidelity_field_before=fid_b["overall"]["field"], fidelity_field_after=fid_a["overall"]["field"])
     for tag, ev, fid in (("before", ev_b, fid_b), ("after", ev_a, fid_a)):
         s[f"success_by_branch_{tag}"] = ev["success_by_branch"]
+        s[f"success_by_push_back_kind_{tag}"] = ev["success_by_push_back_kind"]
         s[f"fidelity_state_changing_{tag}"] = fid["kinds"]["fidelity_state_changing"]
         s[f"fidelity_read_only_{tag}"] = fid["kinds"]["fidelity_read_only"]
         s[f"optimistic_hallucination_{tag}"] = fid["kinds"]["optimistic_hallucination"]
@@ -270,6 +271,7 @@ def run_compare(cfg: DemoConfig, run_dir: str, *, progress: bool = True,
         results.append(("more SFT", wall, ev, fid))
     real_gain = out["modes"]["real"]["eval"]["success"] - ev_b["success"] if "real" in out["modes"] else None
     branches = sorted(ev_b["success_by_branch"])
+    kinds = sorted(ev_b["success_by_push_back_kind"])
     rows = []
     for name, wall, ev, fid in results:
         gain = ev["success"] - ev_b["success"]
@@ -277,6 +279,7 @@ def run_compare(cfg: DemoConfig, run_dir: str, *, progress: bool = True,
         rows.append([name, "-" if wall is None else f"{wall:.0f}", f"{ev['success']:.3f}",
                      rep._fmt_ci(ev["success_ci"])]
                     + [f"{ev['success_by_branch'][b]:.3f}" for b in branches]
+                    + [f"{ev['success_by_push_back_kind'].get(k, float('nan')):.3f}" for k in kinds]
                     + [f"{ev['score']:.3f}", f"{fid['overall']['exact']:.3f}",
                        f"{fid['kinds']['optimistic_hallucination']:.3f}", share,
                        "-" if wall is None else ("yes" if rep.cis_separate(ev["success_ci"], ev_b["success_ci"])
@@ -284,6 +287,7 @@ def run_compare(cfg: DemoConfig, run_dir: str, *, progress: bool = True,
     out["real_gain_recovered"] = {name: (ev["success"] - ev_b["success"]) / real_gain
                                   for name, wall, ev, _ in results[1:] if real_gain and real_gain > 0}
     header = (["model", "wall s", "real success", "95% CI"] + [f"success {b}" for b in branches]
+              + [f"push-back, {k}" for k in kinds]
               + ["score", "REHEARSE exact", "optimistic halluc.", "share of real-tools gain", "CI apart from start"])
     text = rep.table(rows, header)
     with open(os.path.join(run_dir, "compare.md"), "w") as f:

@@ -30,6 +30,10 @@ def eval_summary(res) -> dict[str, Any]:
             "success_by_branch_ci": {b: wilson_ci(sum(v), len(v)) for b, v in by_branch.items()},
             "episodes_by_branch": {b: len(v) for b, v in by_branch.items()},
             "success_by_type": {t: _success_rate(v) for t, v in sorted(res.by_type.items())},
+            "success_by_push_back_kind": {k: _success_rate(v) for k, v in sorted(res.by_push_back_kind.items())},
+            "success_by_push_back_kind_ci": {k: wilson_ci(sum(s >= 1 - 1e-9 for s in v), len(v))
+                                             for k, v in sorted(res.by_push_back_kind.items())},
+            "episodes_by_push_back_kind": {k: len(v) for k, v in sorted(res.by_push_back_kind.items())},
             "terminations": dict(sorted(res.terminations.items())), "tool_calls_mean": res.tool_calls_mean}
 
 
@@ -122,19 +126,24 @@ RESULT_HEADER = ["model", "real success", "95% CI", "checklist score", "95% CI",
 
 
 def branch_rows(summary: Mapping[str, Any]) -> tuple[list[list[str]], list[str]]:
-    """Success per branch kind (with Wilson CIs) for each evaluated model."""
+    """Success per branch kind, and per kind of push-back (announced by a tool error, or silent), with
+    Wilson CIs, for each evaluated model."""
+    before = summary["eval"]["before"]
     branches = sorted({b for ev in summary["eval"].values() for b in ev.get("success_by_branch", {})})
-    header = ["model"] + [f"{b} (n={summary['eval']['before'].get('episodes_by_branch', {}).get(b, 0)})"
-                          for b in branches]
+    kinds = sorted({k for ev in summary["eval"].values() for k in ev.get("success_by_push_back_kind", {})})
+    header = ([f"{b} (n={before.get('episodes_by_branch', {}).get(b, 0)})" for b in branches]
+              + [f"push-back, {k} (n={before.get('episodes_by_push_back_kind', {}).get(k, 0)})" for k in kinds])
     rows = []
     for name, key in ((_start_name(summary), "before"), (f"after RL ({summary['rl_mode']})", "after"),
                       ("more SFT (equal wall time)", "more_sft")):
         ev = summary["eval"].get(key)
         if ev is None:
             continue
-        rows.append([name] + [f"{ev['success_by_branch'][b]:.3f} {_fmt_ci(ev['success_by_branch_ci'][b])}"
-                              for b in branches])
-    return rows, header
+        cells = [(ev["success_by_branch"], ev["success_by_branch_ci"], b) for b in branches]
+        cells += [(ev.get("success_by_push_back_kind", {}), ev.get("success_by_push_back_kind_ci", {}), k)
+                  for k in kinds]
+        rows.append([name] + [f"{rate[k]:.3f} {_fmt_ci(ci[k])}" if k in rate else "-" for rate, ci, k in cells])
+    return rows, ["model"] + header
 
 
 def fidelity_kind_rows(summary: Mapping[str, Any]) -> tuple[list[list[str]], list[str]]:

@@ -17,7 +17,8 @@ import numpy as np
 from flax import nnx
 
 from envace_jax.demo.config import DemoConfig
-from envace_jax.demo.data import make_real_env
+from envace_jax.data.demo_tasks import PUSH_BACK
+from envace_jax.demo.data import make_real_env, silent_push_back
 from envace_jax.models import qwen3
 from envace_jax.rl.batch import TrainBatch, build_batch
 from envace_jax.rl.judges import RuleJudge
@@ -171,6 +172,9 @@ class EvalResult:
     terminations: dict[str, int]
     tool_calls_mean: float
     samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # a few transcripts, for diagnosis
+    # push-back tasks by whether a tool error announces the push-back ("announced") or only the values
+    # read back do ("silent": a condition fails; demo.data.silent_push_back) -> scores
+    by_push_back_kind: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -186,6 +190,7 @@ def evaluate_real(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, An
     scores, calls, terms, by_world, samples = [], [], {}, {}, []
     by_branch: dict[str, list[float]] = {}
     by_type: dict[str, list[float]] = {}
+    by_kind: dict[str, list[float]] = {}
     # Lockstep plays eval_batch episodes at a time; the rolling batch plays them all through eval_batch
     # slots, a finished episode's slot going to the next task at once.
     group = len(tasks) if engine.rolling else cfg.eval_batch
@@ -200,13 +205,15 @@ def evaluate_real(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, An
             by_world.setdefault(t["env"]["name"], []).append(float(e.score))
             by_branch.setdefault(t.get("branch", "unlabelled"), []).append(float(e.score))
             by_type.setdefault(t.get("task_type", "unlabelled"), []).append(float(e.score))
+            if t.get("branch") == PUSH_BACK:
+                by_kind.setdefault("silent" if silent_push_back(t) else "announced", []).append(float(e.score))
             if len(samples) < 8:
                 samples.append({"uid": t["uid"], "score": float(e.score), "termination": e.termination,
                                 "messages": e.messages[len(t["messages"]) - 1:]})
         if progress:
             progress(len(chunk))
     return EvalResult(scores, [s >= 1.0 - 1e-9 for s in scores], by_world, by_branch, by_type, terms,
-                      float(np.mean(calls)) if calls else 0.0, samples)
+                      float(np.mean(calls)) if calls else 0.0, samples, by_kind)
 
 
 def evaluate_fidelity(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, Any]]):
