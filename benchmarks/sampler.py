@@ -68,35 +68,62 @@ def time_hf(hf, prompts, sample: bool) -> float:
     return dt
 
 
-def decode_step_vs_floor(model, batch: int, reps: int, rng) -> None:
+def decode_step_vs_floor(model, batch: int, reps: int, rng, compare: dict | None = None) -> None:
     """Prints our decode step's time, its floor and their ratio (medians over ``reps`` alternations),
-    on the wall clock and on the process CPU clock (less disturbed by other jobs on a shared machine)."""
+    on the wall clock and on the process CPU clock (less disturbed by other jobs on a shared machine).
+    ``compare``: XLA options of a second sampler whose step alternates with the default one's; the ratio
+    of the two steps is printed too."""
     long, short = 2 * NEW, NEW // 2
     window = PROMPT + long
-    sampler = Sampler(model, cache_size=window, window_buckets=(window,))
+    samplers = {"ours": Sampler(model, cache_size=window, window_buckets=(window,))}
+    if compare is not None:
+        samplers["with " + ",".join(f"{k}={v}" for k, v in compare.items())] = Sampler(
+            model, cache_size=window, window_buckets=(window,), compiler_options=compare)
     prompts = [rng.randint(3, 32000, PROMPT).tolist() for _ in range(batch)]
 
-    def call(n: int) -> tuple[float, float]:
+    def call(sampler, n: int) -> tuple[float, float]:
         w, c = time.perf_counter(), time.process_time()
         out = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=n))
         assert all(k == n for k in out.lengths), out.finish_reasons
         return time.perf_counter() - w, time.process_time() - c
 
-    call(long), call(short)  # compile
-    rows = {"wall": [], "cpu": []}
+    tokens = {}
+    for label, sampler in samplers.items():  # compile, and check that the options change no token
+        call(sampler, long), call(sampler, short)
+        tokens[label] = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=short)).tokens
+    if len(tokens) == 2:
+        a, b = tokens.values()
+        print(f"greedy tokens identical under both options: {all(list(x) == list(y) for x, y in zip(a, b))}")
+    rows = {(label, clock): [] for label in samplers for clock in ("wall", "cpu")}
     for _ in range(reps):
-        a, b = call(long), call(short)
-        for i, (clock, name) in enumerate(((time.perf_counter, "wall"), (time.process_time, "cpu"))):
-            step = (a[i] - b[i]) / (long - short)
-            mm = decode_matmul_floor_s(batch, clock=clock)
-            read = cache_read_floor_s(batch, window, clock=clock)
-            rows[name].append((step, mm, read))
-    for name, r in rows.items():
+        for label, sampler in samplers.items():
+            a, b = call(sampler, long), call(sampler, short)
+            for i, (clock, name) in enumerate(((time.perf_counter, "wall"), (time.process_time, "cpu"))):
+                step = (a[i] - b[i]) / (long - short)
+                mm = decode_matmul_floor_s(batch, clock=clock)
+                read = cache_read_floor_s(batch, window, clock=clock)
+                rows[(label, name)].append((step, mm, read))
+    for (label, name), r in rows.items():
         step, mm, read = (float(np.median([x[j] for x in r])) for j in range(3))
         ratio = float(np.median([s / (m + d) for s, m, d in r]))
-        print(f"batch {batch:2d} decode step ({name:4s}) {1e3 * step:6.1f} ms; floor {1e3 * (mm + read):6.1f} ms "
+        print(f"batch {batch:2d} decode step ({name:4s}, {label}) {1e3 * step:6.1f} ms; floor {1e3 * (mm + read):6.1f} ms "
               f"(weight matmuls {1e3 * mm:.1f} + one read of the {window}-slot k/v cache {1e3 * read:.1f}); "
               f"step / floor {ratio:.2f}x (median of {len(r)} alternations; goal <= 1.3x)")
+    if compare is not None:
+        (base, other) = samplers
+        for name in ("wall", "cpu"):
+            paired = [x[0] / y[0] for x, y in zip(rows[(base, name)], rows[(other, name)])]
+            print(f"decode step ({name}), default options / {other}: {float(np.median(paired)):.2f}x "
+                  f"(median of {len(paired)} paired alternations)")
+
+
+def parse_options(text: str) -> dict:
+    """``"key=value,key=value"`` -> XLA options (true/false -> bool, digits -> int)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        k, _, v = item.partition("=")
+        out[k] = {"true": True, "false": False}.get(v.lower(), int(v) if v.lstrip("-").isdigit() else v)
+    return out
 
 
 def episode(sampler, prompts, turns: int, gen: int, app: int, continuation: bool, seed: int) -> float:
@@ -122,11 +149,14 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one repetition, batch 8 and 32 greedy, 4 turns")
     ap.add_argument("--floor-batch", type=int, default=32, help="batch of the step-versus-floor line")
     ap.add_argument("--only-floor", action="store_true", help="print only the step-versus-floor line")
+    ap.add_argument("--compare-options", default=None,
+                    help="XLA options (k=v,...) of a second sampler timed against the default in the floor line")
     ap.add_argument("--batches", default="8,32", help="comma-separated batch sizes of the tok/s lines")
     ap.add_argument("--greedy-only", action="store_true", help="skip the top-p lines")
     ap.add_argument("--no-episode", action="store_true", help="skip the multi-turn episode line")
     args = ap.parse_args()
     reps = 1 if args.quick else 3
+    compare = parse_options(args.compare_options) if args.compare_options is not None else None
     batches = [int(b) for b in args.batches.split(",")]
     hf, model = build()
     sampler = Sampler(model)
@@ -136,7 +166,7 @@ def main():
     modes = [("greedy", False)] if args.quick or args.greedy_only else [("greedy", False), ("top_p", True)]
     results = {}
     if args.only_floor:
-        decode_step_vs_floor(model, args.floor_batch, reps, rng)
+        decode_step_vs_floor(model, args.floor_batch, reps, rng, compare)
         return
     for batch in batches:
         prompts = [rng.randint(3, 32000, PROMPT).tolist() for _ in range(batch)]
@@ -162,7 +192,7 @@ def main():
                       f"{1e3 * floor:.1f} ms; HF spends {1e3 * h / NEW:.1f} ms per step (prefill included), "
                       f"so no decoder can run faster than {h / NEW / floor:.2f}x HF here")
                 if batch == args.floor_batch:
-                    decode_step_vs_floor(model, batch, reps, rng)
+                    decode_step_vs_floor(model, batch, reps, rng, compare)
     for batch in batches:
         if (batch, "top_p") in results:
             print(f"batch {batch:2d} top-p / greedy throughput: "

@@ -42,9 +42,10 @@ did not fit: then nothing is written, no token is generated, and the row's cache
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import warnings
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -101,12 +102,15 @@ class Sampler:
         smallest sub-batch (powers of two from it: fewer shapes to compile).
       mesh, rules: sample under this mesh; parameters are resharded to ``rules`` (default
         ``SAMPLE_RULES``) only if they are not already laid out that way.
+      compiler_options: XLA options of the sampler's programs (``jax.jit(compiler_options=...)``), e.g.
+        to time a scheduler setting against the default (``benchmarks/sampler.py --compare-options``).
     """
 
     def __init__(self, model: qwen3.Qwen3, *, cache_size: int | None = None, max_chunk: int = 512,
                  length_buckets: Sequence[int] | None = None, batch_buckets: Sequence[int] | None = None,
                  window_buckets: Sequence[int] | None = None, k_max: int = 64, mesh: jax.sharding.Mesh | None = None, rules: shd.Rules | None = None,
-                 seed: int = 0, split_prefill: bool = True, split_min_rows: int = 8):
+                 seed: int = 0, split_prefill: bool = True, split_min_rows: int = 8,
+                 compiler_options: Mapping[str, Any] | None = None):
         if not isinstance(model, qwen3.Qwen3):
             raise TypeError(f"Sampler(model): expected a qwen3.Qwen3, got {type(model).__name__}")
         if cache_size is not None and cache_size < 1:
@@ -139,10 +143,12 @@ class Sampler:
                                  if self.mesh is not None else None)
         devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()
         self._cpu = all(d.platform == "cpu" for d in devices)
-        self._prefill = jax.jit(self._prefill_impl, static_argnames=("size", "gather"), donate_argnums=(1, 2))
-        self._prepare = jax.jit(self._prepare_impl, static_argnames=("size", "gather"), donate_argnums=(0, 1))
-        self._prefill_rows = jax.jit(self._prefill_rows_impl, donate_argnums=(1, 2, 3))
-        self._decode = jax.jit(self._decode_impl, static_argnames=("budget",), donate_argnums=(1, 2))
+        self.compiler_options = dict(compiler_options) if compiler_options else None
+        jit = functools.partial(jax.jit, compiler_options=self.compiler_options)
+        self._prefill = jit(self._prefill_impl, static_argnames=("size", "gather"), donate_argnums=(1, 2))
+        self._prepare = jit(self._prepare_impl, static_argnames=("size", "gather"), donate_argnums=(0, 1))
+        self._prefill_rows = jit(self._prefill_rows_impl, donate_argnums=(1, 2, 3))
+        self._decode = jit(self._decode_impl, static_argnames=("budget",), donate_argnums=(1, 2))
 
     # ---------------------------------------------------------------- jitted programs
     def _cache_constrain(self, k, v):

@@ -201,3 +201,19 @@ def test_fresh_row_that_does_not_fit_starts_empty(sampler):
     assert out.finish_reasons == ["length", "cache_full"] and out.lengths[1] == 0
     assert out.state.pending[1] == -1
     np.testing.assert_array_equal(out.state.total_lengths(), [9 + 4 + 1 + 4, 0])
+
+
+def test_compiler_options_reach_the_programs_and_keep_greedy_equal_to_transformers(models):
+    hf, model = models
+    opts = {"xla_cpu_enable_concurrency_optimized_scheduler": False}
+    s = Sampler(model, cache_size=128, max_chunk=64, length_buckets=(32, 64), window_buckets=(192,),
+                batch_buckets=(4,), compiler_options=opts)
+    assert s.compiler_options == opts
+    prompts = _prompts(3, [7, 12, 4, 20])
+    out = s.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=NEW))
+    assert [list(t) for t in out.tokens] == _hf_greedy(hf, prompts, NEW).tolist()
+    # an option XLA does not know is refused when the first program compiles, by name
+    bad = Sampler(model, cache_size=128, max_chunk=64, length_buckets=(32,), window_buckets=(192,),
+                  batch_buckets=(4,), compiler_options={"xla_cpu_no_such_option": 1})
+    with pytest.raises(Exception, match="xla_cpu_no_such_option"):
+        bad.generate(prompts[:1], SamplingParams(temperature=0.0, max_new_tokens=2))
