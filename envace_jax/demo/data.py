@@ -115,10 +115,11 @@ def _draw_keeping_silent_odds(n: int, share: float, seed: int, exclude: set[str]
             break
         size *= 2
     taken = push_backs[:n_pb]
+    silent = [silent_push_back(t) for t in pool]   # parses each tool reply: once per task
     by_type = collections.Counter(t["task_type"] for t in pool)
-    silent_in_pool = collections.Counter(t["task_type"] for t in pool if silent_push_back(t))
+    silent_in_pool = collections.Counter(t["task_type"] for t, s in zip(pool, silent) if s)
     happy_in_pool = collections.Counter(pool[i]["task_type"] for i in happy)
-    silent_taken = collections.Counter(pool[i]["task_type"] for i in taken if silent_push_back(pool[i]))
+    silent_taken = collections.Counter(pool[i]["task_type"] for i in taken if silent[i])
     # Types whose push-backs are most often silent first: their odds matter most, and when the happy
     # slots run out the types where silence is rare are the ones left skewed.
     want, free = {}, n - n_pb

@@ -23,6 +23,7 @@ def eval_summary(res) -> dict[str, Any]:
     wins = sum(res.successes)
     n = max(1, res.n)
     by_branch = {b: [s >= 1 - 1e-9 for s in v] for b, v in sorted(res.by_branch.items())}
+    by_kind = {k: [s >= 1 - 1e-9 for s in v] for k, v in sorted(res.by_push_back_kind.items())}
     return {"episodes": res.n, "success": wins / n, "success_ci": wilson_ci(wins, res.n),
             "score": sum(res.scores) / n, "score_ci": mean_ci(res.scores),
             "success_by_world": {w: _success_rate(v) for w, v in sorted(res.by_world.items())},
@@ -30,10 +31,9 @@ def eval_summary(res) -> dict[str, Any]:
             "success_by_branch_ci": {b: wilson_ci(sum(v), len(v)) for b, v in by_branch.items()},
             "episodes_by_branch": {b: len(v) for b, v in by_branch.items()},
             "success_by_type": {t: _success_rate(v) for t, v in sorted(res.by_type.items())},
-            "success_by_push_back_kind": {k: _success_rate(v) for k, v in sorted(res.by_push_back_kind.items())},
-            "success_by_push_back_kind_ci": {k: wilson_ci(sum(s >= 1 - 1e-9 for s in v), len(v))
-                                             for k, v in sorted(res.by_push_back_kind.items())},
-            "episodes_by_push_back_kind": {k: len(v) for k, v in sorted(res.by_push_back_kind.items())},
+            "success_by_push_back_kind": {k: sum(v) / len(v) for k, v in by_kind.items()},
+            "success_by_push_back_kind_ci": {k: wilson_ci(sum(v), len(v)) for k, v in by_kind.items()},
+            "episodes_by_push_back_kind": {k: len(v) for k, v in by_kind.items()},
             "terminations": dict(sorted(res.terminations.items())), "tool_calls_mean": res.tool_calls_mean}
 
 
