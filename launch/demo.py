@@ -59,6 +59,10 @@ def legacy_argv(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
+    # A CPU run: keep XLA's freed step buffers in the process (envace_jax/host_memory.py; re-executes once).
+    from envace_jax.host_memory import retain_freed_memory
+
+    retain_freed_memory()
     # Before the flags are defined: config_flags registers the ``--config.field`` overrides it finds in
     # sys.argv when it loads the default config, at definition time.
     sys.argv = legacy_argv(sys.argv)

@@ -45,4 +45,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # A CPU run: keep XLA's freed step buffers in the process (envace_jax/host_memory.py; re-executes once).
+    from envace_jax.host_memory import retain_freed_memory
+
+    retain_freed_memory()
     sys.exit(main())
