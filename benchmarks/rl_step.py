@@ -216,7 +216,15 @@ def main():
                          "update: rolling batch, the update's exact shortcuts off vs on")
     ap.add_argument("--batch_buckets", default="",
                     help="comma-separated batch sizes the sampler rounds a call up to (default: the demo's)")
+    ap.add_argument("--retain-freed-memory", action="store_true",
+                    help="rerun this process with glibc keeping freed memory, as `make demo` runs "
+                         "(envace_jax/host_memory.py)")
     args = ap.parse_args()
+    from envace_jax import host_memory
+
+    if args.retain_freed_memory:
+        host_memory.retain_freed_memory()
+    print(host_memory.describe())
     bb = tuple(int(x) for x in args.batch_buckets.split(",")) if args.batch_buckets else None
 
     import jax

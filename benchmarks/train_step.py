@@ -17,11 +17,15 @@ shared machine CPU seconds show the work done, wall seconds also the waiting). A
 analytic FLOPs (3x the forward, attention over the full padded square) against a float32 2048^2 matmul
 peak measured in the same run.
 
+``--retain-freed-memory`` reruns the process with glibc keeping freed memory (``envace_jax/host_memory.py``):
+without it both sides fault their large step buffers in afresh at every step (kernel time that the
+process CPU seconds include); the header line says which policy the run used.
+
 ``--bf16`` adds a bfloat16-compute step of each side (ours: float32 parameters and optimizer,
 bfloat16 matmul inputs with float32 accumulation; PyTorch: ``torch.autocast("cpu", bfloat16)``),
 reported beside the float32 figures, which stay the headline.
 
-Usage: python benchmarks/train_step.py [--preset default|demo] [--reps 3] [--threads 2] [--bf16]
+Usage: python benchmarks/train_step.py [--preset default|demo] [--reps 3] [--threads 2] [--bf16] [--retain-freed-memory]
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from common import CONFIG, build_models, forward_flops, matmul_peak_gflops  # no
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from envace_jax import host_memory  # noqa: E402
 from envace_jax.rl.batch import build_batch  # noqa: E402
 from envace_jax.rl.trainer import OptimConfig, Trainer  # noqa: E402
 from envace_jax.rl.types import ACT, Generation  # noqa: E402
@@ -116,7 +121,12 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=512, help="row length of the default preset")
     ap.add_argument("--micro", type=int, default=None, help="micro-batch rows (default: all; demo 16)")
     ap.add_argument("--bf16", action="store_true", help="also time bfloat16 compute on both sides")
+    ap.add_argument("--retain-freed-memory", action="store_true",
+                    help="rerun this process with glibc keeping freed memory (envace_jax/host_memory.py); both "
+                         "frameworks share the process, so both run under it")
     args = ap.parse_args()
+    if args.retain_freed_memory:
+        host_memory.retain_freed_memory()
     demo = args.preset == "demo"
     config = DEMO_CONFIG if demo else CONFIG
     B = args.batch or (32 if demo else 8)
@@ -157,6 +167,7 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in wall.items()}
     print(f"jax {jax.__version__} torch {torch.__version__}  preset {args.preset}: {B} rows x {T} tokens "
           f"({int(tb.loss_weights.sum())} trained), micro-batch {micro}, {args.threads} threads")
+    print(host_memory.describe())
     print(f"first step (compile / optimizer state): " + ", ".join(f"{k} {v:.1f} s" for k, v in first.items()))
     for k in names:
         print(f"{k:10s} step s: {[round(x, 3) for x in wall[k]]} median {med[k]:.3f}  cpu-s median "
