@@ -2,7 +2,8 @@
 
 The layers, lowest first (a module may import from its own layer and from any layer before it):
 
-    host      chat/, envs/, data/, config.py, metrics.py   plain Python: never jax, flax, optax or orbax
+    host      chat/, envs/, data/, config.py, metrics.py,  plain Python: never jax, flax, optax or orbax
+              host_memory.py
     models    models/, sharding.py, checkpoint.py
     sampling  sampling.py, sampling_ops.py, sampling_plan.py, sampling_records.py
     rl        rl/
@@ -24,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("host", ("envace_jax.chat", "envace_jax.envs", "envace_jax.data", "envace_jax.config", "envace_jax.metrics",
-              "envace_jax.__init__")),
+              "envace_jax.host_memory", "envace_jax.__init__")),
     ("models", ("envace_jax.models", "envace_jax.sharding", "envace_jax.checkpoint")),
     ("sampling", ("envace_jax.sampling", "envace_jax.sampling_ops", "envace_jax.sampling_plan",
                   "envace_jax.sampling_records")),
