@@ -15,25 +15,32 @@ REQUIRED_KEYS = ("real_success_before", "real_success_after", "real_success_ci_b
                  "optimistic_hallucination_before", "optimistic_hallucination_after")
 
 
+def _wins(scores: Sequence[float]) -> list[bool]:
+    """An episode succeeds when its checklist score is 1 (up to float rounding)."""
+    return [s >= 1 - 1e-9 for s in scores]
+
+
 def _success_rate(scores: Sequence[float]) -> float:
-    return sum(s >= 1 - 1e-9 for s in scores) / len(scores)
+    return sum(_wins(scores)) / len(scores)
+
+
+def _split(groups: Mapping[str, Sequence[float]], name: str) -> dict[str, Any]:
+    """``success_by_<name>``, its Wilson CIs and ``episodes_by_<name>`` of a {group: scores} split."""
+    wins = {g: _wins(v) for g, v in sorted(groups.items())}
+    return {f"success_by_{name}": {g: sum(w) / len(w) for g, w in wins.items()},
+            f"success_by_{name}_ci": {g: wilson_ci(sum(w), len(w)) for g, w in wins.items()},
+            f"episodes_by_{name}": {g: len(w) for g, w in wins.items()}}
 
 
 def eval_summary(res) -> dict[str, Any]:
     wins = sum(res.successes)
     n = max(1, res.n)
-    by_branch = {b: [s >= 1 - 1e-9 for s in v] for b, v in sorted(res.by_branch.items())}
-    by_kind = {k: [s >= 1 - 1e-9 for s in v] for k, v in sorted(res.by_push_back_kind.items())}
     return {"episodes": res.n, "success": wins / n, "success_ci": wilson_ci(wins, res.n),
             "score": sum(res.scores) / n, "score_ci": mean_ci(res.scores),
             "success_by_world": {w: _success_rate(v) for w, v in sorted(res.by_world.items())},
-            "success_by_branch": {b: sum(v) / len(v) for b, v in by_branch.items()},
-            "success_by_branch_ci": {b: wilson_ci(sum(v), len(v)) for b, v in by_branch.items()},
-            "episodes_by_branch": {b: len(v) for b, v in by_branch.items()},
+            **_split(res.by_branch, "branch"),
             "success_by_type": {t: _success_rate(v) for t, v in sorted(res.by_type.items())},
-            "success_by_push_back_kind": {k: sum(v) / len(v) for k, v in by_kind.items()},
-            "success_by_push_back_kind_ci": {k: wilson_ci(sum(v), len(v)) for k, v in by_kind.items()},
-            "episodes_by_push_back_kind": {k: len(v) for k, v in by_kind.items()},
+            **_split(res.by_push_back_kind, "push_back_kind"),
             "terminations": dict(sorted(res.terminations.items())), "tool_calls_mean": res.tool_calls_mean}
 
 
