@@ -25,7 +25,14 @@ process CPU seconds include); the header line says which policy the run used.
 bfloat16 matmul inputs with float32 accumulation; PyTorch: ``torch.autocast("cpu", bfloat16)``),
 reported beside the float32 figures, which stay the headline.
 
-Usage: python benchmarks/train_step.py [--preset default|demo] [--reps 3] [--threads 2] [--bf16] [--retain-freed-memory]
+Our Trainer runs the vocabulary head and its log-softmax on the trained positions only (those with a loss
+weight: ~27% of the demo preset's padded positions; every position of the default preset, where nothing
+changes). The PyTorch step is transformers' forward, logits at every position, as a user of its
+``Qwen3ForCausalLM`` gets them; ``--compare-gather`` also times a PyTorch step that gathers the same
+positions before its head, and ours with the head at every position.
+
+Usage: python benchmarks/train_step.py [--preset default|demo] [--reps 3] [--threads 2] [--bf16] [--compare-gather]
+       [--retain-freed-memory]
 """
 
 from __future__ import annotations
@@ -76,8 +83,11 @@ def make_rows(preset: str, vocab: int, batch: int, length: int):
     return tb
 
 
-def torch_step_fn(tm, tb, micro: int, bf16: bool):
-    """One PyTorch optimizer step over ``tb`` in micro-batches of ``micro`` rows (same loss as ours)."""
+def torch_step_fn(tm, tb, micro: int, bf16: bool, gathered: bool = False):
+    """One PyTorch optimizer step over ``tb`` in micro-batches of ``micro`` rows (same loss as ours).
+
+    ``gathered``: the vocabulary head and log-softmax run on the trained positions only (what our
+    Trainer does by default), instead of transformers' logits at every position."""
     import torch
 
     opt = torch.optim.AdamW(tm.parameters(), lr=1e-6, weight_decay=0.01)
@@ -95,9 +105,18 @@ def torch_step_fn(tm, tb, micro: int, bf16: bool):
     def step():
         for p in parts:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                logits = tm(input_ids=p["ids"], attention_mask=p["mask"], position_ids=p["pos"]).logits
-            logp = torch.log_softmax(logits.float(), -1).gather(-1, p["tgt"][..., None])[..., 0]
-            (-(logp * p["w"]).sum() / total).backward()
+                if gathered:
+                    hidden = tm.model(input_ids=p["ids"], attention_mask=p["mask"], position_ids=p["pos"])[0]
+                    on = p["w"] != 0
+                    logits = tm.lm_head(hidden[on])
+                else:
+                    logits = tm(input_ids=p["ids"], attention_mask=p["mask"], position_ids=p["pos"]).logits
+            if gathered:
+                logp = torch.log_softmax(logits.float(), -1).gather(-1, p["tgt"][on][:, None])[:, 0]
+                (-(logp * p["w"][on]).sum() / total).backward()
+            else:
+                logp = torch.log_softmax(logits.float(), -1).gather(-1, p["tgt"][..., None])[..., 0]
+                (-(logp * p["w"]).sum() / total).backward()
         torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -121,6 +140,9 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=512, help="row length of the default preset")
     ap.add_argument("--micro", type=int, default=None, help="micro-batch rows (default: all; demo 16)")
     ap.add_argument("--bf16", action="store_true", help="also time bfloat16 compute on both sides")
+    ap.add_argument("--compare-gather", action="store_true",
+                    help="also time our step with the vocabulary head at every position (Trainer(gather_trained="
+                         "False)) and a PyTorch step with the head at the trained positions only")
     ap.add_argument("--retain-freed-memory", action="store_true",
                     help="rerun this process with glibc keeping freed memory (envace_jax/host_memory.py); both "
                          "frameworks share the process, so both run under it")
@@ -151,6 +173,11 @@ def main() -> None:
         runs["jax bf16"] = Trainer(bf, optim, micro_batch_size=micro)
         tm_bf = build_models(args.threads, train=True, config=config)[0]
         runs["torch bf16"] = torch_step_fn(tm_bf, tb, micro, True)
+    if args.compare_gather:
+        runs["jax all positions"] = Trainer(build_models(args.threads, train=True, config=config)[1], optim,
+                                            micro_batch_size=micro, gather_trained=False)
+        runs["torch gathered"] = torch_step_fn(build_models(args.threads, train=True, config=config)[0], tb, micro,
+                                               False, gathered=True)
     steps = {k: (lambda t=v: t.update(tb, kind="sft")) if isinstance(v, Trainer) else v for k, v in runs.items()}
 
     first = {k: timed(f)[0] for k, f in steps.items()}  # compile (ours), AdamW state allocation (torch)
@@ -178,6 +205,10 @@ def main() -> None:
     paired_cpu = statistics.median(t / j for t, j in zip(cpu["torch"], cpu["jax"]))
     print(f"speed ratio torch/jax time: {med['torch'] / med['jax']:.2f}x of medians, {paired:.2f}x median of the "
           f"{args.reps} alternations (cpu-s {paired_cpu:.2f}x)  (>1 means ours is faster)")
+    if args.compare_gather:
+        print(f"vocabulary head at the trained positions: jax all positions / jax {med['jax all positions'] / med['jax']:.2f}x; "
+              f"torch gathered / jax {med['torch gathered'] / med['jax']:.2f}x; "
+              f"torch / torch gathered {med['torch'] / med['torch gathered']:.2f}x")
     if args.bf16:
         print(f"bfloat16: torch bf16 / jax bf16 {med['torch bf16'] / med['jax bf16']:.2f}x; "
               f"jax float32 / jax bf16 {med['jax'] / med['jax bf16']:.2f}x")

@@ -158,6 +158,22 @@ _SHARDED = textwrap.dedent("""
             assert spec + (None,) * (4 - len(spec)) == (None, "fsdp", "tensor", None), spec
     diff = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(a - b).max()), *res)))
     print("MAXDIFF", diff)
+    # Long prompts, short responses: the vocabulary head runs on the trained positions only, gathered
+    # within each of the 4 row shards (data x fsdp), and the update equals one device's.
+    from test_gathered_head import _long_prompt_batch
+    long_batch = _long_prompt_batch()
+    res = []
+    for mesh in (None, shd.make_mesh(data=2, fsdp=2, tensor=2)):
+        model = qwen3.Qwen3(CFG, rngs=nnx.Rngs(0))
+        if mesh is not None:
+            qwen3.place(model, mesh, shd.TRAIN_RULES)
+        tr = Trainer(model, OptimConfig(lr=1e-2), LossConfig(), micro_batch_size=8, mesh=mesh)
+        index = tr._local_micro_batches(long_batch)[0]["trained_index"]
+        assert index.shape[0] == (1 if mesh is None else 4), index.shape
+        for _ in range(2):
+            tr.update(long_batch)
+        res.append(jax.tree.map(np.asarray, tr.params))
+    print("GATHERDIFF", max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(a - b).max()), *res))))
     # One row per micro-batch on an 8-way fsdp mesh: the row's sequence is split over fsdp (not the
     # whole row on every device), and its log-probs are those of one device.
     from jax.sharding import PartitionSpec as P
@@ -181,4 +197,5 @@ def test_sharded_update_equals_single_device(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     diff = float(out.stdout.split("MAXDIFF")[1].split()[0])
     assert diff <= 1e-5
+    assert float(out.stdout.split("GATHERDIFF")[1].split()[0]) <= 1e-5
     assert float(out.stdout.split("SEQDIFF")[1]) <= 1e-5

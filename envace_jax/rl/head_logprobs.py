@@ -93,3 +93,39 @@ def fused_token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array,
     xs = hidden.astype(jnp.float32) * inv_t[..., None]
     lp = _logp(xs.reshape(B * T, D), head, targets.reshape(B * T).astype(jnp.int32), head_layout, jnp.dtype(dt))
     return lp.reshape(B, T)
+
+
+def gathered_token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, index: jax.Array,
+                            temperature=1.0, *, head_layout: str = "vd", compute_dtype=None) -> jax.Array:
+    """``fused_token_logprobs`` at the trained positions only, zeros elsewhere.
+
+    An SFT or RL row trains on its response, not on its prompt or padding: in the demo's rows about a
+    quarter of the positions carry a loss weight. The vocabulary projection and its log-softmax are the
+    costliest per-position work of the step, so they run on those positions alone; the layers below
+    still see every position (attention needs them).
+
+    Args:
+      hidden: ``[B, T, D]``; the rows fall into ``G`` equal groups of consecutive rows (one per data
+        shard of the batch, so the gather never crosses devices).
+      index: int ``[G, K]``, flat positions ``row * T + t`` within each group of ``B // G`` rows
+        (``trained_positions`` builds it); entries ``>= (B // G) * T`` are padding and are dropped.
+      targets, temperature, head_layout, compute_dtype: as ``fused_token_logprobs``.
+
+    Returns:
+      float32 ``[B, T]``: the log-probs at the indexed positions, 0 at every other position.
+    """
+    B, T, D = hidden.shape
+    G, K = index.shape
+    if B % G:
+        raise ValueError(f"index has {G} row groups, which do not divide the batch of {B} rows")
+    n = (B // G) * T
+    temp = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), (B, T)).reshape(G, n)
+    # Padding entries read the group's last position (any real one would do) and are dropped on the way
+    # back, so their cotangent is 0 and nothing reaches the hidden state through them.
+    safe = jnp.minimum(index, n - 1)
+    hs = jnp.take_along_axis(hidden.reshape(G, n, D), safe[..., None], axis=1)
+    ys = jnp.take_along_axis(targets.reshape(G, n), safe, axis=1)
+    ts = jnp.take_along_axis(temp, safe, axis=1)
+    lp = fused_token_logprobs(hs, head, ys, ts, head_layout=head_layout, compute_dtype=compute_dtype)
+    out = jax.vmap(lambda i, v: jnp.zeros((n,), jnp.float32).at[i].set(v, mode="drop"))(index, lp)
+    return out.reshape(B, T)

@@ -109,3 +109,48 @@ def host_rows(x: jax.Array, mesh: Mesh | None) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.global_array_to_host_local_array(x, mesh, x.sharding.spec))
+
+
+def row_groups(mesh: Mesh | None, rows: int, width: int) -> int:
+    """How many equal groups of consecutive rows this process's ``[rows, width]`` micro-batch falls into
+    once ``device_batch`` places it: one per shard of the rows held by this process (1 without a mesh).
+    0 when the sequence itself is split over devices (a micro-batch with fewer rows than the fsdp
+    group): gathering positions there would move hidden states between devices."""
+    if mesh is None:
+        return 1
+    gshape = (rows * jax.process_count(), width, 1)
+    spec = tuple(shd.logical_to_spec(("batch", "length", None), shd.TRAIN_RULES, mesh, gshape))
+    spec = spec + (None,) * (3 - len(spec))
+    if spec[1] is not None:
+        return 0
+    axes = () if spec[0] is None else (spec[0],) if isinstance(spec[0], str) else spec[0]
+    shards = int(np.prod([mesh.shape[a] for a in axes]))
+    return max(1, shards // jax.process_count())
+
+
+def trained_positions(loss_weights: np.ndarray, groups: int = 1, *, max_share: float = 0.75) -> np.ndarray | None:
+    """Flat positions of the trained tokens (loss weight != 0) of each row group, for
+    ``head_logprobs.gathered_token_logprobs``: int32 ``[groups, K]``, padded with ``(rows // groups) *
+    width`` (past the end). ``K`` is the largest group's count rounded up to a sixteenth of a group
+    (at least 64, at most the group), so a row width compiles a few programs, not one per count; with several processes
+    it is agreed over all of them (a collective). None when ``K`` would exceed ``max_share`` of the
+    positions (the gather would save little) or the rows do not split into ``groups``."""
+    rows, width = loss_weights.shape
+    if groups < 1 or rows % groups:
+        return None
+    n = rows // groups * width
+    on = loss_weights.reshape(groups, n) != 0
+    count = int(on.sum(1).max()) if rows else 0
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        count = int(np.asarray(multihost_utils.process_allgather(np.asarray(count, np.int64))).max())
+    step = max(64, -(-n // (16 * 64)) * 64)
+    k = min(n, max(step, -(-count // step) * step))
+    if k > max_share * n:
+        return None
+    index = np.full((groups, k), n, np.int32)
+    for g in range(groups):
+        pos = np.flatnonzero(on[g])
+        index[g, :len(pos)] = pos
+    return index

@@ -33,7 +33,7 @@ from envace_jax.config import LossConfig, OptimConfig  # noqa: F401  (defined wi
 from envace_jax.rl import loss as loss_lib
 from envace_jax.rl import placement
 from envace_jax.rl.batch import TrainBatch
-from envace_jax.rl.head_logprobs import fused_token_logprobs
+from envace_jax.rl.head_logprobs import fused_token_logprobs, gathered_token_logprobs
 from envace_jax.rl.optim import make_optimizer, make_schedule  # noqa: F401  (re-exported)
 from envace_jax.rl.placement import opt_state_shardings, process_micro_batch_rows  # noqa: F401  (re-exported)
 from envace_jax.rl.types import ROLE_ID
@@ -48,9 +48,12 @@ class Trainer:
 
     def __init__(self, model: nnx.Module, optim: OptimConfig = OptimConfig(), loss: LossConfig = LossConfig(),
                  *, micro_batch_size: int = 8, mesh: Mesh | None = None, ref_model: nnx.Module | None = None,
-                 pad_micro_batches: bool = False):
+                 pad_micro_batches: bool = False, gather_trained: bool = True):
         """``pad_micro_batches``: fill a short last micro-batch with zero-weight rows, so batches of any
-        row count reuse one compiled program per width (several processes always pad, in lockstep)."""
+        row count reuse one compiled program per width (several processes always pad, in lockstep).
+        ``gather_trained``: run the vocabulary head on the trained positions only (those with a loss
+        weight) when they are at most 3/4 of a micro-batch's positions (``placement.trained_positions``);
+        the loss and its gradient are the same, up to float32 summation order."""
         if loss.entropy_coef:
             # The fused vocabulary head returns log-probs only; an entropy bonus set here would silently
             # not be applied.
@@ -58,6 +61,7 @@ class Trainer:
                              "(its fused vocabulary head returns log-probs only); set it to 0")
         self.model, self.optim_cfg, self.loss_cfg = model, optim, loss
         self.pad_micro_batches = bool(pad_micro_batches)
+        self.gather_trained = bool(gather_trained)
         self.micro_batch_size = int(micro_batch_size)
         if self.micro_batch_size <= 0:
             raise ValueError(f"trainer.micro_batch_size must be positive, got {micro_batch_size}")
@@ -124,6 +128,9 @@ class Trainer:
         # The vocabulary projection is fused with the log-softmax (no [B, T, V] logits kept twice).
         hidden = model.final_hidden(mb["tokens"], mb["positions"], mb["segment_ids"])
         head, layout = model.head_weight()
+        if "trained_index" in mb:
+            return gathered_token_logprobs(hidden, head, mb["targets"], mb["trained_index"], mb["temperature"][:, None],
+                                           head_layout=layout, compute_dtype=model.config.dtype)
         return fused_token_logprobs(hidden, head, mb["targets"], mb["temperature"][:, None], head_layout=layout,
                                     compute_dtype=model.config.dtype)
 
@@ -201,7 +208,14 @@ class Trainer:
 
     def _local_micro_batches(self, batch: TrainBatch) -> list[dict[str, np.ndarray]]:
         loss_lib.check_temperature(batch.temperature)  # the jitted forward divides by it
-        return placement.local_micro_batches(batch, self.micro_batch_size, pad_last=self.pad_micro_batches)
+        parts = placement.local_micro_batches(batch, self.micro_batch_size, pad_last=self.pad_micro_batches)
+        if self.gather_trained:
+            for mb in parts:
+                w = mb["loss_weights"]
+                index = placement.trained_positions(w, placement.row_groups(self.mesh, *w.shape))
+                if index is not None:
+                    mb["trained_index"] = index
+        return parts
 
     def _host_rows(self, x: jax.Array) -> np.ndarray:
         return placement.host_rows(x, self.mesh)
