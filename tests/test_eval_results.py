@@ -45,3 +45,11 @@ def test_bad_results_are_rejected(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps({"categories": {"c": {"count": 1, "valid": 1}}}))
     with pytest.raises(ValueError, match="category 'c' lacks 'accuracy'"):
         R.load_results(str(tmp_path))
+
+
+def test_success_is_a_score_of_one_up_to_rounding():
+    # Ten checklist items worth 0.1 each add up to 0.9999999999999999 in floats: still a success.
+    assert sum([0.1] * 10) != 1.0 and R.is_success(sum([0.1] * 10))
+    assert R.is_success(1.0) and R.is_success(1.5)
+    # One item of a hundred missed is a failure, however close to 1.
+    assert not R.is_success(0.99) and not R.is_success(1.0 - 1e-6)

@@ -40,6 +40,7 @@ import numpy as np
 
 from envace_jax.data.demo_tasks import BRANCHES, generate_tasks
 from envace_jax.demo import data as demo_data
+from envace_jax.eval.results import is_success
 from envace_jax.rl.types import ACT, REHEARSE, Generation
 
 # Pretraining tasks come from their own seed stream of the train split (the demo's RL prompts come from
@@ -342,7 +343,7 @@ def validate(model, codec, tasks, demo_cfg) -> dict[str, Any]:
            "score": float(np.mean(res.scores)) if res.n else float("nan")}
     for b in BRANCHES:
         s = res.by_branch.get(b, [])
-        out[f"success_{b}"] = float(np.mean([x >= 1 - 1e-9 for x in s])) if s else float("nan")
+        out[f"success_{b}"] = float(np.mean([is_success(x) for x in s])) if s else float("nan")
     return out
 
 

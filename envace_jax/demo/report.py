@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any, Mapping, Sequence
 
-from envace_jax.eval.results import mean_ci, nan_to_none, wilson_ci  # noqa: F401  (report.mean_ci / wilson_ci still resolve)
+from envace_jax.eval.results import is_success, mean_ci, nan_to_none, wilson_ci  # noqa: F401  (report.mean_ci / wilson_ci still resolve)
 
 REQUIRED_KEYS = ("real_success_before", "real_success_after", "real_success_ci_before", "real_success_ci_after",
                  "fidelity_before", "fidelity_after", "test_episodes", "more_sft_success", "more_sft_success_ci",
@@ -16,8 +16,7 @@ REQUIRED_KEYS = ("real_success_before", "real_success_after", "real_success_ci_b
 
 
 def _wins(scores: Sequence[float]) -> list[bool]:
-    """An episode succeeds when its checklist score is 1 (up to float rounding)."""
-    return [s >= 1 - 1e-9 for s in scores]
+    return [is_success(s) for s in scores]
 
 
 def _success_rate(scores: Sequence[float]) -> float:

@@ -19,6 +19,7 @@ from flax import nnx
 from envace_jax.demo.config import DemoConfig
 from envace_jax.data.demo_tasks import PUSH_BACK
 from envace_jax.demo.data import make_real_env, silent_push_back
+from envace_jax.eval.results import is_success
 from envace_jax.models import qwen3
 from envace_jax.rl.batch import TrainBatch, build_batch
 from envace_jax.rl.judges import RuleJudge
@@ -212,7 +213,7 @@ def evaluate_real(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, An
                                 "messages": e.messages[len(t["messages"]) - 1:]})
         if progress:
             progress(len(chunk))
-    return EvalResult(scores, [s >= 1.0 - 1e-9 for s in scores], by_world, by_branch, by_type, terms,
+    return EvalResult(scores, [is_success(s) for s in scores], by_world, by_branch, by_type, terms,
                       float(np.mean(calls)) if calls else 0.0, samples, by_kind)
 
 

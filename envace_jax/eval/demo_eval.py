@@ -14,11 +14,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from envace_jax.eval.config import DemoSuiteConfig
-from envace_jax.eval.results import CategoryResult, EntryResult
+from envace_jax.eval.results import CategoryResult, EntryResult, is_success
 from envace_jax.eval.rehearsal import RehearsalConfig, RehearsalRun, TestTimeRehearsal, rehearsal_sweep
-
-_EPS = 1e-9
-
 
 DemoConfig = DemoSuiteConfig  # the earlier name (not the demo pipeline's envace_jax.demo.config.DemoConfig)
 
@@ -35,7 +32,7 @@ def _judge():
 
 def _category(name: str, uids: Sequence[str], scores: Sequence[float], details: Sequence[dict],
               extra: dict[str, Any] | None = None) -> CategoryResult:
-    rows = [EntryResult(u, s >= 1.0 - _EPS, None if s >= 1.0 - _EPS else (d.get("termination") or "score_below_1"),
+    rows = [EntryResult(u, is_success(s), None if is_success(s) else (d.get("termination") or "score_below_1"),
                         dict(d, score=s)) for u, s, d in zip(uids, scores, details)]
     n = max(1, len(rows))
     out = {"score_mean": sum(scores) / n}

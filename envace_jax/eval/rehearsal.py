@@ -63,7 +63,7 @@ from envace_jax.chat.tool_parser import strip_think
 from envace_jax.envs.base import NoToolEnvironment
 from envace_jax.eval.config import MEMORY_GATES, MEMORY_KINDS, PLACEMENTS, RehearsalConfig  # noqa: F401
 from envace_jax.eval.config import REHEARSAL_MODES as MODES
-from envace_jax.eval.results import mean_ci, wilson_ci
+from envace_jax.eval.results import is_success, mean_ci, wilson_ci
 from envace_jax.rl.policy_client import GenRequest
 from envace_jax.rl.rollout import RolloutConfig, RolloutEngine
 from envace_jax.rl.types import ACT, Episode, State
@@ -400,7 +400,7 @@ class TestTimeRehearsal:
 
 def summarize_run(run: RehearsalRun) -> dict[str, Any]:
     scores = run.scores
-    wins = sum(s >= 1.0 - 1e-9 for s in scores)
+    wins = sum(is_success(s) for s in scores)
     n = max(1, len(scores))
     mean, ci = (sum(scores) / len(scores) if scores else float("nan")), mean_ci(scores)
     return {"mode": run.config.mode, "n": run.config.n, "memory": run.config.memory,

@@ -15,6 +15,15 @@ import os
 from typing import Any, Mapping, Sequence
 
 
+SUCCESS_TOLERANCE = 1e-9
+
+
+def is_success(score: float) -> bool:
+    """An episode succeeds when its score (a checklist's or a benchmark's reward) is 1, up to the float
+    rounding of a mean of item scores: the one success test of every suite, the demo and its report."""
+    return score >= 1.0 - SUCCESS_TOLERANCE
+
+
 def wilson_ci(successes: int, n: int, z: float = 1.96) -> list[float]:
     """95% Wilson score interval of a binomial proportion ([nan, nan] when n == 0)."""
     if n == 0:

@@ -29,7 +29,7 @@ from envace_jax.envs import tau2 as T
 from envace_jax.eval.config import TAU2_USERS as USERS  # noqa: F401
 from envace_jax.eval.config import Tau2Config  # noqa: F401  (the suite's knobs live with every eval knob)
 from envace_jax.eval.harness import LENGTH_BUDGET, Agent, AgentTurn, Conversation, number_calls, parse_turn
-from envace_jax.eval.results import CategoryResult, EntryResult
+from envace_jax.eval.results import CategoryResult, EntryResult, is_success
 
 GREETING = "Hi! How can I help you today?"   # tau2's orchestrator opens with the agent's greeting too
 
@@ -70,7 +70,8 @@ def _row(task: Any, res: dict[str, Any], detail: dict[str, Any]) -> EntryResult:
     reward = float(res["reward"])
     info = res.get("reward_info") or {}
     detail = dict(detail, reward=reward, reward_breakdown=info.get("reward_breakdown"))
-    return EntryResult(str(task.id), reward >= 1.0 - 1e-9, None if reward >= 1.0 - 1e-9 else "reward_below_1", detail)
+    ok = is_success(reward)
+    return EntryResult(str(task.id), ok, None if ok else "reward_below_1", detail)
 
 
 def _means(rows: Sequence[EntryResult]) -> dict[str, Any]:
