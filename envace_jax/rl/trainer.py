@@ -71,6 +71,13 @@ class Trainer:
         # A model whose parameters are ShapeDtypeStructs (``nnx.eval_shape``) gives an abstract trainer:
         # no device work, state as ShapeDtypeStructs, for lowering the update ahead of time (envace_jax.aot).
         self.abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
+        if mesh is None and not self.abstract:
+            # Weights made from host arrays (a checkpoint, safetensors) and the optimizer state jit(tx.init)
+            # makes are not committed to a device, while the update's outputs are: without this the first
+            # update's programs are keyed on uncommitted inputs and the second update compiles them again
+            # (~1.5 s on the demo's model).
+            params = jax.device_put(params, jax.local_devices()[0])
+            nnx.update(model, params)
         self._opt_shardings = opt_state_shardings(self.tx, params, mesh) if mesh is not None else None
         if self.abstract:
             self.opt_state = jax.eval_shape(self.tx.init, params)
@@ -79,6 +86,8 @@ class Trainer:
                                               self.opt_state, self._opt_shardings)
         else:
             self.opt_state = self._on_mesh(jax.jit(self.tx.init, out_shardings=self._opt_shardings)(params))
+            if mesh is None:  # committed like the parameters (see above)
+                self.opt_state = jax.device_put(self.opt_state, jax.local_devices()[0])
         self.step = 0
         self.ref_params = None
         if loss.kl_coef > 0:
