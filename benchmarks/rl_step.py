@@ -34,6 +34,9 @@ compiled, or loaded from the persistent cache), which inflate the first steps.
 recomputed by a second pass, every row through the backward pass: the reference) and on (the demo's
 default: old log-probs from the update's own pass, rows without advantage left out); the two arms take
 the same optimizer steps (tests/test_update_shortcuts.py).
+``--compare gather`` runs the rolling batch with the update's vocabulary head at every position
+(``Trainer(gather_trained=False)``) and at the trained positions only (the default); the same
+optimizer steps up to float32 summation order (tests/test_gathered_head.py).
 ``--compare prefill`` runs the rolling batch twice instead, with the sampler's split prefill
 (``Sampler(split_prefill=True)``, the default: a call whose rows write very different lengths prefills
 them in sub-batches) and with one-call prefill, and adds the prefill slot efficiency (tokens written /
@@ -156,7 +159,8 @@ class Arm:
     step starts from the same SFT parameters and a fresh optimizer state."""
 
     def __init__(self, demo, cfg, rolling: bool, slots: int, split_prefill: bool = True, eager_refill: bool | None = None,
-                 batch_buckets: tuple[int, ...] | None = None, update_shortcuts: bool | None = None):
+                 batch_buckets: tuple[int, ...] | None = None, update_shortcuts: bool | None = None,
+                 gather_trained: bool = True):
         from envace_jax.demo import stages
 
         if update_shortcuts is not None:   # None: the demo's setting
@@ -164,6 +168,7 @@ class Arm:
         self.demo, self.stages = demo, stages
         self.params = stages.snapshot(demo.model)
         self.trainer = stages.make_trainer(demo.model, cfg, cfg.rl_lr, 0)
+        self.trainer.gather_trained = gather_trained
         self.opt0 = stages.host_copy(self.trainer.state_dict())
         self.step, self.client = stages.make_rl_step(cfg.replace(rolling=rolling, rolling_slots=slots), cfg.rl_mode,
                                                      demo.model, demo.codec, self.trainer)
@@ -210,10 +215,11 @@ def main():
     ap.add_argument("--workload", default="both", choices=["demo", "long_tail", "both"])
     ap.add_argument("--slots", type=int, default=32, help="rows of the rolling batch")
     ap.add_argument("--cache_dir", default="runs/bench_rl")
-    ap.add_argument("--compare", default="engines", choices=["engines", "prefill", "refill", "update"],
+    ap.add_argument("--compare", default="engines", choices=["engines", "prefill", "refill", "update", "gather"],
                     help="engines: lockstep vs rolling batch; prefill: rolling batch, one-call vs split prefill; "
                          "refill: rolling batch, refill only for waiting requests vs eager refill; "
-                         "update: rolling batch, the update's exact shortcuts off vs on")
+                         "update: rolling batch, the update's exact shortcuts off vs on; "
+                         "gather: rolling batch, vocabulary head at every position vs trained positions only")
     ap.add_argument("--batch_buckets", default="",
                     help="comma-separated batch sizes the sampler rounds a call up to (default: the demo's)")
     ap.add_argument("--retain-freed-memory", action="store_true",
@@ -258,12 +264,17 @@ def main():
         elif args.compare == "update":
             arms = {r: Arm(demo, cfg, True, args.slots, batch_buckets=bb, update_shortcuts=r) for r in (False, True)}
             names = {False: "two-pass update", True: "update shortcuts"}
+        elif args.compare == "gather":
+            arms = {r: Arm(demo, cfg, True, args.slots, batch_buckets=bb, gather_trained=r) for r in (False, True)}
+            names = {False: "head at every position", True: "head at trained positions"}
         else:
             arms = {r: Arm(demo, cfg, r, args.slots, batch_buckets=bb) for r in (False, True)}
             names = {False: "lockstep", True: "rolling"}
         for it in range(args.steps + 1):  # the first round compiles
             records = [tasks[(it * cfg.prompts_per_step + i) % len(tasks)] for i in range(cfg.prompts_per_step)]
-            for rolling in (False, True):
+            # The arm that meets a step's new shapes first compiles them (the other may load them from the
+            # persistent cache), so the order alternates step by step.
+            for rolling in ((False, True) if it % 2 == 0 else (True, False)):
                 ph, t_roll, total, n, util, lens, steps, pre, compiles, calls = arms[rolling].run(records, it)
                 tag = names[rolling]
                 print(f"{'(compile) ' if it == 0 else ''}step {it} {tag}: total {total:6.1f}s, rollout {t_roll:6.1f}s "
