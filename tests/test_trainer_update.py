@@ -199,3 +199,19 @@ def test_sharded_update_equals_single_device(tmp_path):
     assert diff <= 1e-5
     assert float(out.stdout.split("GATHERDIFF")[1].split()[0]) <= 1e-5
     assert float(out.stdout.split("SEQDIFF")[1]) <= 1e-5
+
+
+def test_weights_loaded_from_host_arrays_compile_the_update_once(tmp_path):
+    # Safetensors weights arrive uncommitted and the update's outputs are committed: keyed on both, the
+    # second update would compile its programs again.
+    from conftest import make_tiny_hf_qwen3
+    from envace_jax.models import hf_io
+
+    make_tiny_hf_qwen3(tmp_path, vocab_size=64, hidden_size=32, intermediate_size=48, num_heads=4,
+                       num_kv_heads=2, head_dim=8)
+    tr = Trainer(hf_io.load_hf(str(tmp_path)), OptimConfig(lr=1e-2), LossConfig(), micro_batch_size=6)
+    batch = _batch()
+    for _ in range(3):
+        tr.update(batch)
+    assert tr._apply._cache_size() == 1
+    assert tr._grad_fn("rl")._cache_size() == 1

@@ -131,10 +131,11 @@ def row_groups(mesh: Mesh | None, rows: int, width: int) -> int:
 def trained_positions(loss_weights: np.ndarray, groups: int = 1, *, max_share: float = 0.75) -> np.ndarray | None:
     """Flat positions of the trained tokens (loss weight != 0) of each row group, for
     ``head_logprobs.gathered_token_logprobs``: int32 ``[groups, K]``, padded with ``(rows // groups) *
-    width`` (past the end). ``K`` is the largest group's count rounded up to a sixteenth of a group
-    (at least 64, at most the group), so a row width compiles a few programs, not one per count; with several processes
-    it is agreed over all of them (a collective). None when ``K`` would exceed ``max_share`` of the
-    positions (the gather would save little) or the rows do not split into ``groups``."""
+    width`` (past the end). ``K`` is the largest group's count rounded up to a sixteenth of a group (at
+    least 64, at most the group), so a row width compiles a few programs, not one per count; with
+    several processes it is agreed over all of them (a collective). None when ``K`` would exceed
+    ``max_share`` of the positions (the gather would save little) or the rows do not split into
+    ``groups``."""
     rows, width = loss_weights.shape
     if groups < 1 or rows % groups:
         return None

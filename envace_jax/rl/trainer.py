@@ -43,6 +43,11 @@ def _tree_add(a, b):
     return jax.tree.map(jnp.add, a, b)
 
 
+def _committed(tree):
+    """Each array committed to the device it is on (a no-op for arrays already committed)."""
+    return jax.tree.map(lambda x: jax.device_put(x, x.sharding) if isinstance(x, jax.Array) else x, tree)
+
+
 class Trainer:
     """Holds params + optimizer state for one policy and applies RL or SFT updates."""
 
@@ -76,7 +81,7 @@ class Trainer:
             # makes are not committed to a device, while the update's outputs are: without this the first
             # update's programs are keyed on uncommitted inputs and the second update compiles them again
             # (~1.5 s on the demo's model).
-            params = jax.device_put(params, jax.local_devices()[0])
+            params = _committed(params)
             nnx.update(model, params)
         self._opt_shardings = opt_state_shardings(self.tx, params, mesh) if mesh is not None else None
         if self.abstract:
@@ -87,7 +92,7 @@ class Trainer:
         else:
             self.opt_state = self._on_mesh(jax.jit(self.tx.init, out_shardings=self._opt_shardings)(params))
             if mesh is None:  # committed like the parameters (see above)
-                self.opt_state = jax.device_put(self.opt_state, jax.local_devices()[0])
+                self.opt_state = _committed(self.opt_state)
         self.step = 0
         self.ref_params = None
         if loss.kl_coef > 0:
