@@ -1,0 +1,168 @@
+"""Probe: can the shipped demo base learn to compare two numbers, and does it carry over to the tool tasks?
+
+The demo's RL gain on silent push-backs ("if ana has at least 28, send 28 ...") is a learned prior, because
+the 0.5M-parameter base cannot compare two numbers (README, "What RL learned"). A pretrained Qwen3 can; this
+probe asks whether generic comparison questions without tools ("Is 52 at least 49?" -> "Yes, 52 is at least
+49.", three phrasings, numbers 1-120) teach the base to, on held-out questions and on the validation tasks
+whose right answer depends on a comparison (bank/compare, bank/conditional, shop/order_if). Validation split
+only; nothing here touches the test split.
+
+Modes:
+- ``only``: the base trained on comparison rows alone (batch 32); every quarter of ``--steps`` it prints, on
+  300 held-out questions, the exact answer, the yes/no decision and which number it names as larger.
+- ``mixed``: two arms from the base for ``--steps`` steps on its own pretraining corpus (16 ACT + 16
+  REHEARSE rows a batch): ``control`` as is, ``compare`` with ``--share`` of the 16 ACT rows replaced by
+  comparison rows; each arm, and the base, is scored on held-out questions and on 240 validation tasks of
+  the comparison types (50% push-back), greedy, against the real tools.
+
+Usage: python benchmarks/comparison_probe.py --mode only --steps 2000 --lr 1e-3
+       python benchmarks/comparison_probe.py --mode mixed --steps 1000 --share 8 --lr 1e-3 --rows 4096 --questions 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+COMPARISON_TYPES = ("bank/compare", "bank/conditional", "shop/order_if")
+
+
+def comparison_tasks(n: int, seed: int) -> list[dict]:
+    """``n`` tool-less chat tasks asking to compare two numbers, in three phrasings, with their answers."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        a, b = rng.randint(1, 120), rng.randint(1, 120)
+        kind = rng.randrange(3)
+        if kind == 0:
+            q = f"Is {a} at least {b}?"
+            r = f"Yes, {a} is at least {b}." if a >= b else f"No, {a} is less than {b}."
+        elif kind == 1:
+            b = b + 1 if a == b else b
+            q = f"Which is more, {a} or {b}?"
+            r = f"{max(a, b)} is more than {min(a, b)}."
+        else:
+            q = f"I have {a} and need {b}. Is that enough?"
+            r = f"Yes, {a} is enough for {b}." if a >= b else f"No, {a} is less than {b}."
+        msgs = [{"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
+                {"role": "user", "content": q}]
+        out.append({"uid": f"compare-{seed}-{i}", "messages": msgs, "tools": [],
+                    "reference_messages": [msgs[1], {"role": "assistant", "content": r}]})
+    return out
+
+
+def question_scores(model, codec, tasks) -> dict:
+    """Greedy answers to held-out comparison questions: exact, the yes/no decision, the larger number named."""
+    from envace_jax.sampling import Sampler
+    from envace_jax.sampling_records import SamplingParams
+
+    prompts = [codec.caller_prompt([dict(m) for m in t["messages"]], []) for t in tasks]
+    params = SamplingParams(temperature=0.0, max_new_tokens=24, stop_token_ids=codec.renderer.stop_token_ids)
+    out = Sampler(model, cache_size=256).generate(prompts, params)
+    end = codec.renderer.im_end_id
+    texts = [codec.renderer.decode([x for x in toks if x != end]).strip() for toks in out.tokens]
+    exact = yesno = yesno_n = more = more_n = 0
+    for text, t in zip(texts, tasks):
+        ref = t["reference_messages"][1]["content"]
+        exact += text == ref
+        if ref.startswith(("Yes", "No")):
+            yesno_n += 1
+            yesno += text.split(",")[0] == ref.split(",")[0]
+        else:
+            more_n += 1
+            more += text.split(" ")[0] == ref.split(" ")[0]
+    return {"exact": round(exact / len(tasks), 3), "yes/no decision": round(yesno / max(yesno_n, 1), 3),
+            "larger number named": round(more / max(more_n, 1), 3),
+            "e.g.": [(t["messages"][1]["content"], x) for x, t in zip(texts[:2], tasks[:2])]}
+
+
+def task_scores(model, codec, tasks, demo_cfg) -> dict:
+    import numpy as np
+
+    from envace_jax.demo import stages
+    from envace_jax.eval.results import is_success
+
+    res = stages.evaluate_real(demo_cfg, model, codec, tasks)
+    rate = lambda v: round(float(np.mean([is_success(s) for s in v])), 3)  # noqa: E731
+    return {"success": rate(res.scores), "by_type": {k: (rate(v), len(v)) for k, v in sorted(res.by_type.items())},
+            "by_branch": {k: rate(v) for k, v in sorted(res.by_branch.items())}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=("only", "mixed"), default="mixed")
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--share", type=int, default=8, help="mixed: comparison rows of the 16 ACT rows of a batch")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--rows", type=int, default=16384, help="comparison tasks to train on")
+    ap.add_argument("--questions", type=int, default=300, help="held-out comparison questions to score")
+    ap.add_argument("--base", default="assets/demo_base")
+    args = ap.parse_args()
+    if not 0 < args.share <= 16 or args.steps < 4:
+        raise SystemExit("--share must be in 1..16 and --steps at least 4")
+    from envace_jax import host_memory
+
+    host_memory.retain_freed_memory()
+    from envace_jax.data.demo_tasks import generate_tasks
+    from envace_jax.demo import data as demo_data
+    from envace_jax.demo import pretrain as P
+    from envace_jax.demo import stages
+    from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
+    from envace_jax.rl.types import ACT, REHEARSE
+
+    t0 = time.perf_counter()
+    base = P.load_base(args.base)
+    codec = demo_data.make_codec(base.tokenizer)
+    rows = [r for e, t in enumerate(comparison_tasks(args.rows, 11)) for r in demo_data.act_rows(t, codec, e)]
+    questions = comparison_tasks(args.questions, 99)
+    optim = OptimConfig(lr=args.lr, schedule="constant", warmup_steps=0, total_steps=args.steps, weight_decay=0.0,
+                        grad_clip=1.0)
+
+    def train(model, groups, shares, seed, micro, every=None, on_eval=None):
+        tr = Trainer(model, optim, LossConfig(), micro_batch_size=micro, pad_micro_batches=True)
+        batches = P.IndexedBatches(groups, shares, seed)
+        for k in range(args.steps):
+            m = tr.update(stages.sft_batch(batches.batch(k), P.MAX_LEN), kind="sft")
+            if k % 250 == 0:
+                print(f"  step {k}: nll act {m.get('nll/act', 0):.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            if every and (k + 1) % every == 0:
+                on_eval(k + 1)
+
+    if args.mode == "only":
+        model = base.model()
+        print(json.dumps({"step": 0, **question_scores(model, codec, questions)}), flush=True)
+        train(model, {ACT: rows}, {ACT: 32}, 3, 32, every=args.steps // 4,
+              on_eval=lambda k: print(json.dumps({"step": k, **question_scores(model, codec, questions)}), flush=True))
+        return
+    demos = base.demonstrations()
+    corpus = base.corpus_rows(demos, codec)
+    groups = {ACT: [r for r in corpus if r.role == ACT], REHEARSE: [r for r in corpus if r.role == REHEARSE],
+              "compare": rows}
+    pool = [demo_data.normalize_task(t) for t in generate_tasks(3000, base.config.seed, "validation",
+                                                                 push_back_share=0.5)]
+    val = [t for t in pool if t["task_type"] in COMPARISON_TYPES][:240]
+    demo_cfg = P._demo_cfg(base.config)
+    print(f"setup {time.perf_counter() - t0:.0f} s: {len(rows)} comparison rows, {len(val)} validation tasks", flush=True)
+
+    def report(arm, model):
+        print(json.dumps({"arm": arm, "questions": question_scores(model, codec, questions),
+                          "validation tasks": task_scores(model, codec, val, demo_cfg)}), flush=True)
+
+    report("base", base.model())
+    for arm in ("control", "compare"):
+        model = base.model()
+        shares = {ACT: 16, REHEARSE: 16} if arm == "control" else {ACT: 16 - args.share, "compare": args.share,
+                                                                   REHEARSE: 16}
+        print(f"{arm}: {args.steps} steps, lr {args.lr}, rows per batch {shares}", flush=True)
+        train(model, groups, shares, 1, 16)
+        report(arm, model)
+
+
+if __name__ == "__main__":
+    main()
