@@ -14,8 +14,9 @@ gradient clipping at 1.0 and an AdamW step; the PyTorch side runs the same micro
 padding mask and positions. Repetitions alternate between the frameworks so background load hits both
 alike; medians are reported, with the process CPU seconds of each step beside the wall seconds (on a
 shared machine CPU seconds show the work done, wall seconds also the waiting). Achieved GFLOP/s uses
-analytic FLOPs (3x the forward, attention over the full padded square) against a float32 2048^2 matmul
-peak measured in the same run.
+analytic FLOPs (3x the forward, attention over the full padded square, the vocabulary head at every
+position, so for our gathered head on the demo preset it overstates the work done) against a float32
+2048^2 matmul peak measured in the same run.
 
 ``--retain-freed-memory`` reruns the process with glibc keeping freed memory (``envace_jax/host_memory.py``):
 without it both sides fault their large step buffers in afresh at every step (kernel time that the
