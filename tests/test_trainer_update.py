@@ -134,13 +134,20 @@ _SHARDED = textwrap.dedent("""
     from envace_jax.models import qwen3
     from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
     assert jax.device_count() == 8
-    batch = _batch()
-    res = []
-    for mesh in (None, shd.make_mesh(data=2, fsdp=2, tensor=2)):
+
+    def trainer_on(mesh, micro_batch_size):
         model = qwen3.Qwen3(CFG, rngs=nnx.Rngs(0))
         if mesh is not None:
             qwen3.place(model, mesh, shd.TRAIN_RULES)
-        tr = Trainer(model, OptimConfig(lr=1e-2), LossConfig(), micro_batch_size=4, mesh=mesh)
+        return Trainer(model, OptimConfig(lr=1e-2), LossConfig(), micro_batch_size=micro_batch_size, mesh=mesh)
+
+    def max_diff(a, b):
+        return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.abs(x - y).max()), a, b)))
+
+    batch = _batch()
+    res = []
+    for mesh in (None, shd.make_mesh(data=2, fsdp=2, tensor=2)):
+        tr = trainer_on(mesh, 4)
         for step in range(3):
             if mesh is not None:
                 # Adam's moments live where their parameters live from the start (jit(tx.init) alone
@@ -156,24 +163,20 @@ _SHARDED = textwrap.dedent("""
         if mesh is not None:
             spec = tuple(tr.params["layers"]["q_proj"][...].sharding.spec)
             assert spec + (None,) * (4 - len(spec)) == (None, "fsdp", "tensor", None), spec
-    diff = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(a - b).max()), *res)))
-    print("MAXDIFF", diff)
+    print("MAXDIFF", max_diff(*res))
     # Long prompts, short responses: the vocabulary head runs on the trained positions only, gathered
     # within each of the 4 row shards (data x fsdp), and the update equals one device's.
     from test_gathered_head import _long_prompt_batch
     long_batch = _long_prompt_batch()
     res = []
     for mesh in (None, shd.make_mesh(data=2, fsdp=2, tensor=2)):
-        model = qwen3.Qwen3(CFG, rngs=nnx.Rngs(0))
-        if mesh is not None:
-            qwen3.place(model, mesh, shd.TRAIN_RULES)
-        tr = Trainer(model, OptimConfig(lr=1e-2), LossConfig(), micro_batch_size=8, mesh=mesh)
+        tr = trainer_on(mesh, 8)
         index = tr._local_micro_batches(long_batch)[0]["trained_index"]
         assert index.shape[0] == (1 if mesh is None else 4), index.shape
         for _ in range(2):
             tr.update(long_batch)
         res.append(jax.tree.map(np.asarray, tr.params))
-    print("GATHERDIFF", max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(a - b).max()), *res))))
+    print("GATHERDIFF", max_diff(*res))
     # One row per micro-batch on an 8-way fsdp mesh: the row's sequence is split over fsdp (not the
     # whole row on every device), and its log-probs are those of one device.
     from jax.sharding import PartitionSpec as P
