@@ -105,19 +105,16 @@ def torch_step_fn(tm, tb, micro: int, bf16: bool, gathered: bool = False):
 
     def step():
         for p in parts:
+            tgt, w = p["tgt"], p["w"]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 if gathered:
+                    on = w != 0
                     hidden = tm.model(input_ids=p["ids"], attention_mask=p["mask"], position_ids=p["pos"])[0]
-                    on = p["w"] != 0
-                    logits = tm.lm_head(hidden[on])
+                    logits, tgt, w = tm.lm_head(hidden[on]), tgt[on], w[on]
                 else:
                     logits = tm(input_ids=p["ids"], attention_mask=p["mask"], position_ids=p["pos"]).logits
-            if gathered:
-                logp = torch.log_softmax(logits.float(), -1).gather(-1, p["tgt"][on][:, None])[:, 0]
-                (-(logp * p["w"][on]).sum() / total).backward()
-            else:
-                logp = torch.log_softmax(logits.float(), -1).gather(-1, p["tgt"][..., None])[..., 0]
-                (-(logp * p["w"]).sum() / total).backward()
+            logp = torch.log_softmax(logits.float(), -1).gather(-1, tgt[..., None])[..., 0]
+            (-(logp * w).sum() / total).backward()
         torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
