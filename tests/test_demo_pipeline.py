@@ -198,3 +198,44 @@ def test_replay_batches_hold_the_configured_roles(tmp_path):
     assert Demo(default().replace(rl_replay_batches=0), str(tmp_path), progress=False).replay_stream() is None
     with pytest.raises(ValueError, match="rl_replay_roles"):
         default().replace(rl_replay_roles="act")
+
+
+def test_learning_curve_points_leave_rl_unchanged(tmp_path):
+    """``rl_eval_every`` evaluates the model during RL; the RL run itself (sampling, updates, final weights)
+    is the same as without those evaluations, and the RL clock does not count them."""
+    import jax
+    import numpy as np
+
+    from envace_jax.demo import stages
+    from envace_jax.demo.config import reduced
+    from envace_jax.demo.pipeline import Demo
+
+    cfg = reduced().replace(rl_steps=3, rl_eval_every=1, prompts_per_step=2, test_tasks=4, fidelity_tasks=2)
+    d = Demo(cfg, str(tmp_path), progress=False)
+    d.prepare()
+    d.sft()
+    log_curve = d.rl(cfg.rl_mode, tag="rl")
+    w_curve = jax.tree.leaves(stages.host_copy(stages.snapshot(d.model)))
+    points = d.curves["rl"]
+    assert [p["step"] for p in points] == [1, 2]       # the end point is the stage's own "after" evaluation
+    for p in points:
+        assert 0.0 <= p["success"] <= 1.0 and p["success_ci"][0] <= p["success"] <= p["success_ci"][1]
+    assert d.timing["rl curve"].wall > 0
+
+    d.cfg = cfg.replace(rl_eval_every=0)
+    log_plain = d.rl(cfg.rl_mode, tag="rl_plain")
+    w_plain = jax.tree.leaves(stages.host_copy(stages.snapshot(d.model)))
+    assert d.curves["rl_plain"] == [] and "rl_plain curve" not in d.timing
+    assert len(w_curve) == len(w_plain)
+    for a, b in zip(w_curve, w_plain):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(log_curve, log_plain):
+        assert a.get("episode/score_mean") == b.get("episode/score_mean")
+
+    ev = {"success": 0.5, "success_ci": [0.2, 0.8], "score": 0.7,
+          "success_by_branch": {"happy": 1.0, "push_back": 0.0}, "success_by_push_back_kind": {"silent": 0.0}}
+    curve = d.curve("rl", ev, ev)
+    assert [p["step"] for p in curve] == [0, 1, 2, 3]
+    rows, header = report.curve_rows(curve)
+    assert header[:3] == ["RL step", "real success", "95% CI"] and "push-back, silent" in header
+    assert rows[0][:3] == ["0", "0.500", "[0.200, 0.800]"] and len(rows) == 4

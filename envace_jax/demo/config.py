@@ -76,6 +76,10 @@ class DemoConfig:
     # optimizer steps as the reference's two-pass update over every row (tests/test_update_shortcuts.py),
     # in less time (most groups' rollouts score alike: ~70% of the rows carry no advantage)
     rl_update_shortcuts: bool = True
+    # every K RL steps, greedy real-tool success on the eval split (the learning curve: summary["rl"]["curve"],
+    # report.md, success_curve.png); its time is kept off the RL stage's clock, so the more-SFT baseline's
+    # budget is unchanged. 0 = no curve.
+    rl_eval_every: int = 0
     act_max_new_tokens: int = 64
     rehearse_max_new_tokens: int = 64
     temperature: float = 0.6         # both roles' training rollouts (evaluation is greedy)
@@ -122,7 +126,8 @@ class DemoConfig:
                      "prompts_per_step", "n_rollouts", "micro_batch_size", "eval_batch", "rolling_slots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"demo {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("sft_steps", "rl_steps", "rl_replay_batches", "world_model_rows", "fidelity_tasks"):
+        for name in ("sft_steps", "rl_steps", "rl_replay_batches", "world_model_rows", "fidelity_tasks",
+                     "rl_eval_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"demo {name} must be >= 0, got {getattr(self, name)}")
 

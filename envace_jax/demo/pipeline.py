@@ -34,6 +34,7 @@ class Demo:
     def __init__(self, cfg: DemoConfig, run_dir: str, progress: bool = True):
         self.cfg, self.run_dir, self.progress = cfg, run_dir, progress
         self.timing: dict[str, stages.Clock] = collections.OrderedDict()
+        self.curves: dict[str, list[dict[str, Any]]] = {}  # RL tag -> learning-curve points (rl_eval_every)
         os.makedirs(run_dir, exist_ok=True)
 
     def clock(self, name: str) -> stages.Clock:
@@ -137,21 +138,42 @@ class Demo:
                                  decode=None)
         replay = self.replay_stream()
         log = []
-        with self.clock(tag), _bar(cfg.rl_steps, f"RL [{mode}]", self.progress) as bar:
+        self.curves[tag] = []
+        clock = self.clock(tag)
+        with _bar(cfg.rl_steps, f"RL [{mode}]", self.progress) as bar:
             for it in range(cfg.rl_steps):
-                res = step(next(prompts), it)
-                client.reset()
-                m = {"step": it + 1, **res.metrics}
-                for _ in range(cfg.rl_replay_batches):
-                    r = trainer.update(stages.sft_batch(next(replay), self.max_len), kind="sft")
-                    m.update({f"replay/{k}": v for k, v in r.items() if k.startswith("nll/")})
+                with clock:
+                    res = step(next(prompts), it)
+                    client.reset()
+                    m = {"step": it + 1, **res.metrics}
+                    for _ in range(cfg.rl_replay_batches):
+                        r = trainer.update(stages.sft_batch(next(replay), self.max_len), kind="sft")
+                        m.update({f"replay/{k}": v for k, v in r.items() if k.startswith("nll/")})
                 log.append(m)
                 bar.update(1)
-                bar.set_postfix(act=f"{m.get('act/reward_mean', 0):.3f}", reh=f"{m.get('rehearse/reward_mean', 0):.3f}")
+                post = dict(act=f"{m.get('act/reward_mean', 0):.3f}", reh=f"{m.get('rehearse/reward_mean', 0):.3f}")
+                if cfg.rl_eval_every and (it + 1) % cfg.rl_eval_every == 0 and it + 1 < cfg.rl_steps:
+                    point = self.curve_point(it + 1, tag)
+                    post["success"] = f"{point['success']:.3f}"
+                bar.set_postfix(**post)
         with open(os.path.join(self.run_dir, f"metrics_{tag}.jsonl"), "w") as f:
             for m in log:
                 f.write(json.dumps({k: (v if v == v else None) for k, v in m.items()}) + "\n")
         return log
+
+    def curve_point(self, step: int, tag: str) -> dict[str, Any]:
+        """Greedy real-tool success of the current model on the eval split after ``step`` RL steps (a point of
+        the learning curve), timed apart from the RL stage. Evaluation samples greedily with its own client,
+        so RL's sampling and updates are the same with or without it."""
+        with self.clock(f"{tag} curve"):
+            ev = rep.eval_summary(stages.evaluate_real(self.cfg, self.model, self.codec, self.eval_tasks))
+        point = rep.curve_point(step, ev)
+        self.curves[tag].append(point)
+        return point
+
+    def curve(self, tag: str, before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+        """The learning curve of RL run ``tag``: the start, the points of ``rl_eval_every``, the end."""
+        return [rep.curve_point(0, before)] + self.curves.get(tag, []) + [rep.curve_point(self.cfg.rl_steps, after)]
 
     def more_sft(self, seconds: float) -> int:
         stages.restore(self.model, self.sft_params)
@@ -238,6 +260,7 @@ def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[st
     if cfg.more_sft:
         s["more_sft_success_by_branch"] = s["eval"]["more_sft"]["success_by_branch"]
     s["rl"]["train"] = rl_train_stats(log)
+    s["rl"]["curve"] = d.curve("rl", ev_b, ev_a)
     s["timing"] = {k: v.as_dict() for k, v in d.timing.items()}
     s["timing"]["total"] = {"wall_s": round(sum(v.wall for v in d.timing.values()), 2),
                             "cpu_s": round(sum(v.cpu for v in d.timing.values()), 2)}
@@ -261,7 +284,8 @@ def run_compare(cfg: DemoConfig, run_dir: str, *, progress: bool = True,
         ev, fid = d.evaluate(f"after_{mode}")
         wall = d.timing[f"rl_{mode}"].wall
         out["modes"][mode] = {"eval": ev, "fidelity": fid, "rl_wall_s": wall,
-                              "train_reward_last": log[-1].get("episode/score_mean") if log else None}
+                              "train_reward_last": log[-1].get("episode/score_mean") if log else None,
+                              "curve": d.curve(f"rl_{mode}", ev_b, ev)}
         results.append((f"RL {mode}", wall, ev, fid))
     if cfg.more_sft:
         wall = d.timing[f"rl_{modes[-1]}"].wall

@@ -51,6 +51,43 @@ def fidelity_summary(report) -> dict[str, Any]:
             "by_kind_outcome": s["by_kind_outcome"], "kinds": kind_headline(s)}
 
 
+def curve_point(step: int, ev: Mapping[str, Any]) -> dict[str, Any]:
+    """A learning-curve point: success (with CI), score and the branch splits of an ``eval_summary``."""
+    return {"step": step, **{k: ev[k] for k in ("success", "success_ci", "score", "success_by_branch",
+                                                "success_by_push_back_kind")}}
+
+
+def curve_rows(curve: Sequence[Mapping[str, Any]]) -> tuple[list[list[str]], list[str]]:
+    branches = sorted({b for p in curve for b in p["success_by_branch"]})
+    kinds = sorted({k for p in curve for k in p["success_by_push_back_kind"]})
+    rows = [[str(p["step"]), f"{p['success']:.3f}", _fmt_ci(p["success_ci"])]
+            + [f"{p['success_by_branch'].get(b, float('nan')):.3f}" for b in branches]
+            + [f"{p['success_by_push_back_kind'].get(k, float('nan')):.3f}" for k in kinds]
+            for p in curve]
+    return rows, ["RL step", "real success", "95% CI"] + branches + [f"push-back, {k}" for k in kinds]
+
+
+def plot_curve(curve: Sequence[Mapping[str, Any]], out_png: str, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [p["step"] for p in curve]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    lo, hi = zip(*(p["success_ci"] for p in curve))
+    ax.fill_between(steps, lo, hi, alpha=0.2, label="95% CI")
+    ax.plot(steps, [p["success"] for p in curve], "o-", label="all")
+    for b in sorted({b for p in curve for b in p["success_by_branch"]}):
+        ax.plot(steps, [p["success_by_branch"].get(b, float("nan")) for p in curve], ".--", label=b)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("real success (greedy)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
 def _fmt_ci(ci: Sequence[float]) -> str:
     return f"[{ci[0]:.3f}, {ci[1]:.3f}]"
 
@@ -180,6 +217,13 @@ def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mappi
     plot_success(bars, os.path.join(run_dir, "success.png"),
                  f"{summary['eval_split']} split, {summary['test_episodes']} real-tool episodes")
     verdict = _verdict(summary)
+    curve = summary["rl"].get("curve") or []
+    curve_md = []
+    if len(curve) > 2:  # points between the start and the end (rl_eval_every)
+        plot_curve(curve, os.path.join(run_dir, "success_curve.png"),
+                   f"learning curve, {summary['eval_split']} split, {summary['test_episodes']} real-tool episodes")
+        curve_md = ["Learning curve (greedy real-tool success on the same held-out tasks during RL):", "",
+                    table(*curve_rows(curve)), "", "![learning curve](success_curve.png)", ""]
     timing = table([[k, f"{v['wall_s']:.1f}", f"{v['cpu_s']:.1f}"] for k, v in summary["timing"].items()],
                    ["stage", "wall s", "CPU s"])
     start = ""
@@ -206,7 +250,7 @@ def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mappi
           table(*branch_rows(summary)), "",
           "REHEARSE fidelity by kind of call (state-changing: the real call changed the world's state) and "
           "hallucination rates (optimistic: a real error rehearsed as a success; pessimistic: the reverse):", "",
-          table(*fidelity_kind_rows(summary)), "",
+          table(*fidelity_kind_rows(summary)), "", *curve_md,
           "Success = every checklist item of every user turn passed, with real tools and greedy decoding. "
           "Success CIs are 95% Wilson intervals; score CIs are normal-approximation intervals of the mean.",
           "REHEARSE fidelity is teacher-forced on the held-out tasks' logged calls: `exact` = the rehearsed "
