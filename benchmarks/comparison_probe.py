@@ -15,8 +15,14 @@ Modes:
   comparison rows; each arm, and the base, is scored on held-out questions and on 240 validation tasks of
   the comparison types (50% push-back), greedy, against the real tools.
 
+- ``replies``: no training; the base (and ``--model``, a demo run's exported RL model) on ``--questions``
+  fresh validation bank/compare tasks ("Who has more money, ana or bob?"), greedy, real tools: of the
+  replies in the demonstrated form ("<name> has more: <x> against <y>"), how often the two balances come in
+  the right order (the larger first) and how often the named account is the richer one.
+
 Usage: python benchmarks/comparison_probe.py --mode only --steps 2000 --lr 1e-3
        python benchmarks/comparison_probe.py --mode mixed --steps 1000 --share 8 --lr 1e-3 --rows 4096 --questions 200
+       python benchmarks/comparison_probe.py --mode replies --questions 200 [--model runs/demo/model]
 """
 
 from __future__ import annotations
@@ -94,15 +100,40 @@ def task_scores(model, codec, tasks, demo_cfg) -> dict:
             "by_branch": {k: rate(v) for k, v in sorted(res.by_branch.items())}}
 
 
+def reply_binding(model, codec, tasks, demo_cfg) -> dict:
+    """bank/compare replies split by whether the balances are ordered right and the richer account named."""
+    import re
+
+    from envace_jax.demo import stages
+
+    engine = stages.make_engine(demo_cfg, "real", codec, stages.make_client(model, codec, demo_cfg, slots=128),
+                                greedy=True)
+    out = {"tasks": len(tasks), "other form": 0, "numbers right": 0, "name right": 0, "both right": 0}
+    for e in engine.run(tasks, [t["uid"] for t in tasks]):
+        reads = [json.loads(m["content"]) for m in e.messages if m["role"] == "tool"]
+        reply = re.fullmatch(r"(\w+) has more: (\d+) against (\d+)\.?", (e.messages[-1].get("content") or "").strip())
+        balances = {r["account"]: r["balance"] for r in reads if isinstance(r, dict) and "balance" in r}
+        if reply is None or len(balances) != 2:
+            out["other form"] += 1
+            continue
+        numbers = int(reply.group(2)) == max(balances.values()) and int(reply.group(3)) == min(balances.values())
+        name = reply.group(1) == max(balances, key=balances.get)
+        out["numbers right"] += numbers
+        out["name right"] += name
+        out["both right"] += numbers and name
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=("only", "mixed"), default="mixed")
+    ap.add_argument("--mode", choices=("only", "mixed", "replies"), default="mixed")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--share", type=int, default=8, help="mixed: comparison rows of the 16 ACT rows of a batch")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--rows", type=int, default=16384, help="comparison tasks to train on")
     ap.add_argument("--questions", type=int, default=300, help="held-out comparison questions to score")
     ap.add_argument("--base", default="assets/demo_base")
+    ap.add_argument("--model", default="", help="replies: also score this exported model (a demo run's model/)")
     args = ap.parse_args()
     if not 0 < args.share <= 16 or args.steps < 4:
         raise SystemExit("--share must be in 1..16 and --steps at least 4")
@@ -119,6 +150,16 @@ def main() -> None:
     t0 = time.perf_counter()
     base = P.load_base(args.base)
     codec = demo_data.make_codec(base.tokenizer)
+    if args.mode == "replies":
+        from envace_jax.models import hf_io
+
+        pool = generate_tasks(args.questions * 40, 5, "validation")
+        tasks = [demo_data.normalize_task(t) for t in pool if t["task_type"] == "bank/compare"][:args.questions]
+        demo_cfg = P._demo_cfg(base.config)
+        arms = [("base", base.model())] + ([(args.model, hf_io.load_hf(args.model))] if args.model else [])
+        for name, model in arms:
+            print(json.dumps({"model": name, **reply_binding(model, codec, tasks, demo_cfg)}), flush=True)
+        return
     rows = [r for e, t in enumerate(comparison_tasks(args.rows, 11)) for r in demo_data.act_rows(t, codec, e)]
     questions = comparison_tasks(args.questions, 99)
     optim = OptimConfig(lr=args.lr, schedule="constant", warmup_steps=0, total_steps=args.steps, weight_decay=0.0,
