@@ -161,7 +161,7 @@ def envace() -> DemoConfig:
 
     2,048 test tasks: the RL gain on validation was +7.0 and +5.1 points (seeds 0 and 1); with 1,024 tasks two
     95% Wilson CIs around 0.78-0.85 stop overlapping only for gains above ~5 points (seed 1's test gain of
-    +4.5 missed by 0.4 on 1,024 tasks), with 2,048 above ~3.6. The first 1,024 tasks are the same as before
+    +4.5 missed by 0.4 on 1,024 tasks), with 2,048 above ~3.5. The first 1,024 tasks are the same as before
     (a longer split starts with the shorter one)."""
     return DemoConfig(base_dir=DEFAULT_BASE_DIR, rl_tasks=1024, validation_tasks=256, test_tasks=2048,
                       rl_push_back_share=0.75, eval_push_back_share=0.5, sft_steps=0, fidelity_tasks=128,
