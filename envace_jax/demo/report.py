@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any, Mapping, Sequence
@@ -67,25 +68,35 @@ def curve_rows(curve: Sequence[Mapping[str, Any]]) -> tuple[list[list[str]], lis
     return rows, ["RL step", "real success", "95% CI"] + branches + [f"push-back, {k}" for k in kinds]
 
 
-def plot_curve(curve: Sequence[Mapping[str, Any]], out_png: str, title: str) -> None:
+@contextlib.contextmanager
+def _figure(out_png: str, figsize: tuple[float, float], dpi: int):
+    """An axes on a headless figure that is written to ``out_png`` and closed on leaving the block."""
     import matplotlib
-    matplotlib.use("Agg")
+
+    matplotlib.use("Agg")  # no display on CI hosts or TPU VMs
     import matplotlib.pyplot as plt
 
+    fig, ax = plt.subplots(figsize=figsize)
+    try:
+        yield ax
+        fig.tight_layout()
+        fig.savefig(out_png, dpi=dpi)
+    finally:
+        plt.close(fig)
+
+
+def plot_curve(curve: Sequence[Mapping[str, Any]], out_png: str, title: str) -> None:
     steps = [p["step"] for p in curve]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    lo, hi = zip(*(p["success_ci"] for p in curve))
-    ax.fill_between(steps, lo, hi, alpha=0.2, label="95% CI")
-    ax.plot(steps, [p["success"] for p in curve], "o-", label="all")
-    for b in sorted({b for p in curve for b in p["success_by_branch"]}):
-        ax.plot(steps, [p["success_by_branch"].get(b, float("nan")) for p in curve], ".--", label=b)
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("real success (greedy)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+    with _figure(out_png, (6, 3.5), 110) as ax:
+        lo, hi = zip(*(p["success_ci"] for p in curve))
+        ax.fill_between(steps, lo, hi, alpha=0.2, label="95% CI")
+        ax.plot(steps, [p["success"] for p in curve], "o-", label="all")
+        for b in sorted({b for p in curve for b in p["success_by_branch"]}):
+            ax.plot(steps, [p["success_by_branch"].get(b, float("nan")) for p in curve], ".--", label=b)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("real success (greedy)")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=8)
 
 
 def _fmt_ci(ci: Sequence[float]) -> str:
@@ -97,48 +108,32 @@ def cis_separate(a: Sequence[float], b: Sequence[float]) -> bool:
 
 
 def plot_rewards(steps: Sequence[Mapping[str, Any]], out_png: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label in (("act/reward_mean", "ACT rows"), ("rehearse/reward_mean", "REHEARSE rows"),
-                       ("episode/score_mean", "episode score")):
-        pts = [(m["step"], m[key]) for m in steps if m.get(key) is not None]
-        if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker="o", markersize=3, label=label)
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("mean reward (training rollouts)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
+    with _figure(out_png, (7, 4), 100) as ax:
+        for key, label in (("act/reward_mean", "ACT rows"), ("rehearse/reward_mean", "REHEARSE rows"),
+                           ("episode/score_mean", "episode score")):
+            pts = [(m["step"], m[key]) for m in steps if m.get(key) is not None]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o", markersize=3, label=label)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("mean reward (training rollouts)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
 
 
 def plot_success(bars: Sequence[tuple[str, float, Sequence[float]]], out_png: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
     names = [b[0] for b in bars]
     vals = [b[1] for b in bars]
     lo = [max(0.0, b[1] - b[2][0]) for b in bars]
     hi = [max(0.0, b[2][1] - b[1]) for b in bars]
-    ax.bar(names, vals, yerr=[lo, hi], capsize=6, color=["#888888", "#2a7ab9", "#d9822b", "#5a9e4b"][:len(bars)])
-    for i, v in enumerate(vals):
-        ax.text(i, v + 0.01, f"{v:.3f}", ha="center", va="bottom")
-    ax.set_ylabel("real-environment success (95% Wilson CI)")
-    ax.set_ylim(0, 1)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
+    with _figure(out_png, (7, 4), 100) as ax:
+        ax.bar(names, vals, yerr=[lo, hi], capsize=6, color=["#888888", "#2a7ab9", "#d9822b", "#5a9e4b"][:len(bars)])
+        for i, v in enumerate(vals):
+            ax.text(i, v + 0.01, f"{v:.3f}", ha="center", va="bottom")
+        ax.set_ylabel("real-environment success (95% Wilson CI)")
+        ax.set_ylim(0, 1)
+        ax.set_title(title)
 
 
 def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:

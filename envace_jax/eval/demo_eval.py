@@ -32,8 +32,9 @@ def _judge():
 
 def _category(name: str, uids: Sequence[str], scores: Sequence[float], details: Sequence[dict],
               extra: dict[str, Any] | None = None) -> CategoryResult:
-    rows = [EntryResult(u, is_success(s), None if is_success(s) else (d.get("termination") or "score_below_1"),
-                        dict(d, score=s)) for u, s, d in zip(uids, scores, details)]
+    passed = [is_success(s) for s in scores]
+    rows = [EntryResult(u, ok, None if ok else (d.get("termination") or "score_below_1"), dict(d, score=s))
+            for u, s, d, ok in zip(uids, scores, details, passed)]
     n = max(1, len(rows))
     out = {"score_mean": sum(scores) / n}
     out.update(extra or {})

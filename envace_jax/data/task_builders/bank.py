@@ -22,13 +22,8 @@ def system(state: dict[str, Any]) -> str:
     return f"You are a bank assistant. {ANSWER_STYLE}"
 
 
-def _two(rng: random.Random, pool: list[str]) -> tuple[str, str]:
-    a, b = rng.sample(pool, 2)
-    return a, b
-
-
 def _payer_payee(rng: random.Random, rec: Recorder) -> tuple[str, str]:
-    a, b = _two(rng, list(rec.env.accounts))
+    a, b = rng.sample(list(rec.env.accounts), 2)
     if rec.env.accounts[a] < 1:  # a follow-up turn can meet an emptied account
         raise Reject(f"{a} is empty")
     return a, b
@@ -59,7 +54,7 @@ def transfer_then_balance(rng, rec):
 
 
 def conditional(rng, rec):
-    a, b = _two(rng, list(rec.env.accounts))
+    a, b = rng.sample(list(rec.env.accounts), 2)
     x = rng.randint(5, 95)
     rec.user(f"If {a} has at least {x}, send {x} from {a} to {b}. Otherwise tell me {a}'s balance.")
     (r,) = rec.call(("get_balance", {"account": a}))
@@ -73,7 +68,7 @@ def conditional(rng, rec):
 
 
 def compare(rng, rec):
-    a, b = _two(rng, list(rec.env.accounts))
+    a, b = rng.sample(list(rec.env.accounts), 2)
     if rec.env.accounts[a] == rec.env.accounts[b]:
         raise Reject("tie")
     rec.user(f"Who has more money, {a} or {b}?")
@@ -84,7 +79,7 @@ def compare(rng, rec):
 
 
 def overdraw(rng, rec):
-    a, b = _two(rng, list(rec.env.accounts))
+    a, b = rng.sample(list(rec.env.accounts), 2)
     x = rec.env.accounts[a] + rng.randint(1, 30)
     rec.user(f"Send {x} from {a} to {b}.")
     rec.call(("transfer", {"from_account": a, "to_account": b, "amount": x}))
