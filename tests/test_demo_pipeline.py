@@ -61,6 +61,7 @@ def test_report_files_exist_and_summary_has_required_keys(reduced_run):
     (["--set", "sft_tasks=0"], "demo sft_tasks must be >= 1, got 0"),   # ... without a preset (was an unknown flag)
     (["--config.eval_split=dev"], "demo eval_split must be one of"),
     (["--config.rl_push_back_share=1.5"], "demo rl_push_back_share must be None or in [0, 1], got 1.5"),
+    (["--config.rl_seed=-1"], "demo rl_seed must be None or an int >= 0, got -1"),
 ])
 def test_demo_settings_are_one_typed_config(args, needle):
     """launch/demo.py reads its settings like every other main (an ml-collections config, ``--config.f=v``,
@@ -198,6 +199,29 @@ def test_replay_batches_hold_the_configured_roles(tmp_path):
     assert Demo(default().replace(rl_replay_batches=0), str(tmp_path), progress=False).replay_stream() is None
     with pytest.raises(ValueError, match="rl_replay_roles"):
         default().replace(rl_replay_roles="act")
+
+
+def test_rl_seed_moves_the_rl_streams_only(tmp_path):
+    """``rl_seed`` reseeds RL's own streams (here the replay batches; the prompt order and rollout sampling
+    read the same ``rl_stream_seed``) and leaves the task draw to ``seed``."""
+    from envace_jax.demo import data as demo_data
+    from envace_jax.demo.config import default
+    from envace_jax.demo.pipeline import Demo
+    from envace_jax.rl.types import ACT, REHEARSE, Generation
+
+    rows = [Generation(role, [1, 2], [3], [0.0], f"u{i}", i, 0) for i, role in enumerate([ACT, REHEARSE] * 40)]
+
+    def first_replay(cfg):
+        d = Demo(cfg.replace(sft_batch_rows=8), str(tmp_path), progress=False)
+        d.rows = rows
+        return [g.uid for g in next(d.replay_stream())]
+
+    crossed = default().replace(seed=3, rl_seed=4)
+    assert crossed.rl_stream_seed == 4 and default().replace(seed=3).rl_stream_seed == 3
+    assert first_replay(crossed) == first_replay(default().replace(seed=4))
+    assert first_replay(crossed) != first_replay(default().replace(seed=3))
+    small = dict(rl_tasks=24)
+    assert demo_data.draw_rl_tasks(crossed.replace(**small)) == demo_data.draw_rl_tasks(default().replace(seed=3, **small))
 
 
 def test_learning_curve_points_leave_rl_unchanged(tmp_path):

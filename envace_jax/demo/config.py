@@ -28,6 +28,9 @@ REPLAY_ROLES = {"act+rehearse": ("act", "rehearse"), "rehearse": ("rehearse",)}
 @dataclasses.dataclass(frozen=True)
 class DemoConfig:
     seed: int = 0
+    # the RL stage's own randomness (prompt order, rollout sampling, replay batches); None = ``seed``. With
+    # another value the tasks (RL prompts, held-out tasks) stay ``seed``'s: it tells a draw's effect from luck
+    rl_seed: int | None = None
     # ---- the start of RL: a pretrained base directory (``make pretrain``), or "" for SFT from scratch on
     # ``sft_tasks`` demonstrations with ``world_model_rows`` world-model rows (the legacy setting)
     base_dir: str = ""
@@ -120,6 +123,9 @@ class DemoConfig:
             raise ValueError(f"demo rl_replay_roles must be one of {sorted(REPLAY_ROLES)}, got {self.rl_replay_roles!r}")
         if self.rl_silent_odds not in SILENT_ODDS:
             raise ValueError(f"demo rl_silent_odds must be one of {SILENT_ODDS}, got {self.rl_silent_odds!r}")
+        if self.rl_seed is not None and (isinstance(self.rl_seed, bool) or not isinstance(self.rl_seed, int)
+                                         or self.rl_seed < 0):
+            raise ValueError(f"demo rl_seed must be None or an int >= 0, got {self.rl_seed!r}")
         if self.rl_mode not in ("rehearsal", "real", "simulator"):
             raise ValueError(f"demo rl_mode must be rehearsal, real or simulator, got {self.rl_mode!r}")
         for name in ("sft_tasks", "rl_tasks", "test_tasks", "validation_tasks", "sft_batch_rows",
@@ -138,6 +144,10 @@ class DemoConfig:
     @property
     def from_base(self) -> bool:
         return bool(self.base_dir)
+
+    @property
+    def rl_stream_seed(self) -> int:
+        return self.seed if self.rl_seed is None else self.rl_seed
 
 
 def default() -> DemoConfig:

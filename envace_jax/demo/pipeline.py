@@ -86,7 +86,9 @@ class Demo:
     def replay_stream(self):
         """RL's replay batches (``rl_replay_batches`` after each step) of the corpus rows of ``rl_replay_roles``."""
         cfg = self.cfg
-        return self._sft_stream(cfg.seed + 2, REPLAY_ROLES[cfg.rl_replay_roles]) if cfg.rl_replay_batches else None
+        if not cfg.rl_replay_batches:
+            return None
+        return self._sft_stream(cfg.rl_stream_seed + 2, REPLAY_ROLES[cfg.rl_replay_roles])
 
     def sft(self) -> None:
         """The SFT stage (``sft_steps`` on the warm-start rows; none when RL starts from a base). Its end
@@ -131,8 +133,10 @@ class Demo:
         if mode == "simulator":  # the frozen simulator is the SFT model
             sim_model = stages.build_model(cfg, len(self.tok))
             stages.restore(sim_model, self.sft_params)
-        step, client = stages.make_rl_step(cfg, mode, self.model, self.codec, trainer, sim_model)
-        prompts = PromptIterator(self.rl_tasks, PipelineConfig(batch_size=cfg.prompts_per_step, seed=cfg.seed,
+        step, client = stages.make_rl_step(cfg.replace(seed=cfg.rl_stream_seed), mode, self.model, self.codec,
+                                            trainer, sim_model)
+        prompts = PromptIterator(self.rl_tasks, PipelineConfig(batch_size=cfg.prompts_per_step,
+                                                               seed=cfg.rl_stream_seed,
                                                                shuffle=True, num_epochs=None, shard_index=0,
                                                                shard_count=1, read_threads=0, prefetch=0),
                                  decode=None)
