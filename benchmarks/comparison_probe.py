@@ -15,6 +15,13 @@ Modes:
   comparison rows; each arm, and the base, is scored on held-out questions and on 240 validation tasks of
   the comparison types (50% push-back), greedy, against the real tools.
 
+- ``--form tool`` (with ``only`` or ``mixed``): the comparison rows are tool-shaped instead, in a world the
+  tasks do not have (water tanks: ``get_level``, ``pump``). Half are conditional pumps ("If north holds at
+  least 40, pump 40 from north to east. Otherwise tell me north's level."): read a level from a JSON tool
+  response, compare it with the user's number, then pump or send nothing; half compare two tanks' levels
+  ("Which tank holds more, north or east?"). It asks whether comparison in the form the tool tasks need, but
+  not on their tools, carries over. ``--arms compare`` skips the control arm (its figures are in README).
+
 - ``replies``: no training; the base (and ``--model``, a demo run's exported RL model) on ``--questions``
   fresh validation bank/compare tasks ("Who has more money, ana or bob?"), greedy, real tools: of the
   replies in the demonstrated form ("<name> has more: <x> against <y>"), how often the two balances come in
@@ -22,6 +29,7 @@ Modes:
 
 Usage: python benchmarks/comparison_probe.py --mode only --steps 2000 --lr 1e-3
        python benchmarks/comparison_probe.py --mode mixed --steps 1000 --share 8 --lr 1e-3 --rows 4096 --questions 200
+       python benchmarks/comparison_probe.py --mode mixed --form tool --arms compare --steps 1000 --share 8 --lr 1e-3
        python benchmarks/comparison_probe.py --mode replies --questions 200 [--model runs/demo/model]
 """
 
@@ -60,6 +68,66 @@ def comparison_tasks(n: int, seed: int) -> list[dict]:
                 {"role": "user", "content": q}]
         out.append({"uid": f"compare-{seed}-{i}", "messages": msgs, "tools": [],
                     "reference_messages": [msgs[1], {"role": "assistant", "content": r}]})
+    return out
+
+
+TANKS = ["north", "south", "east", "west", "upper", "lower", "red", "blue"]   # no demo world's names
+TANK_TOOLS = [
+    {"type": "function", "function": {"name": "get_level", "description": f"Get a tank's water level. Tanks: {{}}.",
+                                      "parameters": {"type": "object", "properties": {"tank": {"type": "string"}},
+                                                     "required": ["tank"]}}},
+    {"type": "function", "function": {"name": "pump", "description": "Pump water from one tank to another.",
+                                      "parameters": {"type": "object", "properties": {
+                                          "from_tank": {"type": "string"}, "to_tank": {"type": "string"},
+                                          "amount": {"type": "integer", "description": "Positive amount."}},
+                                          "required": ["from_tank", "to_tank", "amount"]}}}]
+
+
+def _call(k: int, name: str, args: dict) -> dict:
+    return {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _tool(k: int, name: str, result: dict) -> dict:
+    return {"role": "tool", "name": name, "tool_call_id": f"call_{k}", "content": json.dumps(result)}
+
+
+def tool_comparison_tasks(n: int, seed: int) -> list[dict]:
+    """``n`` tool-shaped comparison conversations in the tank world: a conditional pump (the condition holds
+    or fails about equally often) or which of two tanks holds more. Same number ranges as the bank tasks."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        names = sorted(rng.sample(TANKS, rng.randint(3, 5)))
+        levels = {t: rng.randint(10, 99) for t in names}
+        a, b = rng.sample(names, 2)
+        tools = json.loads(json.dumps(TANK_TOOLS))
+        tools[0]["function"]["description"] = TANK_TOOLS[0]["function"]["description"].format(", ".join(names))
+        if rng.random() < 0.5:
+            x = rng.randint(5, 95)
+            user = f"If {a} holds at least {x}, pump {x} from {a} to {b}. Otherwise tell me {a}'s level."
+            ref = [{"role": "assistant", "content": "", "tool_calls": [_call(0, "get_level", {"tank": a})]},
+                   _tool(0, "get_level", {"tank": a, "level": levels[a]})]
+            if levels[a] >= x:
+                ref += [{"role": "assistant", "content": "",
+                         "tool_calls": [_call(1, "pump", {"from_tank": a, "to_tank": b, "amount": x})]},
+                        _tool(1, "pump", {"status": "ok", "from_tank": a, "to_tank": b, "amount": x}),
+                        {"role": "assistant", "content": f"Pumped {x} from {a} to {b}."}]
+            else:
+                ref += [{"role": "assistant", "content": f"{a} holds only {levels[a]}, so I pumped nothing."}]
+        else:
+            while levels[a] == levels[b]:
+                levels[b] = rng.randint(10, 99)
+            user = f"Which tank holds more, {a} or {b}?"
+            win, lose = (a, b) if levels[a] > levels[b] else (b, a)
+            ref = [{"role": "assistant", "content": "",
+                    "tool_calls": [_call(0, "get_level", {"tank": a}), _call(1, "get_level", {"tank": b})]},
+                   _tool(0, "get_level", {"tank": a, "level": levels[a]}),
+                   _tool(1, "get_level", {"tank": b, "level": levels[b]}),
+                   {"role": "assistant", "content": f"{win} holds more: {levels[win]} against {levels[lose]}."}]
+        msgs = [{"role": "system", "content": "You are a water-tank assistant. Use the tools, then answer in one "
+                                              "short sentence."},
+                {"role": "user", "content": user}]
+        out.append({"uid": f"tank-{seed}-{i}", "messages": msgs, "tools": tools, "reference_messages": [msgs[1]] + ref})
     return out
 
 
@@ -132,11 +200,18 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--rows", type=int, default=16384, help="comparison tasks to train on")
     ap.add_argument("--questions", type=int, default=300, help="held-out comparison questions to score")
+    ap.add_argument("--form", choices=("text", "tool"), default="text",
+                    help="comparison rows: questions without tools, or tool-shaped in the tank world")
+    ap.add_argument("--arms", default="control,compare", help="mixed: which training arms to run")
     ap.add_argument("--base", default="assets/demo_base")
+    ap.add_argument("--save", default="", help="mixed: write the compare arm's model as a base directory here "
+                                               "(the base's tokenizer and manifest; for --config.base_dir)")
     ap.add_argument("--model", default="", help="replies: also score this exported model (a demo run's model/)")
     args = ap.parse_args()
     if not 0 < args.share <= 16 or args.steps < 4:
         raise SystemExit("--share must be in 1..16 and --steps at least 4")
+    if args.form == "tool" and args.mode != "mixed":
+        raise SystemExit("--form tool is scored on the validation tasks: use it with --mode mixed")
     from envace_jax import host_memory
 
     host_memory.retain_freed_memory()
@@ -160,7 +235,8 @@ def main() -> None:
         for name, model in arms:
             print(json.dumps({"model": name, **reply_binding(model, codec, tasks, demo_cfg)}), flush=True)
         return
-    rows = [r for e, t in enumerate(comparison_tasks(args.rows, 11)) for r in demo_data.act_rows(t, codec, e)]
+    make_rows = tool_comparison_tasks if args.form == "tool" else comparison_tasks
+    rows = [r for e, t in enumerate(make_rows(args.rows, 11)) for r in demo_data.act_rows(t, codec, e)]
     questions = comparison_tasks(args.questions, 99)
     optim = OptimConfig(lr=args.lr, schedule="constant", warmup_steps=0, total_steps=args.steps, weight_decay=0.0,
                         grad_clip=1.0)
@@ -192,17 +268,25 @@ def main() -> None:
     print(f"setup {time.perf_counter() - t0:.0f} s: {len(rows)} comparison rows, {len(val)} validation tasks", flush=True)
 
     def report(arm, model):
-        print(json.dumps({"arm": arm, "questions": question_scores(model, codec, questions),
-                          "validation tasks": task_scores(model, codec, val, demo_cfg)}), flush=True)
+        held_out = {} if args.form == "tool" else {"questions": question_scores(model, codec, questions)}
+        print(json.dumps({"arm": arm, **held_out, "validation tasks": task_scores(model, codec, val, demo_cfg)}),
+              flush=True)
 
     report("base", base.model())
-    for arm in ("control", "compare"):
+    for arm in [a for a in ("control", "compare") if a in args.arms.split(",")]:
         model = base.model()
         shares = {ACT: 16, REHEARSE: 16} if arm == "control" else {ACT: 16 - args.share, "compare": args.share,
                                                                    REHEARSE: 16}
         print(f"{arm}: {args.steps} steps, lr {args.lr}, rows per batch {shares}", flush=True)
         train(model, groups, shares, 1, 16)
         report(arm, model)
+        if arm == "compare" and args.save:
+            import shutil
+
+            from envace_jax.demo.rehearsal_table import export_model
+
+            shutil.copytree(args.base, args.save, ignore=shutil.ignore_patterns("model"), dirs_exist_ok=True)
+            print(f"saved to {export_model(model, args.save)}", flush=True)
 
 
 if __name__ == "__main__":
