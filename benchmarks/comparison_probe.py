@@ -15,7 +15,7 @@ Modes:
   comparison rows; each arm, and the base, is scored on held-out questions and on 240 validation tasks of
   the comparison types (50% push-back), greedy, against the real tools.
 
-- ``--form tool`` (with ``only`` or ``mixed``): the comparison rows are tool-shaped instead, in a world the
+- ``--form tool`` (``mixed`` only): the comparison rows are tool-shaped instead, in a world the
   tasks do not have (water tanks: ``get_level``, ``pump``). Half are conditional pumps ("If north holds at
   least 40, pump 40 from north to east. Otherwise tell me north's level."): read a level from a JSON tool
   response, compare it with the user's number, then pump or send nothing; half compare two tanks' levels
@@ -73,7 +73,7 @@ def comparison_tasks(n: int, seed: int) -> list[dict]:
 
 TANKS = ["north", "south", "east", "west", "upper", "lower", "red", "blue"]   # no demo world's names
 TANK_TOOLS = [
-    {"type": "function", "function": {"name": "get_level", "description": f"Get a tank's water level. Tanks: {{}}.",
+    {"type": "function", "function": {"name": "get_level", "description": "Get a tank's water level. Tanks: {}.",
                                       "parameters": {"type": "object", "properties": {"tank": {"type": "string"}},
                                                      "required": ["tank"]}}},
     {"type": "function", "function": {"name": "pump", "description": "Pump water from one tank to another.",
