@@ -156,6 +156,33 @@ def question_scores(model, codec, tasks) -> dict:
             "e.g.": [(t["messages"][1]["content"], x) for x, t in zip(texts[:2], tasks[:2])]}
 
 
+def tank_scores(model, codec, n: int = 300) -> dict:
+    """Greedy decisions on held-out tank conversations, after the tool response: on ``n`` conditional pumps,
+    whether the model pumps exactly when the level read meets the user's number (a rule that reads only the
+    user's number gets about 0.78), and on ``n`` two-tank comparisons, whether it names the fuller tank."""
+    from envace_jax.demo import data as demo_data
+    from envace_jax.sampling import Sampler
+    from envace_jax.sampling_records import SamplingParams
+
+    held_out = tool_comparison_tasks(8 * n, 99)
+    cond = [t for t in held_out if t["messages"][1]["content"].startswith("If")][:n]
+    comp = [t for t in held_out if t["messages"][1]["content"].startswith("Which")][:n]
+    params = SamplingParams(temperature=0.0, max_new_tokens=40, stop_token_ids=codec.renderer.stop_token_ids)
+    end = codec.renderer.im_end_id
+
+    def replies(tasks):  # the second ACT row's context: the conversation up to the first tool response
+        out = Sampler(model, cache_size=512).generate(
+            [list(demo_data.act_rows(t, codec, 0)[1].prompt_ids) for t in tasks], params)
+        return [codec.renderer.decode([x for x in toks if x != end]).strip() for toks in out.tokens]
+
+    holds = [sum(m["role"] == "assistant" for m in t["reference_messages"]) == 3 for t in cond]  # call, pump, reply
+    pumped = ["<tool_call>" in x and '"pump"' in x for x in replies(cond)]
+    named = [x.split(" ")[0] == t["reference_messages"][-1]["content"].split(" ")[0]
+             for x, t in zip(replies(comp), comp)]
+    return {"tank conditional right": round(sum(p == h for p, h in zip(pumped, holds)) / len(cond), 3),
+            "tank comparison right": round(sum(named) / len(comp), 3)}
+
+
 def task_scores(model, codec, tasks, demo_cfg) -> dict:
     import numpy as np
 
@@ -268,7 +295,8 @@ def main() -> None:
     print(f"setup {time.perf_counter() - t0:.0f} s: {len(rows)} comparison rows, {len(val)} validation tasks", flush=True)
 
     def report(arm, model):
-        held_out = {} if args.form == "tool" else {"questions": question_scores(model, codec, questions)}
+        held_out = ({"tank": tank_scores(model, codec)} if args.form == "tool" else
+                    {"questions": question_scores(model, codec, questions)})
         print(json.dumps({"arm": arm, **held_out, "validation tasks": task_scores(model, codec, val, demo_cfg)}),
               flush=True)
 
