@@ -36,6 +36,7 @@ Usage: python benchmarks/comparison_probe.py --mode only --steps 2000 --lr 1e-3
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -83,51 +84,55 @@ TANK_TOOLS = [
                                           "required": ["from_tank", "to_tank", "amount"]}}}]
 
 
-def _call(k: int, name: str, args: dict) -> dict:
-    return {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": args}}
+class _Tanks:
+    """The tank world for ``Recorder``: ``get_level`` reads a level, ``pump`` always succeeds."""
 
+    def __init__(self, levels: dict[str, int]):
+        self.levels = levels
 
-def _tool(k: int, name: str, result: dict) -> dict:
-    return {"role": "tool", "name": name, "tool_call_id": f"call_{k}", "content": json.dumps(result)}
+    def execute(self, name: str, args: dict):
+        from types import SimpleNamespace
+
+        payload = ({"tank": args["tank"], "level": self.levels[args["tank"]]} if name == "get_level" else
+                   {"status": "ok", **args})
+        return SimpleNamespace(content=json.dumps(payload), error=False)
 
 
 def tool_comparison_tasks(n: int, seed: int) -> list[dict]:
-    """``n`` tool-shaped comparison conversations in the tank world: a conditional pump (the condition holds
-    or fails about equally often) or which of two tanks holds more. Same number ranges as the bank tasks."""
+    """``n`` tool-shaped comparison conversations in the tank world, recorded like the demo tasks (the demo's
+    ``Recorder``): a conditional pump (the condition holds or fails about equally often) or which of two tanks
+    holds more. Same number ranges as the bank tasks."""
+    from envace_jax.data.task_builders.recorder import ANSWER_STYLE, Recorder
+
     rng = random.Random(seed)
     out = []
     for i in range(n):
         names = sorted(rng.sample(TANKS, rng.randint(3, 5)))
         levels = {t: rng.randint(10, 99) for t in names}
         a, b = rng.sample(names, 2)
-        tools = json.loads(json.dumps(TANK_TOOLS))
+        tools = copy.deepcopy(TANK_TOOLS)
         tools[0]["function"]["description"] = TANK_TOOLS[0]["function"]["description"].format(", ".join(names))
         if rng.random() < 0.5:
             x = rng.randint(5, 95)
-            user = f"If {a} holds at least {x}, pump {x} from {a} to {b}. Otherwise tell me {a}'s level."
-            ref = [{"role": "assistant", "content": "", "tool_calls": [_call(0, "get_level", {"tank": a})]},
-                   _tool(0, "get_level", {"tank": a, "level": levels[a]})]
+            rec = Recorder(_Tanks(levels))
+            rec.user(f"If {a} holds at least {x}, pump {x} from {a} to {b}. Otherwise tell me {a}'s level.")
+            rec.call(("get_level", {"tank": a}))
             if levels[a] >= x:
-                ref += [{"role": "assistant", "content": "",
-                         "tool_calls": [_call(1, "pump", {"from_tank": a, "to_tank": b, "amount": x})]},
-                        _tool(1, "pump", {"status": "ok", "from_tank": a, "to_tank": b, "amount": x}),
-                        {"role": "assistant", "content": f"Pumped {x} from {a} to {b}."}]
+                rec.call(("pump", {"from_tank": a, "to_tank": b, "amount": x}))
+                rec.reply(f"Pumped {x} from {a} to {b}.", [x, b], "")
             else:
-                ref += [{"role": "assistant", "content": f"{a} holds only {levels[a]}, so I pumped nothing."}]
+                rec.reply(f"{a} holds only {levels[a]}, so I pumped nothing.", [levels[a]], "")
         else:
             while levels[a] == levels[b]:
                 levels[b] = rng.randint(10, 99)
-            user = f"Which tank holds more, {a} or {b}?"
+            rec = Recorder(_Tanks(levels))
+            rec.user(f"Which tank holds more, {a} or {b}?")
+            rec.call(("get_level", {"tank": a}), ("get_level", {"tank": b}))
             win, lose = (a, b) if levels[a] > levels[b] else (b, a)
-            ref = [{"role": "assistant", "content": "",
-                    "tool_calls": [_call(0, "get_level", {"tank": a}), _call(1, "get_level", {"tank": b})]},
-                   _tool(0, "get_level", {"tank": a, "level": levels[a]}),
-                   _tool(1, "get_level", {"tank": b, "level": levels[b]}),
-                   {"role": "assistant", "content": f"{win} holds more: {levels[win]} against {levels[lose]}."}]
-        msgs = [{"role": "system", "content": "You are a water-tank assistant. Use the tools, then answer in one "
-                                              "short sentence."},
-                {"role": "user", "content": user}]
-        out.append({"uid": f"tank-{seed}-{i}", "messages": msgs, "tools": tools, "reference_messages": [msgs[1]] + ref})
+            rec.reply(f"{win} holds more: {levels[win]} against {levels[lose]}.", [win], "")
+        msgs = [{"role": "system", "content": f"You are a water-tank assistant. {ANSWER_STYLE}"},
+                rec.messages[0]]
+        out.append({"uid": f"tank-{seed}-{i}", "messages": msgs, "tools": tools, "reference_messages": rec.messages})
     return out
 
 
@@ -239,6 +244,11 @@ def main() -> None:
         raise SystemExit("--share must be in 1..16 and --steps at least 4")
     if args.form == "tool" and args.mode != "mixed":
         raise SystemExit("--form tool is scored on the validation tasks: use it with --mode mixed")
+    arms = args.arms.split(",")
+    if not arms or set(arms) - {"control", "compare"}:
+        raise SystemExit(f"--arms takes control and/or compare, comma-separated; got {args.arms!r}")
+    if args.save and (args.mode != "mixed" or "compare" not in arms):
+        raise SystemExit("--save writes the compare arm: use it with --mode mixed and --arms including compare")
     from envace_jax import host_memory
 
     host_memory.retain_freed_memory()
@@ -301,7 +311,7 @@ def main() -> None:
               flush=True)
 
     report("base", base.model())
-    for arm in [a for a in ("control", "compare") if a in args.arms.split(",")]:
+    for arm in [a for a in ("control", "compare") if a in arms]:
         model = base.model()
         shares = {ACT: 16, REHEARSE: 16} if arm == "control" else {ACT: 16 - args.share, "compare": args.share,
                                                                    REHEARSE: 16}
