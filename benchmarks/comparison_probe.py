@@ -21,6 +21,8 @@ Modes:
   response, compare it with the user's number, then pump or send nothing; half compare two tanks' levels
   ("Which tank holds more, north or east?"). It asks whether comparison in the form the tool tasks need, but
   not on their tools, carries over. ``--arms compare`` skips the control arm (its figures are in README).
+- ``--grow K`` (``mixed`` only): train a K times deeper copy of the base (``models/grow.py``), which computes the
+  base's function at step 0, to ask whether depth is what the comparison lacks.
 
 - ``replies``: no training; the base (and ``--model``, a demo run's exported RL model) on ``--questions``
   fresh validation bank/compare tasks ("Who has more money, ana or bob?"), greedy, real tools: of the
@@ -30,6 +32,7 @@ Modes:
 Usage: python benchmarks/comparison_probe.py --mode only --steps 2000 --lr 1e-3
        python benchmarks/comparison_probe.py --mode mixed --steps 1000 --share 8 --lr 1e-3 --rows 4096 --questions 200
        python benchmarks/comparison_probe.py --mode mixed --form tool --arms compare --steps 1000 --share 8 --lr 1e-3
+       python benchmarks/comparison_probe.py --mode mixed --form tool --arms compare --grow 2 --steps 3000 --share 10
        python benchmarks/comparison_probe.py --mode replies --questions 200 [--model runs/demo/model]
 """
 
@@ -238,6 +241,8 @@ def main() -> None:
     ap.add_argument("--base", default="assets/demo_base")
     ap.add_argument("--save", default="", help="mixed: write the compare arm's model as a base directory here "
                                                "(the base's tokenizer and manifest; for --config.base_dir)")
+    ap.add_argument("--grow", type=int, default=1, help="mixed: train a GROW times deeper copy of the base "
+                                                         "(models/grow.py; the same function at step 0)")
     ap.add_argument("--model", default="", help="replies: also score this exported model (a demo run's model/)")
     args = ap.parse_args()
     if not 0 < args.share <= 16 or args.steps < 4:
@@ -247,6 +252,8 @@ def main() -> None:
     arms = args.arms.split(",")
     if not arms or set(arms) - {"control", "compare"}:
         raise SystemExit(f"--arms takes control and/or compare, comma-separated; got {args.arms!r}")
+    if args.grow < 1 or (args.grow > 1 and args.mode != "mixed"):
+        raise SystemExit("--grow must be at least 1, and above 1 only with --mode mixed")
     if args.save and (args.mode != "mixed" or "compare" not in arms):
         raise SystemExit("--save writes the compare arm: use it with --mode mixed and --arms including compare")
     from envace_jax import host_memory
@@ -310,9 +317,12 @@ def main() -> None:
         print(json.dumps({"arm": arm, **held_out, "validation tasks": task_scores(model, codec, val, demo_cfg)}),
               flush=True)
 
-    report("base", base.model())
+    from envace_jax.models.grow import grow_depth
+
+    start = (lambda: grow_depth(base.model(), args.grow)) if args.grow > 1 else base.model
+    report("base", start())
     for arm in [a for a in ("control", "compare") if a in arms]:
-        model = base.model()
+        model = start()
         shares = {ACT: 16, REHEARSE: 16} if arm == "control" else {ACT: 16 - args.share, "compare": args.share,
                                                                    REHEARSE: 16}
         print(f"{arm}: {args.steps} steps, lr {args.lr}, rows per batch {shares}", flush=True)
@@ -324,6 +334,13 @@ def main() -> None:
             from envace_jax.demo.rehearsal_table import export_model
 
             shutil.copytree(args.base, args.save, ignore=shutil.ignore_patterns("model"), dirs_exist_ok=True)
+            if args.grow > 1:  # the manifest describes the model it sits beside
+                with open(os.path.join(args.save, "manifest.json")) as f:
+                    manifest = json.load(f)
+                manifest["config"]["num_layers"] = model.config.num_layers
+                manifest["grown_from"] = {"base": args.base, "factor": args.grow}
+                with open(os.path.join(args.save, "manifest.json"), "w") as f:
+                    json.dump(manifest, f, indent=1)
             print(f"saved to {export_model(model, args.save)}", flush=True)
 
 
