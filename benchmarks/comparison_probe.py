@@ -94,11 +94,11 @@ class _Tanks:
         self.levels = levels
 
     def execute(self, name: str, args: dict):
-        from types import SimpleNamespace
+        from envace_jax.envs.base import ToolResult
 
         payload = ({"tank": args["tank"], "level": self.levels[args["tank"]]} if name == "get_level" else
                    {"status": "ok", **args})
-        return SimpleNamespace(content=json.dumps(payload), error=False)
+        return ToolResult(json.dumps(payload))
 
 
 def tool_comparison_tasks(n: int, seed: int) -> list[dict]:

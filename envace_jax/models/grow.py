@@ -22,15 +22,16 @@ def grow_depth(model: Qwen3, factor: int) -> Qwen3:
     if factor < 1:
         raise ValueError(f"grow_depth: factor must be at least 1, got {factor}")
     cfg = model.config
-    grown = Qwen3(cfg.replace(num_layers=cfg.num_layers * factor), rngs=nnx.Rngs(0))
-    grown.embed.embedding[...] = model.embed.embedding[...]
-    grown.norm.scale[...] = model.norm.scale[...]
+    # Shapes only (as hf_io.load_hf does): every parameter is set below, so a random init would be wasted work.
+    grown = nnx.eval_shape(lambda: Qwen3(cfg.replace(num_layers=cfg.num_layers * factor), rngs=nnx.Rngs(0)))
+    grown.embed.embedding.set_value(model.embed.embedding[...])
+    grown.norm.scale.set_value(model.norm.scale[...])
     if not cfg.tie_word_embeddings:
-        grown.lm_head[...] = model.lm_head[...]
+        grown.lm_head.set_value(model.lm_head[...])
     for name, stacked in model.layers.arrays().items():
         copies = jnp.repeat(stacked, factor, axis=0)  # layer order 0, 0, ..., 1, 1, ...
         if name in _RESIDUAL_WRITERS:
             first = (jnp.arange(copies.shape[0]) % factor == 0).reshape((-1,) + (1,) * (copies.ndim - 1))
             copies = jnp.where(first, copies, jnp.zeros_like(copies))
-        getattr(grown.layers, name)[...] = copies
+        getattr(grown.layers, name).set_value(copies)
     return grown
