@@ -16,7 +16,7 @@ Modes:
   the comparison types (50% push-back), greedy, against the real tools.
 
 - ``--form tool`` (``mixed`` only): the comparison rows are tool-shaped instead, in a world the
-  tasks do not have (water tanks: ``get_level``, ``pump``). Half are conditional pumps ("If north holds at
+  tasks do not have (water tanks: ``get_level``, ``pump``; ``envace_jax/data/tank_tasks.py``). Half are conditional pumps ("If north holds at
   least 40, pump 40 from north to east. Otherwise tell me north's level."): read a level from a JSON tool
   response, compare it with the user's number, then pump or send nothing; half compare two tanks' levels
   ("Which tank holds more, north or east?"). It asks whether comparison in the form the tool tasks need, but
@@ -39,7 +39,6 @@ Usage: python benchmarks/comparison_probe.py --mode only --steps 2000 --lr 1e-3
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import random
@@ -75,70 +74,6 @@ def comparison_tasks(n: int, seed: int) -> list[dict]:
     return out
 
 
-TANKS = ["north", "south", "east", "west", "upper", "lower", "red", "blue"]   # no demo world's names
-TANK_TOOLS = [
-    {"type": "function", "function": {"name": "get_level", "description": "Get a tank's water level. Tanks: {}.",
-                                      "parameters": {"type": "object", "properties": {"tank": {"type": "string"}},
-                                                     "required": ["tank"]}}},
-    {"type": "function", "function": {"name": "pump", "description": "Pump water from one tank to another.",
-                                      "parameters": {"type": "object", "properties": {
-                                          "from_tank": {"type": "string"}, "to_tank": {"type": "string"},
-                                          "amount": {"type": "integer", "description": "Positive amount."}},
-                                          "required": ["from_tank", "to_tank", "amount"]}}}]
-
-
-class _Tanks:
-    """The tank world for ``Recorder``: ``get_level`` reads a level, ``pump`` always succeeds."""
-
-    def __init__(self, levels: dict[str, int]):
-        self.levels = levels
-
-    def execute(self, name: str, args: dict):
-        from envace_jax.envs.base import ToolResult
-
-        payload = ({"tank": args["tank"], "level": self.levels[args["tank"]]} if name == "get_level" else
-                   {"status": "ok", **args})
-        return ToolResult(json.dumps(payload))
-
-
-def tool_comparison_tasks(n: int, seed: int) -> list[dict]:
-    """``n`` tool-shaped comparison conversations in the tank world, recorded like the demo tasks (the demo's
-    ``Recorder``): a conditional pump (the condition holds or fails about equally often) or which of two tanks
-    holds more. Same number ranges as the bank tasks."""
-    from envace_jax.data.task_builders.recorder import ANSWER_STYLE, Recorder
-
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        names = sorted(rng.sample(TANKS, rng.randint(3, 5)))
-        levels = {t: rng.randint(10, 99) for t in names}
-        a, b = rng.sample(names, 2)
-        tools = copy.deepcopy(TANK_TOOLS)
-        tools[0]["function"]["description"] = TANK_TOOLS[0]["function"]["description"].format(", ".join(names))
-        if rng.random() < 0.5:
-            x = rng.randint(5, 95)
-            rec = Recorder(_Tanks(levels))
-            rec.user(f"If {a} holds at least {x}, pump {x} from {a} to {b}. Otherwise tell me {a}'s level.")
-            rec.call(("get_level", {"tank": a}))
-            if levels[a] >= x:
-                rec.call(("pump", {"from_tank": a, "to_tank": b, "amount": x}))
-                rec.reply(f"Pumped {x} from {a} to {b}.", [x, b], "")
-            else:
-                rec.reply(f"{a} holds only {levels[a]}, so I pumped nothing.", [levels[a]], "")
-        else:
-            while levels[a] == levels[b]:
-                levels[b] = rng.randint(10, 99)
-            rec = Recorder(_Tanks(levels))
-            rec.user(f"Which tank holds more, {a} or {b}?")
-            rec.call(("get_level", {"tank": a}), ("get_level", {"tank": b}))
-            win, lose = (a, b) if levels[a] > levels[b] else (b, a)
-            rec.reply(f"{win} holds more: {levels[win]} against {levels[lose]}.", [win], "")
-        msgs = [{"role": "system", "content": f"You are a water-tank assistant. {ANSWER_STYLE}"},
-                rec.messages[0]]
-        out.append({"uid": f"tank-{seed}-{i}", "messages": msgs, "tools": tools, "reference_messages": rec.messages})
-    return out
-
-
 def question_scores(model, codec, tasks) -> dict:
     """Greedy answers to held-out comparison questions: exact, the yes/no decision, the larger number named."""
     from envace_jax.sampling import Sampler
@@ -168,11 +103,12 @@ def tank_scores(model, codec, n: int = 300) -> dict:
     """Greedy decisions on held-out tank conversations, after the tool response: on ``n`` conditional pumps,
     whether the model pumps exactly when the level read meets the user's number (a rule that reads only the
     user's number gets about 0.78), and on ``n`` two-tank comparisons, whether it names the fuller tank."""
+    from envace_jax.data.tank_tasks import tank_tasks
     from envace_jax.demo import data as demo_data
     from envace_jax.sampling import Sampler
     from envace_jax.sampling_records import SamplingParams
 
-    held_out = tool_comparison_tasks(8 * n, 99)
+    held_out = tank_tasks(8 * n, 99)
     cond = [t for t in held_out if t["messages"][1]["content"].startswith("If")][:n]
     comp = [t for t in held_out if t["messages"][1]["content"].startswith("Which")][:n]
     params = SamplingParams(temperature=0.0, max_new_tokens=40, stop_token_ids=codec.renderer.stop_token_ids)
@@ -279,7 +215,9 @@ def main() -> None:
         for name, model in arms:
             print(json.dumps({"model": name, **reply_binding(model, codec, tasks, demo_cfg)}), flush=True)
         return
-    make_rows = tool_comparison_tasks if args.form == "tool" else comparison_tasks
+    from envace_jax.data.tank_tasks import tank_tasks
+
+    make_rows = tank_tasks if args.form == "tool" else comparison_tasks
     rows = [r for e, t in enumerate(make_rows(args.rows, 11)) for r in demo_data.act_rows(t, codec, e)]
     questions = comparison_tasks(args.questions, 99)
     optim = OptimConfig(lr=args.lr, schedule="constant", warmup_steps=0, total_steps=args.steps, weight_decay=0.0,
