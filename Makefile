@@ -8,7 +8,7 @@ CONFIG ?= configs/envace_qwen3_8b.py
 TOPOLOGY ?= v5p:4x4x4
 AOT_STAMP := $(VENV)/.aot-installed
 
-.PHONY: venv test demo demo-compare pretrain eval-deps aot-deps aot clean
+.PHONY: venv test demo demo-compare pretrain pretrain-deep eval-deps aot-deps aot clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PYBIN) || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -32,6 +32,12 @@ demo-compare: $(STAMP)
 BASE_DIR ?= assets/demo_base
 pretrain: $(STAMP)
 	$(PYBIN) launch/pretrain.py --out=$(BASE_DIR)
+
+# The base above grown to 4 layers and trained 3,000 more steps with tank-world comparison rows (about 45 min;
+# envace_jax/demo/pretrain.py, preset deep). Use it with --config.base_dir=assets/demo_base_deep.
+DEEP_DIR ?= assets/demo_base_deep
+pretrain-deep: $(STAMP)
+	$(PYBIN) launch/pretrain.py --preset=deep --out=$(DEEP_DIR) --set init_from=$(BASE_DIR)
 
 # Benchmark packages pin old numpy; install them without their dependency
 # pins and add only what their executable environments and checkers import

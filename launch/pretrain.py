@@ -3,6 +3,8 @@
     python launch/pretrain.py                               # the shipped base (about 2 h on 2 CPU cores)
     python launch/pretrain.py --out=/tmp/base --set steps=2000 --set demonstrations=4096
     python launch/pretrain.py --preset=tiny --out=/tmp/tiny  # seconds, for a smoke check
+    python launch/pretrain.py --preset=deep --out=assets/demo_base_deep   # `make pretrain-deep`: the shipped
+                                                  # base grown to 4 layers, 3,000 more steps with tank rows (~45 min)
 
 Rerunning with the same --out resumes from its last checkpoint. The corpus holds train-split tasks only
 (see envace_jax/demo/pretrain.py); `make demo` then starts from this base.
@@ -23,7 +25,8 @@ DEFAULT_OUT = "assets/demo_base"
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=DEFAULT_OUT)
-    p.add_argument("--preset", default="default", choices=["default", "tiny"])
+    p.add_argument("--preset", default="default", choices=["default", "tiny", "deep"],
+                   help="deep: continue --set init_from=DIR (default assets/demo_base) grown 2x deeper")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--no_progress", action="store_true")
     args = p.parse_args(argv)

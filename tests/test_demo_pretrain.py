@@ -124,3 +124,93 @@ def test_preempted_run_resumes_to_the_same_parameters(tiny_run, tmp_path, monkey
     assert a.keys() == b.keys()
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_split_shares_places_tank_rows_in_the_act_half():
+    assert pt.split_shares(32, 0.0, 4) == ({ACT: 12, pt.TANK_GROUP: 4, REHEARSE: 16},
+                                           {ACT: 12, pt.TANK_GROUP: 4, pt.MEMORY_GROUP: 0, REHEARSE: 16})
+    assert pt.split_shares(32, 0.25, 4)[1] == {ACT: 8, pt.TANK_GROUP: 4, pt.MEMORY_GROUP: 4, REHEARSE: 16}
+    with pytest.raises(ValueError, match="no demonstration row"):
+        pt.split_shares(8, 0.5, 2)
+    with pytest.raises(ValueError, match="no demonstration row"):
+        pt.tiny().replace(tank_share=4)
+    with pytest.raises(ValueError, match="grow_factor"):
+        pt.tiny().replace(grow_factor=2)
+    with pytest.raises(ValueError, match="schedule"):
+        pt.tiny().replace(schedule="step")
+
+
+def _continued(base_dir, **kw):
+    return pt.tiny().replace(init_from=base_dir, grow_factor=2, num_layers=4, tank_share=1, tank_tasks=8,
+                             memory_share=0.0, schedule="constant", **kw)
+
+
+def test_a_continued_base_is_the_base_grown_with_its_tokenizer(tiny_run, tmp_path):
+    """At a vanishing learning rate the continued 4-layer model computes what the 2-layer base computes, in
+    transformers: it starts from the base's weights, not from a random init."""
+    import filecmp
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_dir, _ = tiny_run
+    out = str(tmp_path / "deep")
+    manifest = pt.run_pretrain(_continued(base_dir, lr=1e-12, steps=2), out, progress=False)
+    assert manifest["config"]["num_layers"] == 4 and manifest["init"]["num_layers"] == 2
+    assert manifest["init"]["validation"] == json.load(open(os.path.join(base_dir, "manifest.json")))["validation"]
+    # 8 tank conversations: one ACT row per assistant step (a read, maybe a pump, the reply)
+    from envace_jax.data.tank_tasks import tank_tasks
+    assert manifest["corpus"]["tank_rows"] == sum(m["role"] == "assistant" for t in tank_tasks(8, pt.TANK_SEED)
+                                                  for m in t["reference_messages"])
+    assert not filecmp.dircmp(os.path.join(base_dir, "tokenizer"), os.path.join(out, "tokenizer")).diff_files
+    tok = AutoTokenizer.from_pretrained(os.path.join(out, "tokenizer"))
+    ids = tok("<|im_start|>user\nIf north holds at least 40, pump 40.<|im_end|>", return_tensors="pt").input_ids
+    base = AutoModelForCausalLM.from_pretrained(os.path.join(base_dir, "model")).eval()
+    deep = AutoModelForCausalLM.from_pretrained(os.path.join(out, "model")).eval()
+    assert deep.config.num_hidden_layers == 4 and base.config.num_hidden_layers == 2
+    with torch.no_grad():
+        torch.testing.assert_close(deep(ids).logits, base(ids).logits, rtol=0, atol=1e-4)
+    # the demo reads it like any base: the corpus config and the grown shape
+    loaded = pt.load_base(out)
+    assert loaded.config.num_layers == 4 and loaded.config.init_from == base_dir
+
+
+def test_a_continued_base_refuses_a_base_it_does_not_match(tiny_run, tmp_path):
+    base_dir, _ = tiny_run
+    with pytest.raises(ValueError, match=r"num_layers \(base 2 x grow_factor 2 != 6\)"):
+        pt.run_pretrain(_continued(base_dir).replace(num_layers=6), str(tmp_path / "a"), progress=False)
+    with pytest.raises(ValueError, match="hidden_size"):
+        pt.run_pretrain(_continued(base_dir).replace(hidden_size=64), str(tmp_path / "b"), progress=False)
+    with pytest.raises(FileNotFoundError, match="make pretrain"):
+        pt.run_pretrain(_continued(str(tmp_path / "nowhere")), str(tmp_path / "c"), progress=False)
+
+
+def test_a_preempted_continued_run_resumes_to_the_same_parameters(tiny_run, tmp_path, monkeypatch):
+    from envace_jax import checkpoint
+
+    base_dir, _ = tiny_run
+    cfg = _continued(base_dir, steps=4)
+    whole = str(tmp_path / "whole")
+    pt.run_pretrain(cfg, whole, progress=False)
+    calls = {"n": 0}
+    real_check = checkpoint.PreemptionGuard.check
+
+    def check_then_preempt(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            self._flag.set()
+        return real_check(self)
+
+    monkeypatch.setattr(checkpoint.PreemptionGuard, "check", check_then_preempt)
+    resumed = str(tmp_path / "resumed")
+    with pytest.raises(SystemExit):
+        pt.run_pretrain(cfg, resumed, progress=False)
+    monkeypatch.setattr(checkpoint.PreemptionGuard, "check", real_check)
+    pt.run_pretrain(cfg, resumed, progress=False)
+    a, b = _params(os.path.join(whole, "model")), _params(os.path.join(resumed, "model"))
+    base = _params(os.path.join(base_dir, "model"))
+    assert len([k for k in a if "layers.3." in k]) > 0 and not any("layers.3." in k for k in base)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    # trained: the silenced copies' output projections moved off zero
+    assert np.abs(a["model.layers.1.self_attn.o_proj.weight"]).max() > 0

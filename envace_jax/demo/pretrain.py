@@ -15,10 +15,18 @@ The corpus is the setting EnvACE is for:
   engine builds, REHEARSE on the real simulator prompt with the logged response as target;
 * **world-model rows**: real executions of varied calls (wrong ones included) on other train worlds, the cheap
   logs of tool behaviour that carry the push-back dynamics the demonstrations rarely show;
+* **tank rows** (``tank_share``, the ``deep`` preset): tool-shaped comparison conversations in a water-tank world
+  no task uses (``data.tank_tasks``): read a level from a tool response, compare it, act on it;
 * **rehearsal-memory rows** (from ``memory_from`` of the steps on): ACT demonstrations whose system prompt carries
   a rehearsal memory built by the test-time code itself (``TestTimeRehearsal.rehearse`` with the model as it is
   at that step, imagined episodes with no logged result in REHEARSE's prompt), so that at test time a memory is
   a context the policy has seen, not a distraction. The target stays the demonstration.
+
+The ``deep`` preset (``make pretrain-deep``) continues a base instead of starting from scratch: it loads the base
+at ``init_from`` with its tokenizer, makes it ``grow_factor`` times deeper with ``models.grow.grow_depth`` (the
+same function at step 0) and trains on the same corpus plus tank rows. The 2-layer base orders two numbers it
+read but cannot bind them to their accounts; the deeper copy learns to (README, "Depth is what the comparison
+lacks").
 
 Batches are a pure function of the step (``IndexedBatches``), so a killed run resumes from its last Orbax
 checkpoint exactly. The output directory holds ``model/`` (Hugging Face safetensors), ``tokenizer/``,
@@ -47,6 +55,12 @@ from envace_jax.rl.types import ACT, REHEARSE, Generation
 # another one, and the demo removes any task the pretraining corpus used).
 PRETRAIN_SEED_OFFSET = 104729
 MEMORY_GROUP = "act+memory"
+TANK_GROUP = "act+tank"
+TANK_SEED = 11          # the tank conversations trained on (comparison_probe scores held-out ones of seed 99)
+# Fields a continued base must share with the base it continues (its corpus, tokenizer and layer shapes).
+SHARED_WITH_INIT = ("seed", "demonstrations", "push_back_share", "world_model_rows", "tokenizer_tasks", "vocab_size",
+                    "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim")
+SCHEDULES = ("cosine", "linear", "constant")
 # Rows are padded to a multiple of 64 up to this length: a rehearsal memory adds ~100-200 tokens to an
 # ACT prompt (plain rows are at most ~250), and a left-truncated row would lose its system prompt.
 MAX_LEN = 512
@@ -73,7 +87,13 @@ class PretrainConfig:
     batch_rows: int = 32              # half ACT, half REHEARSE
     micro_batch_size: int = 16
     lr: float = 3e-3
-    warmup: int = 100                 # then cosine decay to 0 at ``steps``
+    warmup: int = 100                 # then ``schedule``
+    schedule: str = "cosine"          # after warmup: "cosine" or "linear" decay to 0 at ``steps``, or "constant"
+    # ---- continuing a base (the ``deep`` preset)
+    init_from: str = ""               # a base directory to continue (its weights and tokenizer); "" = from scratch
+    grow_factor: int = 1              # the continued model is this many times deeper (``num_layers`` is the result)
+    tank_share: int = 0               # ACT rows of a batch that are tank-world comparison rows
+    tank_tasks: int = 16384           # tank conversations to draw those rows from
     # ---- rehearsal-memory rows
     memory_from: float = 0.8          # fraction of the steps after which memory rows join the ACT half
     memory_share: float = 0.25        # of the ACT rows of a batch
@@ -91,7 +111,7 @@ class PretrainConfig:
                      "validation_tasks", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"pretrain {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("world_model_rows", "memory_tasks", "eval_every", "warmup"):
+        for name in ("world_model_rows", "memory_tasks", "eval_every", "warmup", "tank_share", "tank_tasks"):
             if getattr(self, name) < 0:
                 raise ValueError(f"pretrain {name} must be >= 0, got {getattr(self, name)}")
         for name in ("push_back_share", "memory_from", "memory_share", "validation_push_back_share"):
@@ -99,6 +119,14 @@ class PretrainConfig:
                 raise ValueError(f"pretrain {name} must be in [0, 1], got {getattr(self, name)}")
         if self.lr <= 0 or self.memory_temperature <= 0:
             raise ValueError("pretrain lr and memory_temperature must be > 0")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"pretrain schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.grow_factor < 1 or (self.grow_factor > 1 and not self.init_from):
+            raise ValueError(f"pretrain grow_factor must be >= 1, and above 1 only with init_from (a base to grow); "
+                             f"got grow_factor={self.grow_factor}, init_from={self.init_from!r}")
+        if self.tank_share and not self.tank_tasks:
+            raise ValueError("pretrain tank_share > 0 needs tank_tasks > 0")
+        split_shares(self.batch_rows, self.memory_share, self.tank_share)  # the ACT half must hold them all
 
     def replace(self, **kw) -> "PretrainConfig":
         return dataclasses.replace(self, **kw)
@@ -124,7 +152,15 @@ def tiny() -> PretrainConfig:
                           eval_every=0, validation_tasks=8, checkpoint_every=2)
 
 
-PRESETS = {"default": default, "tiny": tiny}
+def deep() -> PretrainConfig:
+    """The shipped base continued: 2x deeper (4 layers), 3,000 more steps at a constant 3e-4 on its own corpus with
+    4 of the 16 ACT rows of a batch tank rows (the recipe of ``comparison_probe.py --mode mixed --form tool
+    --grow 2 --steps 3000 --share 4 --lr 3e-4``, chosen on validation)."""
+    return default().replace(init_from="assets/demo_base", grow_factor=2, num_layers=4, steps=3000, lr=3e-4,
+                             warmup=0, schedule="constant", tank_share=4, memory_share=0.0)
+
+
+PRESETS = {"default": default, "tiny": tiny, "deep": deep}
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -185,14 +221,21 @@ class IndexedBatches:
         return out
 
 
-def split_shares(batch_rows: int, memory_share: float) -> tuple[dict[str, int], dict[str, int]]:
-    """Rows per batch of each group before and after memory rows join (ACT half, REHEARSE half)."""
+def split_shares(batch_rows: int, memory_share: float,
+                 tank_share: int = 0) -> tuple[dict[str, int], dict[str, int]]:
+    """Rows per batch of each group before and after memory rows join (ACT half, REHEARSE half); tank and
+    memory rows take their places in the ACT half, which keeps at least one plain demonstration row."""
     act = batch_rows // 2 + batch_rows % 2
     reh = batch_rows // 2
     mem = int(round(act * memory_share))
     if memory_share > 0 and mem == 0:
         mem = 1
-    return {ACT: act, REHEARSE: reh}, {ACT: act - mem, MEMORY_GROUP: mem, REHEARSE: reh}
+    if act - tank_share - mem < 1:
+        raise ValueError(f"pretrain: {tank_share} tank and {mem} memory rows leave no demonstration row in the "
+                         f"{act} ACT rows of a {batch_rows}-row batch")
+    tank = {TANK_GROUP: tank_share} if tank_share else {}
+    return ({ACT: act - tank_share, **tank, REHEARSE: reh},
+            {ACT: act - tank_share - mem, **tank, MEMORY_GROUP: mem, REHEARSE: reh})
 
 
 # ----------------------------------------------------------------------------- memory rows
@@ -325,6 +368,40 @@ def build_model(cfg: PretrainConfig, vocab: int):
     return qwen3.init_model(mc, seed=cfg.seed)
 
 
+def init_model(cfg: PretrainConfig, out_dir: str, demos: Sequence[Mapping[str, Any]]):
+    """``(tokenizer, model, base)`` a run starts from: from scratch (a tokenizer trained on the demonstrations, a
+    random model; ``base`` None), or with ``init_from`` the base's tokenizer and its model grown ``grow_factor``
+    times deeper. A base whose corpus or shapes differ from ``cfg`` is an error naming the fields."""
+    from envace_jax.chat import load_tokenizer
+    from envace_jax.models.grow import grow_depth
+
+    tok_dir = os.path.join(out_dir, "tokenizer")
+    if not cfg.init_from:
+        tok_tasks = demos[:cfg.tokenizer_tasks]
+        tok = demo_data.build_tokenizer(tok_tasks, tok_dir, cfg.vocab_size,
+                                        extra_texts=reference_memories(tok_tasks, cfg.memory_max_chars)
+                                        if cfg.memory_step is not None else ())
+        return tok, build_model(cfg, len(tok)), None
+    base = load_base(cfg.init_from)
+    differ = [f"{k} (base {getattr(base.config, k)!r}, here {getattr(cfg, k)!r})" for k in SHARED_WITH_INIT
+              if getattr(base.config, k) != getattr(cfg, k)]
+    if base.config.num_layers * cfg.grow_factor != cfg.num_layers:
+        differ.append(f"num_layers (base {base.config.num_layers} x grow_factor {cfg.grow_factor} != {cfg.num_layers})")
+    if differ:
+        raise ValueError(f"pretrain init_from={cfg.init_from!r}: the base differs from this config in " + ", ".join(differ))
+    base.copy_tokenizer(tok_dir)
+    return load_tokenizer(tok_dir), grow_depth(base.model(), cfg.grow_factor), base
+
+
+def tank_rows(cfg: PretrainConfig, codec) -> list[Generation]:
+    """ACT rows of ``cfg.tank_tasks`` tank conversations (none when ``tank_share`` is 0)."""
+    from envace_jax.data.tank_tasks import tank_tasks
+
+    if not cfg.tank_share:
+        return []
+    return [r for e, t in enumerate(tank_tasks(cfg.tank_tasks, TANK_SEED)) for r in demo_data.act_rows(t, codec, e)]
+
+
 def _demo_cfg(cfg: PretrainConfig):
     """The demo settings whose rollout and sampler shapes the pretraining evaluations use."""
     from envace_jax.demo.config import DemoConfig
@@ -362,23 +439,21 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
     t_start = time.perf_counter()
     demo_cfg = _demo_cfg(cfg)
     demos = demonstrations(cfg)
-    tok_tasks = demos[:cfg.tokenizer_tasks]
-    tok = demo_data.build_tokenizer(tok_tasks, os.path.join(out_dir, "tokenizer"), cfg.vocab_size,
-                                    extra_texts=reference_memories(tok_tasks, cfg.memory_max_chars)
-                                    if cfg.memory_step is not None else ())
+    tok, model, base = init_model(cfg, out_dir, demos)
     codec = demo_data.make_codec(tok)
     rows = corpus_rows(cfg, demos, codec)
     groups: dict[str, list[Generation]] = {ACT: [r for r in rows if r.role == ACT],
-                                           REHEARSE: [r for r in rows if r.role == REHEARSE], MEMORY_GROUP: []}
-    before, after = split_shares(cfg.batch_rows, cfg.memory_share)
+                                           REHEARSE: [r for r in rows if r.role == REHEARSE], MEMORY_GROUP: [],
+                                           TANK_GROUP: tank_rows(cfg, codec)}
+    before, after = split_shares(cfg.batch_rows, cfg.memory_share, cfg.tank_share)
     val = [demo_data.normalize_task(t) for t in generate_tasks(cfg.validation_tasks, cfg.seed, "validation",
                                                                push_back_share=cfg.validation_push_back_share)]
     log(f"pretrain corpus: {len(demos)} demonstrations ({sum(t['branch'] != BRANCHES[0] for t in demos)} push-back), "
-        f"{len(groups[ACT])} ACT rows, {len(groups[REHEARSE])} REHEARSE rows ({cfg.world_model_rows} world-model); "
-        f"{time.perf_counter() - t_start:.0f} s")
+        f"{len(groups[ACT])} ACT rows, {len(groups[REHEARSE])} REHEARSE rows ({cfg.world_model_rows} world-model), "
+        f"{len(groups[TANK_GROUP])} tank rows; {time.perf_counter() - t_start:.0f} s"
+        + (f"; continuing {cfg.init_from} grown to {model.config.num_layers} layers" if base else ""))
 
-    model = build_model(cfg, len(tok))
-    optim = OptimConfig(lr=cfg.lr, schedule="cosine", warmup_steps=cfg.warmup, total_steps=cfg.steps,
+    optim = OptimConfig(lr=cfg.lr, schedule=cfg.schedule, warmup_steps=cfg.warmup, total_steps=cfg.steps,
                         weight_decay=0.0, grad_clip=1.0)
     trainer = Trainer(model, optim, LossConfig(), micro_batch_size=cfg.micro_batch_size, pad_micro_batches=True)
     ckpt_dir = os.path.abspath(os.path.join(out_dir, "checkpoints"))
@@ -448,10 +523,13 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
                 "corpus": {"demonstrations": len(demos),
                            "push_back_demonstrations": sum(t["branch"] != BRANCHES[0] for t in demos),
                            "act_rows": len(groups[ACT]), "rehearse_rows": len(groups[REHEARSE]),
-                           "memory_rows": len(groups[MEMORY_GROUP])},
+                           "memory_rows": len(groups[MEMORY_GROUP]), "tank_rows": len(groups[TANK_GROUP])},
                 "validation": {"tasks": len(val), "push_back_share": cfg.validation_push_back_share, **final},
                 "curve": curve, "wall_s_this_run": round(time.perf_counter() - t_start, 1),
                 "jax": jax.__version__}
+    if base is not None:  # where it started: the base's own validation (the grown copy computes the same)
+        manifest["init"] = {"from": cfg.init_from, "grow_factor": cfg.grow_factor,
+                            "num_layers": base.config.num_layers, "validation": base.manifest.get("validation")}
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     plot_curve(curve, os.path.join(out_dir, "curve.png"))
