@@ -33,7 +33,7 @@ BASE_DIR ?= assets/demo_base
 pretrain: $(STAMP)
 	$(PYBIN) launch/pretrain.py --out=$(BASE_DIR)
 
-# The base above grown to 4 layers and trained 3,000 more steps with tank-world comparison rows (about 45 min;
+# The base above grown to 4 layers and trained 3,000 more steps with tank-world comparison rows (about 30 min;
 # envace_jax/demo/pretrain.py, preset deep). Use it with --config.base_dir=assets/demo_base_deep.
 DEEP_DIR ?= assets/demo_base_deep
 pretrain-deep: $(STAMP)

@@ -16,11 +16,11 @@ Modes:
   the comparison types (50% push-back), greedy, against the real tools.
 
 - ``--form tool`` (``mixed`` only): the comparison rows are tool-shaped instead, in a world the
-  tasks do not have (water tanks: ``get_level``, ``pump``; ``envace_jax/data/tank_tasks.py``). Half are conditional pumps ("If north holds at
-  least 40, pump 40 from north to east. Otherwise tell me north's level."): read a level from a JSON tool
-  response, compare it with the user's number, then pump or send nothing; half compare two tanks' levels
-  ("Which tank holds more, north or east?"). It asks whether comparison in the form the tool tasks need, but
-  not on their tools, carries over. ``--arms compare`` skips the control arm (its figures are in README).
+  tasks do not have (water tanks: ``get_level``, ``pump``; ``envace_jax/data/tank_tasks.py``). Half are
+  conditional pumps ("If north holds at least 40, pump 40 from north to east. Otherwise tell me north's
+  level."): read a level from a JSON tool response, compare it with the user's number, then pump or send
+  nothing; half compare two tanks' levels ("Which tank holds more, north or east?"). It asks whether
+  comparison in the form the tool tasks need, but not on their tools, carries over. ``--arms compare`` skips the control arm (its figures are in README).
 - ``--grow K`` (``mixed`` only): train a K times deeper copy of the base (``models/grow.py``), which computes the
   base's function at step 0, to ask whether depth is what the comparison lacks.
 

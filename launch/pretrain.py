@@ -4,7 +4,7 @@
     python launch/pretrain.py --out=/tmp/base --set steps=2000 --set demonstrations=4096
     python launch/pretrain.py --preset=tiny --out=/tmp/tiny  # seconds, for a smoke check
     python launch/pretrain.py --preset=deep --out=assets/demo_base_deep   # `make pretrain-deep`: the shipped
-                                                  # base grown to 4 layers, 3,000 more steps with tank rows (~45 min)
+                                                  # base grown to 4 layers, 3,000 more steps with tank rows (~30 min)
 
 Rerunning with the same --out resumes from its last checkpoint. The corpus holds train-split tasks only
 (see envace_jax/demo/pretrain.py); `make demo` then starts from this base.
