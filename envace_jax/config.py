@@ -285,6 +285,9 @@ class RLSection(Checked):
                              "each mini-batch's loss count would change with the rows left out")
 
 
+SCHEDULES = ("constant", "cosine", "linear")   # learning-rate schedules after warmup (rl/optim.py)
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimConfig(Checked):
     """Reference values (spec 1.2): AdamW 1e-6 constant, betas (0.9, 0.999), wd 0.01, clip 1.0.
@@ -296,7 +299,7 @@ class OptimConfig(Checked):
 
     LABEL: ClassVar[str] = "optim"
     RULES: ClassVar[tuple[Rule, ...]] = (
-        ("lr", _POS, "> 0"), ("schedule", *one_of(("constant", "cosine", "linear"))),
+        ("lr", _POS, "> 0"), ("schedule", *one_of(SCHEDULES)),
         ("warmup_steps", _NONNEG, ">= 0"), ("total_steps", _NONNEG, ">= 0"),
         ("b1", lambda v: 0 <= v < 1, "in [0, 1)"), ("b2", lambda v: 0 <= v < 1, "in [0, 1)"), ("eps", _POS, "> 0"),
         ("weight_decay", _NONNEG, ">= 0"), ("grad_clip", _POS, "> 0"), ("max_consecutive_nonfinite", _POS, "> 0"),

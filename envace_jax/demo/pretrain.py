@@ -46,6 +46,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from envace_jax.config import SCHEDULES
 from envace_jax.data.demo_tasks import BRANCHES, generate_tasks
 from envace_jax.demo import data as demo_data
 from envace_jax.eval.results import is_success
@@ -60,7 +61,6 @@ TANK_SEED = 11          # the tank conversations trained on (comparison_probe sc
 # Fields a continued base must share with the base it continues (its corpus, tokenizer and layer shapes).
 SHARED_WITH_INIT = ("seed", "demonstrations", "push_back_share", "world_model_rows", "tokenizer_tasks", "vocab_size",
                     "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim")
-SCHEDULES = ("cosine", "linear", "constant")
 # Rows are padded to a multiple of 64 up to this length: a rehearsal memory adds ~100-200 tokens to an
 # ACT prompt (plain rows are at most ~250), and a left-truncated row would lose its system prompt.
 MAX_LEN = 512
