@@ -373,7 +373,6 @@ def init_model(cfg: PretrainConfig, out_dir: str, demos: Sequence[Mapping[str, A
     """``(tokenizer, model, base)`` a run starts from: from scratch (a tokenizer trained on the demonstrations, a
     random model; ``base`` None), or with ``init_from`` the base's tokenizer and its model grown ``grow_factor``
     times deeper. A base whose corpus or shapes differ from ``cfg`` is an error naming the fields."""
-    from envace_jax.chat import load_tokenizer
     from envace_jax.models.grow import grow_depth
 
     tok_dir = os.path.join(out_dir, "tokenizer")
@@ -390,8 +389,8 @@ def init_model(cfg: PretrainConfig, out_dir: str, demos: Sequence[Mapping[str, A
         differ.append(f"num_layers (base {base.config.num_layers} x grow_factor {cfg.grow_factor} != {cfg.num_layers})")
     if differ:
         raise ValueError(f"pretrain init_from={cfg.init_from!r}: the base differs from this config in " + ", ".join(differ))
-    base.copy_tokenizer(tok_dir)
-    return load_tokenizer(tok_dir), grow_depth(base.model(), cfg.grow_factor), base
+    base.copy_tokenizer(tok_dir)  # the run's directory holds its tokenizer; the one in memory is the base's
+    return base.tokenizer, grow_depth(base.model(), cfg.grow_factor), base
 
 
 def tank_rows(cfg: PretrainConfig, codec) -> list[Generation]:
