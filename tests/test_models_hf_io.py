@@ -313,7 +313,7 @@ def test_an_export_stopped_at_any_step_leaves_one_whole_model(tmp_path, monkeypa
         monkeypatch.setattr(os, "replace", step("replace"))
         monkeypatch.setattr(os, "remove", step("remove"))
         try:
-            hf_io.save_hf(new, d, max_shard_size=second)
+            new_files = hf_io.save_hf(new, d, max_shard_size=second)
             finished = True
         except _Killed:
             finished = False
@@ -328,7 +328,7 @@ def test_an_export_stopped_at_any_step_leaves_one_whole_model(tmp_path, monkeypa
     # The old model up to the switch, the new one from it on; nothing in between.
     switch = seen.index("new")
     assert seen[:switch] == ["old"] * switch and seen[switch:] == ["new"] * (len(seen) - switch)
-    assert switch >= (1 if second == "5GB" else 3)  # every new shard was written before the switch
+    assert switch >= len(new_files) > 0  # every new shard was written before the switch
 
 
 KILL_SCRIPT = """

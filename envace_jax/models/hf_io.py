@@ -10,7 +10,10 @@ at a time for stacked params), transformed on the host, and placed directly in
 its target sharding with ``jax.make_array_from_callback``; stacked params are
 built by donating a sharded buffer and writing one layer slice per step, so the
 host never holds more than one layer's tensor and the devices never hold two
-copies of a stacked param. Saving gathers one param at a time.
+copies of a stacked param. Every tensor's name, shape and dtype is checked before
+any is read; a folder that does not match its config raises ``WeightsError``.
+Saving gathers one param at a time and replaces an earlier export in the folder in
+one atomic step (see "writing" below).
 """
 
 from __future__ import annotations
@@ -371,6 +374,9 @@ def load_hf(path: str | os.PathLike, dtype: str | None = "float32", mesh: Mesh |
       mesh: place params with ``qwen3.param_shardings`` under ``rules`` (default
         ``sharding.TRAIN_RULES``); without a mesh everything lands on the first device.
       config_overrides: extra Qwen3Config fields (e.g. ``remat_policy``, ``scan_layers``).
+
+    Raises ``WeightsError`` (a ``ValueError``) naming the file or tensor when a weights file is truncated
+    or corrupt, or a tensor is missing, unexpected, or of another shape than the config gives.
     """
     path = os.fspath(path)
     over: dict[str, Any] = dict(config_overrides)
@@ -596,10 +602,10 @@ def save_hf(model: qwen3.Qwen3, out_dir: str | os.PathLike, max_shard_size: int 
     written in the params' dtype. In a multi-process run every process must call
     this (params are gathered collectively); only process 0 writes files.
 
-    An existing export in ``out_dir`` is replaced in one atomic step (see the comment above
-    ``_make_dirs``): a run killed part-way leaves the previous export loadable; afterwards none of its
-    weights files remain, and other files in the folder are kept. Files get mode 0644; one export into a
-    folder at a time.
+    An existing export in ``out_dir`` is replaced in one atomic step (see the comment at "writing"):
+    a run killed part-way leaves the previous export loadable; afterwards none of its weights files
+    remain, and other files in the folder are kept. Files get mode 0644, folders it creates 0755. One
+    export into a folder at a time.
 
     Args:
       eos_token_ids, pad_token_id: the tokenizer's stop and padding ids (e.g. ``codec.stop_token_ids``,
