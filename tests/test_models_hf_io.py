@@ -1,4 +1,5 @@
-"""HF checkpoint import/export: transformers round trips, sharded files, config spellings, bad input."""
+"""HF checkpoint import/export: transformers round trips, sharded files, config spellings, bad input, re-export
+into a used folder (stale files, stopped and killed exports), generation ids, file modes."""
 
 from __future__ import annotations
 
