@@ -35,7 +35,7 @@ def export(cfg, out_dir: str, *, checkpoint_dir: str | None = None, step: int | 
     from envace_jax.checkpoint import Checkpointer
     from envace_jax.models import hf_io
 
-    _, _, trainers, _, _ = rl_train.build_policies(cfg, None)
+    tok, codec, trainers, _, _ = rl_train.build_policies(cfg, None)
     distinct = {}
     for r, t in trainers.items():
         if all(t is not o for o in distinct.values()):
@@ -58,7 +58,8 @@ def export(cfg, out_dir: str, *, checkpoint_dir: str | None = None, step: int | 
     ck.close()
     trainer = trainers[role]
     trainer.load_state_dict(state["trainers"][[r for r, t in distinct.items() if t is trainer][0]])
-    hf_io.save_hf(trainer.model, out_dir, max_shard_size=max_shard_size)
+    hf_io.save_hf(trainer.model, out_dir, max_shard_size=max_shard_size, eos_token_ids=codec.stop_token_ids,
+                  pad_token_id=tok.pad_token_id)
     tok_dir = cfg.tokenizer.path or os.path.join(cfg.run_dir, "tokenizer")
     for name in os.listdir(tok_dir):
         if name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):

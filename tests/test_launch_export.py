@@ -55,6 +55,12 @@ def test_export_hf_matches_transformers_logits(tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(out)
     assert len(tok) <= hf.config.vocab_size
+    # generate stops where our sampler does: at <|im_end|> or <|endoftext|>, and pads with the tokenizer's pad.
+    stops = tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    assert hf.generation_config.eos_token_id == stops and hf.generation_config.pad_token_id == tok.pad_token_id
+    assert tok.pad_token_id in stops
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        assert os.stat(os.path.join(out, name)).st_mode & 0o777 == 0o644, name
     ids = np.asarray(tok("<|im_start|>user\nhello there<|im_end|>")["input_ids"] + [5, 17, 101], np.int32)[None]
     with torch.no_grad():
         want = hf(torch.from_numpy(ids.astype(np.int64))).logits.numpy()

@@ -1,9 +1,11 @@
-"""HF checkpoint import/export: transformers round trips, sharded files, config spellings, bad input."""
+"""HF checkpoint import/export: transformers round trips, sharded files, config spellings, bad input, re-export
+into a used folder (stale files, stopped and killed exports), generation ids, file modes."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -93,26 +95,35 @@ def test_bad_tensors_raise_errors_naming_them(tiny_hf_qwen3):
     restore = lambda t: (t.clear(), t.update(good))
 
     _rewrite(path, lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"))
-    with pytest.raises(ValueError, match=r"missing tensor.*model\.layers\.1\.self_attn\.k_proj\.weight"):
+    with pytest.raises(hf_io.WeightsError,
+                       match=r"model\.safetensors: missing tensor.*model\.layers\.1\.self_attn\.k_proj\.weight"):
         hf_io.load_hf(path)
 
     def wrong_shape(t):
         restore(t)
         t["model.layers.0.mlp.up_proj.weight"] = np.zeros((95, 64), np.float32)
     _rewrite(path, wrong_shape)
-    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.up_proj\.weight has shape \(95, 64\), "
-                                         r"expected \(96, 64\)"):
+    with pytest.raises(hf_io.WeightsError, match=r"model\.safetensors: tensor model\.layers\.0\.mlp\.up_proj\.weight "
+                                                 r"has shape \(95, 64\), expected \(96, 64\)"):
         hf_io.load_hf(path)
 
     def unexpected(t):
         restore(t)
         t["model.layers.0.self_attn.q_proj.bias"] = np.zeros((96,), np.float32)
     _rewrite(path, unexpected)
-    with pytest.raises(ValueError, match=r"unexpected tensor.*model\.layers\.0\.self_attn\.q_proj\.bias"):
+    with pytest.raises(hf_io.WeightsError, match=r"unexpected tensor.*model\.layers\.0\.self_attn\.q_proj\.bias"):
+        hf_io.load_hf(path)
+
+    def integer(t):
+        restore(t)
+        t["model.norm.weight"] = np.ones((64,), np.int32)
+    _rewrite(path, integer)
+    with pytest.raises(hf_io.WeightsError, match=r"tensor model\.norm\.weight has dtype I32"):
         hf_io.load_hf(path)
 
     _rewrite(path, restore)
     hf_io.load_hf(path)  # and the restored checkpoint loads again
+    assert issubclass(hf_io.WeightsError, ValueError)  # what callers caught before keeps working
 
     os.remove(os.path.join(path, "model.safetensors"))
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
@@ -198,3 +209,230 @@ def test_parse_size():
     assert hf_io.parse_size(123) == 123
     with pytest.raises(ValueError, match="'5 gigs'"):
         hf_io.parse_size("5 gigs")
+
+
+# ------------------------------------------------------------------------------------------
+# re-exporting into a used folder; a killed export; generation ids; file modes; unreadable files
+
+FIVE_SHARDS, THREE_SHARDS = 32_500, 50_000  # shard sizes that split _tiny() (128 KB in f32) into 5 / 3 files
+
+
+def _tiny(seed: int) -> qwen3.Qwen3:
+    """Two seeds: two different models of one architecture (an old and a new export)."""
+    cfg = qwen3.Qwen3Config.tiny(256, hidden_size=32, intermediate_size=48, num_heads=4, num_kv_heads=2, head_dim=8)
+    return qwen3.init_model(cfg, seed=seed)
+
+
+def _weights_files(d) -> set[str]:
+    return {n for n in os.listdir(d) if n.endswith(".safetensors") or n == hf_io.INDEX_FILE}
+
+
+def _which(d, old, new, logits: bool = True) -> str:
+    """'old' or 'new': the model whose weights both our loader and transformers read from ``d`` (checked
+    by logits, or with ``logits=False`` by comparing transformers' tensors with the model's HF tensors)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ours = _params(hf_io.load_hf(d))
+    same = lambda m: all(np.array_equal(ours[k], v) for k, v in _params(m).items())
+    found = [name for name, m in (("old", old), ("new", new)) if same(m)]
+    assert len(found) == 1, f"{d}: our loader reads neither model whole"
+    model = old if found[0] == "old" else new
+    hf = AutoModelForCausalLM.from_pretrained(str(d), torch_dtype=torch.float32).eval()
+    if logits:
+        ids = np.random.RandomState(0).randint(0, 256, (1, 9))
+        ref, _ = torch_forward(hf, ids)
+        want = np.asarray(jit_forward(model)(jnp.asarray(ids, jnp.int32)))
+        assert np.abs(ref - want).max() <= 1e-4, f"{d}: transformers reads other weights than our loader"
+    else:
+        theirs = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+        for name, want in hf_io.iter_hf_tensors(model):
+            assert np.array_equal(theirs[name], want), f"{d}: transformers reads another {name} than our loader"
+    return found[0]
+
+
+@pytest.mark.parametrize("first, second", [(FIVE_SHARDS, "5GB"), ("5GB", THREE_SHARDS), (FIVE_SHARDS, FIVE_SHARDS)],
+                         ids=["5_shards_then_1_file", "1_file_then_3_shards", "5_shards_then_5_shards"])
+def test_reexport_into_a_used_folder_replaces_the_weights(tmp_path, first, second):
+    old, new = _tiny(0), _tiny(1)
+    d = tmp_path / "export"
+    (d / "mine").mkdir(parents=True)
+    (d / "notes.txt").write_text("my notes")
+    (d / "mine" / "model-00001-of-00002.safetensors").write_text("not ours to remove: another folder")
+    old_files = hf_io.save_hf(old, d, max_shard_size=first)
+    assert _which(d, old, new) == "old"
+    new_files = hf_io.save_hf(new, d, max_shard_size=second)
+    assert len(old_files) == (1 if first == "5GB" else 5)
+    assert len(new_files) == (1 if second == "5GB" else 3 if second == THREE_SHARDS else 5)
+    if len(new_files) == 1:
+        assert _weights_files(d) == {hf_io.SINGLE_FILE}
+    else:
+        assert _weights_files(d) == set(new_files) | {hf_io.INDEX_FILE}
+        assert set(json.loads((d / hf_io.INDEX_FILE).read_text())["weight_map"].values()) == set(new_files)
+    assert _which(d, old, new) == "new"
+    # The user's files stay, and no temporary is left behind.
+    assert (d / "notes.txt").read_text() == "my notes"
+    assert (d / "mine" / "model-00001-of-00002.safetensors").read_text().startswith("not ours")
+    assert not [n for n in os.listdir(d) if n.endswith(".partial")]
+
+
+def test_a_folder_with_a_stale_index_reads_its_single_file(tmp_path):
+    """A folder left by an earlier exporter: an index with its shards beside a newer model.safetensors.
+    transformers reads the single file; so must we."""
+    old, new = _tiny(0), _tiny(1)
+    hf_io.save_hf(old, tmp_path / "d", max_shard_size=FIVE_SHARDS)
+    hf_io.save_hf(new, tmp_path / "single")
+    os.rename(tmp_path / "single" / hf_io.SINGLE_FILE, tmp_path / "d" / hf_io.SINGLE_FILE)
+    assert _which(tmp_path / "d", old, new) == "new"
+
+
+class _Killed(BaseException):
+    """Stands for the process dying at a chosen step of an export."""
+
+
+@pytest.mark.parametrize("first, second", [(FIVE_SHARDS, "5GB"), ("5GB", THREE_SHARDS), (FIVE_SHARDS, FIVE_SHARDS)],
+                         ids=["5_shards_to_1_file", "1_file_to_3_shards", "5_shards_to_5_shards"])
+def test_an_export_stopped_at_any_step_leaves_one_whole_model(tmp_path, monkeypatch, first, second):
+    """Stops the second export before each of its renames and removals in turn: the folder then holds the
+    old model or the new one, whole, for our loader and transformers alike."""
+    old, new = _tiny(0), _tiny(1)
+    real = {"replace": os.replace, "remove": os.remove}
+    seen = []
+    for stop_at in range(1, 40):
+        d = tmp_path / f"stop{stop_at}"
+        hf_io.save_hf(old, d, max_shard_size=first)
+        calls = {"n": 0}
+
+        def step(op):
+            def run(*args, **kw):
+                calls["n"] += 1
+                if calls["n"] == stop_at:
+                    raise _Killed
+                return real[op](*args, **kw)
+            return run
+
+        monkeypatch.setattr(os, "replace", step("replace"))
+        monkeypatch.setattr(os, "remove", step("remove"))
+        try:
+            new_files = hf_io.save_hf(new, d, max_shard_size=second)
+            finished = True
+        except _Killed:
+            finished = False
+        finally:
+            monkeypatch.setattr(os, "replace", real["replace"])
+            monkeypatch.setattr(os, "remove", real["remove"])
+        seen.append(_which(d, old, new, logits=False))
+        if finished:
+            break
+    else:
+        pytest.fail("the export never finished")
+    # The old model up to the switch, the new one from it on; nothing in between.
+    switch = seen.index("new")
+    assert seen[:switch] == ["old"] * switch and seen[switch:] == ["new"] * (len(seen) - switch)
+    assert switch >= len(new_files) > 0  # every new shard was written before the switch
+
+
+KILL_SCRIPT = """
+import os, signal, sys
+from envace_jax.models import hf_io, qwen3
+cfg = qwen3.Qwen3Config.tiny(256, hidden_size=32, intermediate_size=48, num_heads=4, num_kv_heads=2, head_dim=8)
+d = sys.argv[1]
+hf_io.save_hf(qwen3.init_model(cfg, seed=0), d, max_shard_size=%d)
+renames = {"n": 0}
+real = os.replace
+def replace(*a):
+    renames["n"] += 1
+    if renames["n"] == 3:  # the third new shard is written but not yet renamed into place
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*a)
+os.replace = replace
+hf_io.save_hf(qwen3.init_model(cfg, seed=1), d, max_shard_size=%d)
+""" % (FIVE_SHARDS, THREE_SHARDS)
+
+
+def test_a_killed_export_process_leaves_the_old_export(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    d = tmp_path / "export"
+    r = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(d)], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    left = [n for n in os.listdir(d) if n.endswith(".partial")]
+    assert len(left) == 1  # the killed write's temporary
+    old, new = _tiny(0), _tiny(1)
+    assert _which(d, old, new) == "old"
+    hf_io.save_hf(new, d, max_shard_size=THREE_SHARDS)  # the next export clears what the killed one left
+    assert _which(d, old, new) == "new"
+    assert not [n for n in os.listdir(d) if n.endswith(".partial")]
+    assert len(_weights_files(d)) == 4  # 3 shards and the index
+
+
+def test_generation_config_carries_eos_and_pad_and_generate_stops_there(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = _tiny(0)
+    prompt = torch.tensor([[5, 17, 101, 42]])
+    hf_io.save_hf(model, tmp_path / "no_ids")  # the tiny config has no eos: generate runs to the limit
+    plain = AutoModelForCausalLM.from_pretrained(str(tmp_path / "no_ids")).eval()
+    assert plain.generation_config.eos_token_id is None
+    greedy = plain.generate(prompt, max_new_tokens=8, do_sample=False)[0, 4:].tolist()
+    assert len(greedy) == 8
+    # The first generated token not seen before it becomes the stop token; the pad id is another one.
+    j = next(j for j in range(1, 8) if greedy[j] not in greedy[:j])
+    stop, pad = greedy[j], next(t for t in range(256) if t not in greedy)
+    hf_io.save_hf(model, tmp_path / "ids", eos_token_ids=[stop, pad], pad_token_id=pad)
+    gen = json.loads((tmp_path / "ids" / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == [stop, pad] and gen["pad_token_id"] == pad
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ids")).eval()
+    assert hf.generation_config.eos_token_id == [stop, pad] and hf.generation_config.pad_token_id == pad
+    out = hf.generate(prompt, max_new_tokens=8, do_sample=False)[0, 4:].tolist()
+    assert out == greedy[:j + 1]  # stopped at the eos token
+    # config.json carries them too, so our loader reads them back.
+    back = hf_io.load_hf(tmp_path / "ids").config
+    assert back.eos_token_ids == (stop, pad) and back.pad_token_id == pad
+    with pytest.raises(ValueError, match=r"\[256\].*vocabulary of 256"):
+        hf_io.save_hf(model, tmp_path / "bad", eos_token_ids=[stop, 256])
+
+
+def test_exported_files_are_0644_and_created_folders_0755_whatever_the_umask(tmp_path):
+    existing = tmp_path / "private"
+    existing.mkdir(mode=0o700)
+    existing.chmod(0o700)
+    old = os.umask(0o077)
+    try:
+        hf_io.save_hf(_tiny(0), existing / "a" / "b", max_shard_size=THREE_SHARDS)
+        hf_io.save_hf(_tiny(0), existing / "a" / "b")  # a re-export too
+    finally:
+        os.umask(old)
+    mode = lambda p: os.stat(p).st_mode & 0o777
+    assert mode(existing) == 0o700  # a folder that was there keeps its mode
+    assert mode(existing / "a") == mode(existing / "a" / "b") == 0o755
+    files = os.listdir(existing / "a" / "b")
+    assert {"config.json", "generation_config.json", hf_io.SINGLE_FILE} == set(files)
+    assert {f: mode(existing / "a" / "b" / f) for f in files} == {f: 0o644 for f in files}
+
+
+def test_truncated_or_corrupt_safetensors_errors_name_the_file(tmp_path):
+    model = _tiny(0)
+    single = tmp_path / "single" / hf_io.SINGLE_FILE
+    hf_io.save_hf(model, single.parent)
+    data = single.read_bytes()
+    single.write_bytes(data[:-100])  # cut short, as by a full disk or an interrupted copy
+    with pytest.raises(hf_io.WeightsError, match=rf"{re.escape(str(single))}: .*truncated or corrupt"):
+        hf_io.load_hf(single.parent)
+    single.write_bytes(b"\x00" * 64)
+    with pytest.raises(hf_io.WeightsError, match=rf"{re.escape(str(single))}: .*truncated or corrupt"):
+        hf_io.load_hf(single.parent)
+    files = hf_io.save_hf(model, tmp_path / "sharded", max_shard_size=THREE_SHARDS)
+    shard = tmp_path / "sharded" / files[1]
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(hf_io.WeightsError, match=rf"{re.escape(str(shard))}: .*truncated or corrupt"):
+        hf_io.load_hf(tmp_path / "sharded")
+    (tmp_path / "sharded" / hf_io.INDEX_FILE).write_text("{not json")
+    with pytest.raises(hf_io.WeightsError, match=r"model\.safetensors\.index\.json: not a safetensors index"):
+        hf_io.load_hf(tmp_path / "sharded")

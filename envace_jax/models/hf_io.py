@@ -10,7 +10,10 @@ at a time for stacked params), transformed on the host, and placed directly in
 its target sharding with ``jax.make_array_from_callback``; stacked params are
 built by donating a sharded buffer and writing one layer slice per step, so the
 host never holds more than one layer's tensor and the devices never hold two
-copies of a stacked param. Saving gathers one param at a time.
+copies of a stacked param. Every tensor's name, shape and dtype is checked before
+any is read; a folder that does not match its config raises ``WeightsError``.
+Saving gathers one param at a time and replaces an earlier export in the folder in
+one atomic step (see "writing" below).
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import re
-from typing import Any, Callable, Iterator
+import tempfile
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -211,58 +216,116 @@ def _variable(model: nnx.Module, path: tuple[str, ...]) -> nnx.Variable:
 # reading
 
 
-def _tensor_index(path: str) -> dict[str, str]:
-    """HF tensor name -> safetensors file (absolute path)."""
-    index = os.path.join(path, INDEX_FILE)
-    single = os.path.join(path, SINGLE_FILE)
-    if os.path.exists(index):
+class WeightsError(ValueError):
+    """A weights folder that does not hold what its config describes. The one-line message names the
+    file or tensor and what is wrong, so a launch script can print it instead of a traceback."""
+
+
+class WeightsFileMissing(WeightsError, FileNotFoundError):
+    """A weights file the folder needs is absent (also a ``FileNotFoundError``)."""
+
+
+def weights_layout(path: str | os.PathLike) -> tuple[str, str] | None:
+    """Where a folder's weights are read from: ``("single", <path>/model.safetensors)`` or
+    ``("index", <path>/model.safetensors.index.json)``; ``None`` when it holds neither.
+
+    The single file wins when both are present, as in transformers' ``from_pretrained``: our loader and
+    transformers then read the same weights even from a folder that also holds a stale index.
+    """
+    path = os.fspath(path)
+    single, index = os.path.join(path, SINGLE_FILE), os.path.join(path, INDEX_FILE)
+    if os.path.isfile(single):
+        return "single", single
+    if os.path.isfile(index):
+        return "index", index
+    return None
+
+
+def read_index(index: str) -> dict[str, str]:
+    """The ``weight_map`` (HF tensor name -> shard file name) of a ``model.safetensors.index.json``."""
+    try:
         with open(index) as f:
             weight_map = json.load(f).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{index}: no 'weight_map' object")
-        return {k: os.path.join(path, v) for k, v in weight_map.items()}
-    if os.path.exists(single):
-        from safetensors import safe_open
+    except (ValueError, AttributeError) as e:  # not JSON, or JSON that is not an object
+        raise WeightsError(f"{index}: not a safetensors index ({e})") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise WeightsError(f"{index}: no 'weight_map' object of tensor name -> file name")
+    return weight_map
 
-        with safe_open(single, framework="numpy") as f:
-            return {k: single for k in f.keys()}
-    raise FileNotFoundError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors dtype tags we convert from
+
+
+def _listing(names: list[str], limit: int = 5) -> str:
+    more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
+    return f"{names[:limit]}{more}"
 
 
 class _Reader:
-    """Opens each safetensors file once; reads one tensor at a time, checking its shape."""
+    """Opens each safetensors file of a folder once and checks every tensor's presence, shape and dtype
+    against the config before any data is read; then reads one tensor at a time."""
 
-    def __init__(self, index: dict[str, str], stack: contextlib.ExitStack):
-        self.index, self.stack, self.handles = index, stack, {}
+    def __init__(self, path: str, stack: contextlib.ExitStack):
+        self.stack, self.handles = stack, {}
+        layout = weights_layout(path)
+        if layout is None:
+            raise WeightsFileMissing(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+        kind, self.source = layout
+        if kind == "single":
+            self.files = {name: self.source for name in self._open(self.source, path).keys()}
+        else:
+            self.files = {name: os.path.join(path, f) for name, f in read_index(self.source).items()}
 
-    def read(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        from safetensors import safe_open
+    def _open(self, file: str, needed_by: str):
+        from safetensors import SafetensorError, safe_open
 
-        file = self.index[name]
         if file not in self.handles:
-            if not os.path.exists(file):
-                raise FileNotFoundError(f"tensor {name}: shard file {file} does not exist")
-            self.handles[file] = self.stack.enter_context(safe_open(file, framework="numpy"))
-        h = self.handles[file]
-        got = tuple(h.get_slice(name).get_shape())
-        if got != shape:
-            raise ValueError(f"tensor {name} has shape {got}, expected {shape}")
-        return h.get_tensor(name)
+            if not os.path.isfile(file):
+                raise WeightsFileMissing(f"{needed_by}: weights file {file} does not exist")
+            try:
+                self.handles[file] = self.stack.enter_context(safe_open(file, framework="numpy"))
+            except SafetensorError as e:  # a cut-off file: "incomplete metadata, file not fully covered"
+                raise WeightsError(f"{file}: not a readable safetensors file; truncated or corrupt ({e})") from None
+        return self.handles[file]
 
+    def _handle(self, name: str):
+        file = self.files[name]
+        h = self._open(file, f"tensor {name} (listed in {self.source})")
+        if name not in h.keys():
+            raise WeightsError(f"{self.source} lists tensor {name} in {file}, which does not hold it")
+        return h
 
-def _check_names(index: dict[str, str], cfg: qwen3.Qwen3Config, path: str) -> None:
-    expected = expected_hf_tensors(cfg)
-    present = set(index)
-    missing = sorted(set(expected) - present)
-    if missing:
-        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise ValueError(f"{path}: missing tensor(s) {missing[:5]}{more}")
-    # A tied checkpoint may still carry lm_head.weight (transformers ignores it there; so do we).
-    allowed = set(expected) | ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
-    unexpected = sorted(n for n in present - allowed if not _IGNORED.match(n))
-    if unexpected:
-        more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
-        raise ValueError(f"{path}: unexpected tensor(s) {unexpected[:5]}{more}")
+    def check(self, cfg: qwen3.Qwen3Config) -> None:
+        """Every tensor ``cfg`` needs is present with its shape and a float dtype; nothing else is there."""
+        expected = expected_hf_tensors(cfg)
+        missing = sorted(set(expected) - set(self.files))
+        if missing:
+            raise WeightsError(f"{self.source}: missing tensor(s) {_listing(missing)}")
+        # A tied checkpoint may still carry lm_head.weight (transformers ignores it there; so do we).
+        allowed = set(expected) | ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+        unexpected = sorted(n for n in set(self.files) - allowed if not _IGNORED.match(n))
+        if unexpected:
+            raise WeightsError(f"{self.source}: unexpected tensor(s) {_listing(unexpected)}")
+        wrong = []
+        for name, shape in expected.items():
+            info = self._handle(name).get_slice(name)
+            got, dtype = tuple(info.get_shape()), info.get_dtype()
+            if got != shape:
+                wrong.append(f"{self.files[name]}: tensor {name} has shape {got}, expected {shape} from the config")
+            elif dtype not in _FLOAT_DTYPES:
+                wrong.append(f"{self.files[name]}: tensor {name} has dtype {dtype}, expected one of "
+                             f"{list(_FLOAT_DTYPES)}")
+        if wrong:
+            more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+            raise WeightsError("; ".join(wrong[:3]) + more)
+
+    def read(self, name: str) -> np.ndarray:
+        from safetensors import SafetensorError
+
+        try:
+            return self._handle(name).get_tensor(name)
+        except SafetensorError as e:
+            raise WeightsError(f"{self.files[name]}: tensor {name} cannot be read ({e})") from None
 
 
 def _target_sharding(var: nnx.Variable, shape, mesh: Mesh | None, rules: shd.Rules):
@@ -311,6 +374,9 @@ def load_hf(path: str | os.PathLike, dtype: str | None = "float32", mesh: Mesh |
       mesh: place params with ``qwen3.param_shardings`` under ``rules`` (default
         ``sharding.TRAIN_RULES``); without a mesh everything lands on the first device.
       config_overrides: extra Qwen3Config fields (e.g. ``remat_policy``, ``scan_layers``).
+
+    Raises ``WeightsError`` (a ``ValueError``) naming the file or tensor when a weights file is truncated
+    or corrupt, or a tensor is missing, unexpected, or of another shape than the config gives.
     """
     path = os.fspath(path)
     over: dict[str, Any] = dict(config_overrides)
@@ -321,22 +387,20 @@ def load_hf(path: str | os.PathLike, dtype: str | None = "float32", mesh: Mesh |
         over.setdefault("dtype", compute_dtype)
     cfg = qwen3.Qwen3Config.from_hf(path, **over)
     rules = shd.TRAIN_RULES if rules is None else rules
-    index = _tensor_index(path)
-    _check_names(index, cfg, path)
-
-    model = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)))
     pdt = qwen3.as_dtype(cfg.param_dtype)
     with contextlib.ExitStack() as stack:
-        reader = _Reader(index, stack)
+        reader = _Reader(path, stack)
+        reader.check(cfg)  # every name, shape and dtype, before any device memory is touched
+        model = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)))
         for m in active_mapping(cfg):
             var = _variable(model, m.path)
             shape = tuple(var.get_value().shape)
             sharding = _target_sharding(var, shape, mesh, rules)
             if not m.layered:
-                host = np.asarray(m.to_ours(reader.read(m.name(), m.hf_shape(cfg)), cfg), dtype=pdt)
+                host = np.asarray(m.to_ours(reader.read(m.name()), cfg), dtype=pdt)
                 var.set_value(_from_host(host, sharding))
                 continue
-            layers = (np.asarray(m.to_ours(reader.read(m.name(i), m.hf_shape(cfg)), cfg), dtype=pdt)
+            layers = (np.asarray(m.to_ours(reader.read(m.name(i)), cfg), dtype=pdt)
                       for i in range(cfg.num_layers))
             if mesh is None:
                 # One device: the stacked host buffer *is* the target, so no compiled writes needed.
@@ -359,6 +423,108 @@ def load_hf(path: str | os.PathLike, dtype: str | None = "float32", mesh: Mesh |
 
 # ------------------------------------------------------------------------------------------
 # writing
+#
+# An export replaces a folder's weights in one step. What a folder's weights are is ``weights_layout``:
+# model.safetensors if present, else the index and the shards it lists. save_hf never overwrites a file
+# that layout reads: every new file is written under a name nothing reads yet (through a hidden temporary
+# renamed into place), and one atomic step then switches the layout: renaming the new model.safetensors
+# into place, or, for a sharded export, renaming the new index into place and then removing the
+# model.safetensors of an older single-file export. A process killed before that step leaves the old
+# export as it was (plus unread files the next export removes); after it, the new weights are complete.
+# Only then are the old weights removed: files the old layout read, shards named as HF names them, an
+# index that a single file shadows, and our own temporaries. No other file in the folder is touched (a
+# README, tokenizer files, a user's notes), and the folder itself stays (it may be a mount or symlink).
+# config.json and generation_config.json are each replaced atomically right after the switch; for a
+# re-export of the same architecture they do not change.
+
+FILE_MODE, DIR_MODE = 0o644, 0o755  # an export is meant to be shared (served, uploaded), whatever the umask
+_SHARD_NAME = re.compile(r"^model-\d{5}-of-\d{5}(-v\d+)?\.safetensors$")
+_PARTIAL = re.compile(r"^\.(model[\w.-]*\.safetensors|model\.safetensors\.index\.json|config\.json|"
+                      r"generation_config\.json)\.\w+\.partial$")
+
+
+def _make_dirs(path: str) -> None:
+    """``os.makedirs``, with the folders it creates set to 0755 (an existing folder keeps its mode)."""
+    created, p = [], os.path.abspath(path)
+    while not os.path.exists(p):
+        created.append(p)
+        p = os.path.dirname(p)
+    os.makedirs(path, exist_ok=True)
+    for d in created:
+        os.chmod(d, DIR_MODE)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems cannot sync a directory; the rename is still atomic
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(out_dir: str, name: str, write: Callable[[str], None]) -> None:
+    """Writes ``out_dir/name`` through a hidden temporary renamed into place, so a reader sees the old
+    file or the whole new one. The file gets mode 0644 (the temporary is created 0600)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=out_dir)
+    os.close(fd)
+    try:
+        write(tmp)
+        _fsync(tmp)  # the data is on disk before the name points at it
+        os.chmod(tmp, FILE_MODE)
+        os.replace(tmp, os.path.join(out_dir, name))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def _write_json(out_dir: str, name: str, obj: Any) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2)
+
+    _write_atomic(out_dir, name, write)
+
+
+def _live_weights(out_dir: str) -> set[str]:
+    """The file names (in ``out_dir``) that loading the folder reads now."""
+    layout = weights_layout(out_dir)
+    if layout is None:
+        return set()
+    if layout[0] == "single":
+        return {SINGLE_FILE}
+    try:
+        listed = set(read_index(layout[1]).values())
+    except WeightsError:  # an unreadable index reads no shard
+        listed = set()
+    # Only plain safetensors names inside the folder: an index is no licence to remove other files.
+    return {INDEX_FILE} | {f for f in listed if os.path.basename(f) == f and f.endswith(".safetensors")}
+
+
+def _shard_names(n: int, taken: set[str]) -> list[str]:
+    """HF's shard names, or with a ``-v2`` (``-v3``...) tag when the folder's current export reads one of
+    them (a re-export with the same shard count must not overwrite the weights it replaces)."""
+    if n == 1:
+        return [SINGLE_FILE]
+    for version in itertools.count(1):
+        tag = "" if version == 1 else f"-v{version}"
+        names = [f"model-{k + 1:05d}-of-{n:05d}{tag}.safetensors" for k in range(n)]
+        if not taken.intersection(names):
+            return names
+    raise AssertionError("unreachable")
+
+
+def _remove_stale(out_dir: str, old: set[str], keep: set[str]) -> None:
+    """Removes the previous export's weights and our leftover temporaries; nothing else."""
+    for name in os.listdir(out_dir):
+        if name in keep:
+            continue
+        if name in old or name in (SINGLE_FILE, INDEX_FILE) or _SHARD_NAME.match(name) or _PARTIAL.match(name):
+            path = os.path.join(out_dir, name)
+            if os.path.isfile(path) or os.path.islink(path):
+                os.remove(path)
 
 
 _ST_DTYPE = {np.dtype(np.float32): "F32", np.dtype(jnp.bfloat16): "BF16", np.dtype(np.float16): "F16"}
@@ -402,25 +568,64 @@ def _plan(cfg: qwen3.Qwen3Config, itemsize: int, max_bytes: int) -> list[list[tu
     return shards
 
 
-def save_hf(model: qwen3.Qwen3, out_dir: str | os.PathLike, max_shard_size: int | str = "5GB") -> list[str]:
+def _token_ids(cfg: qwen3.Qwen3Config, eos_token_ids: Sequence[int] | int | None,
+               pad_token_id: int | None) -> qwen3.Qwen3Config:
+    """``cfg`` with the given end-of-sequence and padding ids (each checked against the vocabulary)."""
+    eos = (eos_token_ids,) if isinstance(eos_token_ids, (int, np.integer)) else tuple(eos_token_ids or ())
+    if eos_token_ids is not None and not eos:
+        raise ValueError("eos_token_ids is empty; pass None to keep the model config's")
+    bad = [int(t) for t in (*eos, *(() if pad_token_id is None else (pad_token_id,)))
+           if not 0 <= t < cfg.vocab_size]
+    if bad:
+        raise ValueError(f"token id(s) {bad} are outside the model's vocabulary of {cfg.vocab_size}")
+    kw: dict[str, Any] = {}
+    if eos:
+        kw["eos_token_id"] = int(eos[0]) if len(eos) == 1 else tuple(int(t) for t in eos)
+    if pad_token_id is not None:
+        kw["pad_token_id"] = int(pad_token_id)
+    return cfg.replace(**kw)
+
+
+def generation_config(cfg: qwen3.Qwen3Config) -> dict[str, Any]:
+    """``generation_config.json``: the ids transformers' ``generate`` stops at and pads with."""
+    eos = list(cfg.eos_token_ids)
+    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": eos[0] if len(eos) == 1 else eos or None,
+           "pad_token_id": cfg.pad_token_id}
+    return {k: v for k, v in gen.items() if v is not None}
+
+
+def save_hf(model: qwen3.Qwen3, out_dir: str | os.PathLike, max_shard_size: int | str = "5GB", *,
+            eos_token_ids: Sequence[int] | int | None = None, pad_token_id: int | None = None) -> list[str]:
     """Writes config.json, generation_config.json and safetensors shards (plus an index if >1).
 
     Loadable by ``transformers.AutoModelForCausalLM.from_pretrained``. Tensors are
     written in the params' dtype. In a multi-process run every process must call
     this (params are gathered collectively); only process 0 writes files.
-    Returns the written safetensors file names.
+
+    An existing export in ``out_dir`` is replaced in one atomic step (see the comment at "writing"):
+    a run killed part-way leaves the previous export loadable; afterwards none of its weights files
+    remain, and other files in the folder are kept. Files get mode 0644, folders it creates 0755. One
+    export into a folder at a time.
+
+    Args:
+      eos_token_ids, pad_token_id: the tokenizer's stop and padding ids (e.g. ``codec.stop_token_ids``,
+        ``tokenizer.pad_token_id``), written into config.json and generation_config.json so that
+        transformers' ``generate`` stops where our sampler does; default: the model config's.
+    Returns the written safetensors file names (on processes other than 0: the names of a fresh folder).
     """
     from safetensors.numpy import save_file
 
-    cfg: qwen3.Qwen3Config = model.config
+    cfg: qwen3.Qwen3Config = _token_ids(model.config, eos_token_ids, pad_token_id)
     out_dir = os.fspath(out_dir)
     writer = jax.process_index() == 0
+    old: set[str] = set()
     if writer:
-        os.makedirs(out_dir, exist_ok=True)
+        _make_dirs(out_dir)
+        old = _live_weights(out_dir)
     pdt = np.dtype(qwen3.as_dtype(cfg.param_dtype))
     plan = _plan(cfg, pdt.itemsize, parse_size(max_shard_size))
     n = len(plan)
-    names = [SINGLE_FILE] if n == 1 else [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
+    names = _shard_names(n, old)
     weight_map: dict[str, str] = {}
     total = 0
     cached: tuple[tuple[str, ...], np.ndarray] | None = None
@@ -437,19 +642,20 @@ def save_hf(model: qwen3.Qwen3, out_dir: str | os.PathLike, max_shard_size: int 
             tensors[m.name(i)] = hf
             weight_map[m.name(i)] = fname
             total += hf.nbytes
-        if writer:
-            save_file(tensors, os.path.join(out_dir, fname), metadata={"format": "pt"})
+        if writer:  # a single file's rename is the switch; a shard's name is one nothing reads yet
+            _write_atomic(out_dir, fname, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
         del tensors
-    if writer:
-        if n > 1:
-            with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
-                json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-        with open(os.path.join(out_dir, "config.json"), "w") as f:
-            json.dump(cfg.to_hf(), f, indent=2)
-        gen = {"_from_model_config": True, "bos_token_id": cfg.bos_token_id, "pad_token_id": cfg.pad_token_id,
-               "eos_token_id": list(cfg.eos_token_ids) if len(cfg.eos_token_ids) > 1 else cfg.eos_token_id}
-        with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
-            json.dump({k: v for k, v in gen.items() if v is not None}, f, indent=2)
+    if not writer:
+        return names
+    if n > 1:
+        _write_json(out_dir, INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
+        if os.path.lexists(os.path.join(out_dir, SINGLE_FILE)):
+            os.remove(os.path.join(out_dir, SINGLE_FILE))  # the switch: the single file no longer shadows the index
+    _fsync(out_dir)
+    _write_json(out_dir, "config.json", cfg.to_hf())
+    _write_json(out_dir, "generation_config.json", generation_config(cfg))
+    _remove_stale(out_dir, old, keep=set(names) | ({INDEX_FILE} if n > 1 else set()))
+    _fsync(out_dir)
     return names
 
 
