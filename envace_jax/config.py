@@ -226,10 +226,18 @@ class HttpJudgeConfig(Checked):
 @dataclasses.dataclass(frozen=True)
 class JudgeSection(Checked):
     LABEL: ClassVar[str] = "judge"
-    RULES: ClassVar[tuple[Rule, ...]] = (("kind", *one_of(("rule", "http", "rule_then_http"))),)
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        ("kind", *one_of(("rule", "http", "rule_then_http"))),
+        ("outage_share", lambda v: 0 <= v <= 1, "in [0, 1]"), ("outage_steps", _POS, "> 0"),
+    )
 
     kind: str = "rule"              # rule | http | rule_then_http (rules first, HTTP for items without one)
     http: HttpJudgeConfig = dataclasses.field(default_factory=HttpJudgeConfig)
+    # The run stops (rl.judge_outage.JudgeOutageError) once more than ``outage_share`` of a step's episodes
+    # ended without a verdict (termination ``judge_api_failure``) on ``outage_steps`` consecutive steps: an
+    # unreachable judge must not pass for a policy that scores 0. 1.0 never stops.
+    outage_share: float = 0.5
+    outage_steps: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,6 +280,11 @@ class RLSection(Checked):
     # term: leave them out of the forward/backward passes and divide by the whole batch's loss count, so
     # the optimizer step is the same (needs mini_batches = 1)
     skip_zero_advantage_rows: bool = False
+    # Episodes that lost their judge (termination judge_api_failure: every attempt of some verdict failed)
+    # get zero loss weight on all their rows and stay out of their (prompt, role) baselines; a key that
+    # lost episodes and keeps fewer than 2 judged ones contributes nothing. Faithful: False, the reference
+    # terminates them and trains on them with the failed items counted False (spec 4.2 and 8.10).
+    mask_judge_failures: bool = True
 
     def __post_init__(self):
         super().__post_init__()

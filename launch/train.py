@@ -42,8 +42,14 @@ def main(argv):
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
+    from envace_jax.rl.judge_outage import JudgeOutageError
+
     rl_train.init_distributed(_COORD.value, _NPROC.value, _PID.value)
-    summary = rl_train.train(cfg, dump_params=_DUMP.value)
+    try:
+        summary = rl_train.train(cfg, dump_params=_DUMP.value)
+    except JudgeOutageError as e:
+        print(str(e), file=sys.stderr, flush=True)
+        sys.exit(3)
     print(f"done: {summary}", file=sys.stderr, flush=True)
 
 

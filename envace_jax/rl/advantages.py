@@ -23,6 +23,11 @@ Baselines (``baseline=``):
 With ``normalize_std=True``: ``A = (s - baseline) / (sigma + std_eps)`` where sigma uses
 ``std_ddof`` (1 = unbiased, the reference's ``torch.std``). Keys with a single unit, or with
 ``units <= std_ddof``, use sigma = 1. The reference runs with ``normalize_std=False``.
+
+``valid`` (bool ``[B]``, default all True) leaves rows out: an invalid row adds nothing to its key's
+mean, std, unit count or leave-one-out sums, and its advantage is 0. The RL step marks the rows of
+episodes that lost their judge invalid (``rl.mask_judge_failures``), so an outage does not pull down
+the baseline of the episodes that were judged.
 """
 
 from __future__ import annotations
@@ -75,33 +80,32 @@ def _unit_stats(values, unit_valid, unit_seg, num_segments: int, ddof: int):
 
 
 @partial(jax.jit, static_argnames=("baseline", "normalize_std", "num_segments", "std_ddof", "std_eps"))
-def _advantages_core(scores, group_ids, role_ids, episode_ids, *, baseline: str, normalize_std: bool,
+def _advantages_core(scores, group_ids, role_ids, episode_ids, valid, *, baseline: str, normalize_std: bool,
                      num_segments: int, std_ddof: int, std_eps: float):
-    """scores float ``[B]``, group/role/episode ids int ``[B]`` -> float32 advantages ``[B]``.
+    """scores float ``[B]``, group/role/episode ids int ``[B]``, valid bool ``[B]`` -> float32 advantages ``[B]``.
 
-    Rows whose (group, role) key does not fit in ``num_segments`` segments get NaN.
+    Rows whose (group, role) key does not fit in ``num_segments`` segments get NaN; invalid rows get 0.
     """
     s = scores.astype(jnp.float32)
     S = num_segments
     gr = _dense_ids(group_ids, role_ids)  # [B]
     fits = gr < S
     gr_c = jnp.clip(gr, 0, S - 1)
-    all_rows = jnp.ones_like(s, dtype=bool)
 
     if baseline == "trajectory_mean":
         # Units are (episode, role) pairs inside the key; the key is part of the unit id so an episode id
         # reused across groups cannot merge two groups.
         B = s.shape[0]
         unit = _dense_ids(group_ids, role_ids, episode_ids)  # [B], < B
-        ones = jnp.ones_like(s)
-        u_n = jax.ops.segment_sum(ones, unit, num_segments=B)
-        u_mean = jax.ops.segment_sum(s, unit, num_segments=B) / jnp.maximum(u_n, 1.0)
+        w = valid.astype(jnp.float32)
+        u_n = jax.ops.segment_sum(w, unit, num_segments=B)
+        u_mean = jax.ops.segment_sum(s * w, unit, num_segments=B) / jnp.maximum(u_n, 1.0)
         u_valid = u_n > 0
         # All rows of a unit share one key; segment_max picks it (empty units are masked by u_valid).
         u_seg = jax.ops.segment_max(gr, unit, num_segments=B)
         mean, std, n = _unit_stats(u_mean, u_valid & (u_seg < S), u_seg, S, std_ddof)
     else:
-        mean, std, n = _unit_stats(s, all_rows & fits, gr_c, S, std_ddof)
+        mean, std, n = _unit_stats(s, valid & fits, gr_c, S, std_ddof)
 
     n_row = n[gr_c]
     multi = n_row > 1
@@ -116,7 +120,7 @@ def _advantages_core(scores, group_ids, role_ids, episode_ids, *, baseline: str,
     if normalize_std:
         sigma = jnp.where(multi & (n_row > std_ddof), std[gr_c], 1.0)
         adv = adv / (sigma + std_eps)
-    return jnp.where(fits, adv, jnp.nan)
+    return jnp.where(fits, jnp.where(valid, adv, 0.0), jnp.nan)
 
 
 def _check_ids(name: str, x, batch: int) -> jax.Array:
@@ -129,7 +133,7 @@ def _check_ids(name: str, x, batch: int) -> jax.Array:
 
 
 def role_wise_advantages(scores, group_ids, role_ids, baseline: str = "row_mean", normalize_std: bool = False,
-                         *, episode_ids=None, num_segments: int | None = None, std_ddof: int = 1,
+                         *, episode_ids=None, valid=None, num_segments: int | None = None, std_ddof: int = 1,
                          std_eps: float = 1e-6) -> jax.Array:
     """Role-wise GRPO advantages, one per row.
 
@@ -140,6 +144,8 @@ def role_wise_advantages(scores, group_ids, role_ids, baseline: str = "row_mean"
       baseline: one of ``"row_mean"`` (reference), ``"trajectory_mean"``, ``"rloo"``, ``"none"``.
       normalize_std: divide by the key's std plus ``std_eps`` (reference: off).
       episode_ids: int ``[B]``, required for ``"trajectory_mean"``.
+      valid: bool ``[B]`` rows that take part (default all); the others are left out of every
+        statistic and get advantage 0.
       num_segments: static upper bound on the number of distinct (group, role) keys; default ``B``
         (always enough). A smaller bound saves memory; if the real count exceeds it, a ValueError is
         raised on concrete inputs, and the rows that do not fit get NaN under ``jax.jit``.
@@ -166,6 +172,13 @@ def role_wise_advantages(scores, group_ids, role_ids, baseline: str = "row_mean"
         episode_ids = _check_ids("episode_ids", episode_ids, B)
     else:
         episode_ids = jnp.zeros((B,), jnp.int32)
+    if valid is None:
+        valid = jnp.ones((B,), bool)
+    else:
+        valid = jnp.asarray(valid)
+        if valid.shape != (B,) or valid.dtype != jnp.bool_:
+            raise ValueError(f"valid must be a bool array of shape [{B}] like scores, got {valid.dtype} "
+                             f"{tuple(valid.shape)}")
     if int(std_ddof) != std_ddof or std_ddof < 0:
         raise ValueError(f"std_ddof must be a non-negative integer, got {std_ddof!r}")
     if not std_eps >= 0:
@@ -180,7 +193,7 @@ def role_wise_advantages(scores, group_ids, role_ids, baseline: str = "row_mean"
         if distinct > num_segments:
             raise ValueError(f"num_segments={num_segments} is smaller than the {distinct} distinct "
                              f"(group_id, role_id) keys in the batch")
-    return _advantages_core(scores, group_ids, role_ids, episode_ids, baseline=baseline,
+    return _advantages_core(scores, group_ids, role_ids, episode_ids, valid, baseline=baseline,
                             normalize_std=bool(normalize_std), num_segments=int(num_segments),
                             std_ddof=int(std_ddof), std_eps=float(std_eps))
 

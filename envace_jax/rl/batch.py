@@ -97,18 +97,23 @@ def build_batch(
     pad_id: int = 0,
     length_multiple: int = 64,
     batch_multiple: int = 1,
+    trained: Sequence[bool] | np.ndarray | None = None,
 ) -> TrainBatch:
     """Pads rows to a bucketed length; prompts longer than fit are left-truncated (as the reference).
 
     Each row is scored at its own sampling temperature (``Generation.temperature``); a greedy row
     (temperature 0) is scored at 1, the temperature its sampler log-probs were taken at (``sampling_ops``).
-    Padding rows added to reach ``batch_multiple`` carry zero loss weight.
+    Padding rows added to reach ``batch_multiple`` carry zero loss weight. ``trained`` (one bool per
+    generation, default all True): rows marked False stay in the batch with zero loss weight on every
+    token (the RL step's rows of episodes that lost their judge).
     """
     if len(gens) != len(advantages) or len(gens) != len(group_ids):
         raise ValueError(f"build_batch: {len(gens)} generations, {len(advantages)} advantages, "
                          f"{len(group_ids)} group ids")
     if not gens:
         raise ValueError("build_batch: no generations")
+    if trained is not None and len(trained) != len(gens):
+        raise ValueError(f"build_batch: {len(gens)} generations but {len(trained)} trained flags")
     seqs, starts, truncated = [], [], 0
     for g in gens:
         if len(g.gen_ids) != len(g.logprobs):
@@ -138,7 +143,8 @@ def build_batch(
         seg[i, :n] = 1
         pos[i, :n] = np.arange(n)
         targets[i, : n - 1] = s[1:]
-        weights[i, p - 1 : n - 1] = 1.0
+        if trained is None or trained[i]:
+            weights[i, p - 1 : n - 1] = 1.0
         old[i, p - 1 : n - 1] = g.logprobs
     adv = np.zeros((B,), np.float32)
     adv[: len(gens)] = np.asarray(advantages, np.float32)

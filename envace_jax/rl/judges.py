@@ -78,6 +78,10 @@ class Judge(abc.ABC):
     def judge(self, request: JudgeRequest) -> Verdict:
         return self.judge_many([request])[0]
 
+    def describe(self) -> str:
+        """Names the judge in warnings and errors (its kind, and where it is reached)."""
+        return type(self).__name__
+
 
 # ----------------------------------------------------------------------------- rule judge
 
@@ -137,6 +141,11 @@ class RuleJudge(Judge):
         self.missing_rule = missing_rule
         self.fallback = fallback
 
+    def describe(self) -> str:
+        if self.fallback is None:
+            return "rule judge"
+        return f"rule judge, {self.fallback.describe()} for items without a rule"
+
     def judge_many(self, requests: Sequence[JudgeRequest]) -> list[Verdict]:
         out: list[Verdict | None] = [None] * len(requests)
         deferred: list[int] = []
@@ -176,6 +185,9 @@ class LocalModelJudge(Judge):
         self.generate_texts = generate_texts
         self.max_attempts = max_attempts
 
+    def describe(self) -> str:
+        return f"local model judge ({getattr(self.generate_texts, '__qualname__', 'generate_texts')})"
+
     def judge_many(self, requests: Sequence[JudgeRequest]) -> list[Verdict]:
         prompts = [[{"role": "user", "content": r.prompt()}] for r in requests]
         out: list[Verdict | None] = [None] * len(requests)
@@ -214,6 +226,9 @@ class HttpJudge(Judge):
         self._inflight = threading.BoundedSemaphore(config.max_concurrency)
         self._lock = threading.Lock()
         self.stats = {"requests": 0, "http_attempts": 0, "failed_attempts": 0, "api_failed": 0}
+
+    def describe(self) -> str:
+        return f"HTTP judge {self._url} (model {self.config.model!r})"
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}

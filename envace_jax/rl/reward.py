@@ -37,6 +37,7 @@ class TurnJudgement:
     tool_failed: bool = False             # a tool message of the turn carried error_tool_call
     checklist_terminate: tuple[bool, ...] = ()   # each checklist's own terminate vote
     required_failed: bool = False         # some checklist has a required_for_next_turn item not passed
+    api_error: str = ""                   # the first failed verdict's last error text (for the outage warning)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,10 +93,13 @@ def finish_turn(plan: TurnPlan, verdicts: Sequence[Verdict]) -> TurnJudgement:
     t = plan.turn_index
     items_of = [cl[t] if t < len(cl) else [] for cl in plan.checklist_list]
     passed = [[False] * len(items) for items in items_of]
-    failures = 0
+    failures, api_error = 0, ""
     for (c, k), v in zip(plan.slots, verdicts):
         passed[c][k] = passed[c][k] or bool(v.passed and v.ok)
-        failures += int(v.api_failed or not v.ok)
+        failed = v.api_failed or not v.ok
+        failures += int(failed)
+        if failed and not api_error:
+            api_error = str(v.raw)[:300]
     reward = sum(float(item["weight"]) for items, row in zip(items_of, passed)
                  for item, p in zip(items, row) if p)
     if plan.tool_failed:
@@ -109,7 +113,7 @@ def finish_turn(plan: TurnPlan, verdicts: Sequence[Verdict]) -> TurnJudgement:
     return TurnJudgement(turn_reward=reward, terminate=terminate, item_passed=passed,
                          api_failed_count=failures, calls=len(plan.requests),
                          tool_failed=plan.tool_failed, checklist_terminate=votes,
-                         required_failed=any(missed))
+                         required_failed=any(missed), api_error=api_error)
 
 
 def judge_turns(turns: Sequence[tuple[Sequence[Message], Sequence, int]], judge: Judge) -> list[TurnJudgement]:
@@ -138,6 +142,9 @@ class ChecklistTurnJudge:
 
     def __call__(self, episodes: Sequence[Any]) -> list[TurnJudgement]:
         return judge_turns([(e.messages, e.record["checklist"], e.user_turns) for e in episodes], self.judge)
+
+    def describe(self) -> str:
+        return self.judge.describe()
 
 
 def judge_turn(messages: Sequence[Message], checklist_list: Sequence, turn_index: int,

@@ -414,7 +414,12 @@ class RolloutEngine:
         users = _user_messages(e.record)
         if verdict.terminate:
             if getattr(verdict, "api_failed_count", 0):
+                # The turn's reward counts the failed items False, as the reference does; whether the
+                # episode then trains is the RL step's choice (rl.mask_judge_failures). The error text
+                # goes to the step's outage warning.
                 reason = "judge_api_failure"
+                e.info["judge_failed_verdicts"] = int(verdict.api_failed_count)
+                e.info["judge_error"] = str(getattr(verdict, "api_error", ""))
             elif getattr(verdict, "required_failed", False):
                 reason = "required_item_failed"
             else:

@@ -1,7 +1,8 @@
 """One RL iteration: prompts -> episodes -> scores -> role-wise advantages -> PPO update -> metrics.
 
     prompts (k records) --repeat n, shared uid--> RolloutEngine.run --> Generations (ACT + REHEARSE rows)
-    --> row score = episode score - empty-output penalty (rows with empty text) --> role_wise_advantages
+    --> row score = episode score - empty-output penalty (rows with empty text)
+    --> rows of episodes that lost their judge masked (rl.mask_judge_failures, rl.judge_outage) --> role_wise_advantages
     --> build_batch per trainer (rows of the roles it trains) --> [recompute old log-probs]
     --> ppo_update (epochs x mini-batches of Trainer.update) --> metrics per role
 
@@ -30,6 +31,7 @@ import numpy as np
 from envace_jax.config import RLSection
 from envace_jax.rl.advantages import advantage_stats, role_wise_advantages
 from envace_jax.rl.batch import TrainBatch, build_batch
+from envace_jax.rl.judge_outage import judge_mask, lost_episodes
 from envace_jax.rl.loss import loss_count
 from envace_jax.rl.reward import empty_output_penalty
 from envace_jax.rl.rollout import TRAINED_ROLES, RolloutConfig, RolloutEngine
@@ -88,13 +90,16 @@ def _tool_calls(e: Episode) -> int:
     return sum(len(m.get("tool_calls") or []) for m in e.messages if m.get("role") == "assistant")
 
 
-def rollout_metrics(episodes: Sequence[Episode], gens: Sequence[Generation], scores: np.ndarray) -> dict[str, float]:
-    """Episode- and role-level metrics of one step (before the update)."""
+def rollout_metrics(episodes: Sequence[Episode], gens: Sequence[Generation], scores: np.ndarray,
+                    unscored: set[int] = frozenset()) -> dict[str, float]:
+    """Episode- and role-level metrics of one step (before the update). Episodes in ``unscored`` (ids of
+    episodes masked for losing their judge) are left out of the score and reward means: an outage
+    does not read as a policy that scores 0."""
     m: dict[str, float] = {}
-    ep_scores = [e.score for e in episodes]
+    ep_scores = [e.score for e in episodes if e.episode_id not in unscored]
     m["episode/score_mean"] = _mean(ep_scores)
     m["episode/score_max"] = float(np.max(ep_scores)) if ep_scores else 0.0
-    m["episode/success_frac"] = _mean([float(e.score > 0) for e in episodes])
+    m["episode/success_frac"] = _mean([float(s > 0) for s in ep_scores])
     m["episode/count"] = float(len(episodes))
     m["episode/tool_calls_mean"] = _mean([_tool_calls(e) for e in episodes])
     m["episode/assistant_turns_mean"] = _mean([e.assistant_turns for e in episodes])
@@ -110,7 +115,7 @@ def rollout_metrics(episodes: Sequence[Episode], gens: Sequence[Generation], sco
         if not idx:
             continue
         rg = [gens[i] for i in idx]
-        m[p + "reward_mean"] = _mean([float(scores[i]) for i in idx])
+        m[p + "reward_mean"] = _mean([float(scores[i]) for i in idx if gens[i].episode not in unscored])
         m[p + "response_len_mean"] = _mean([len(g.gen_ids) for g in rg])
         m[p + "response_len_max"] = float(max(len(g.gen_ids) for g in rg))
         m[p + "prompt_len_mean"] = _mean([len(g.prompt_ids) for g in rg])
@@ -174,18 +179,34 @@ def _rows_all_processes(n: int) -> int:
     return int(_sum_all_processes(np.asarray(n, np.int64)))
 
 
-def _flat_key_rows(gens: Sequence[Generation], scores: np.ndarray, group_ids: np.ndarray, cfg: RLSection) -> np.ndarray:
+def judge_metrics(episodes: Sequence[Episode], trained: np.ndarray, dropped_keys: int, masked: bool) -> dict[str, float]:
+    """``judge/*``: episodes that lost their judge (``lost_episodes``: counted in both settings), those
+    masked out of the update, the rows given zero loss weight for it, and the (prompt, role) keys left
+    with fewer than 2 judged episodes."""
+    lost = lost_episodes(episodes)
+    n = max(1, len(episodes))
+    masked_eps = len(lost) if masked else 0
+    return {"judge/lost_episodes": float(len(lost)), "judge/lost_share": len(lost) / n,
+            "judge/masked_episodes": float(masked_eps), "judge/masked_share": masked_eps / n,
+            "judge/masked_rows": float(np.sum(~trained)), "judge/dropped_groups": float(dropped_keys),
+            "judge/failed_verdicts": float(sum(e.info.get("judge_failed_verdicts", 0) for e in episodes))}
+
+
+def _flat_key_rows(gens: Sequence[Generation], scores: np.ndarray, group_ids: np.ndarray, cfg: RLSection,
+                   trained: np.ndarray | None = None) -> np.ndarray:
     """Rows whose advantage is 0 in exact arithmetic although its float value may not be: their
     (prompt, role) key scored the same on every row and holds at least two units (rows; episodes for
     ``trajectory_mean``), so a mean baseline equals each score up to rounding (three 0.3s average to
     0.3 + 1e-8 in float32). Not for ``baseline="none"`` (the advantage is the score) or std-normalised
-    advantages (rounding / (0 + eps) is what the faithful step trains on)."""
+    advantages (rounding / (0 + eps) is what the faithful step trains on). Only ``trained`` rows count
+    (the others are out of the baselines)."""
     flat = np.zeros((len(gens),), bool)
     if cfg.baseline == "none" or cfg.normalize_std:
         return flat
     keys: dict[tuple[int, int], list[int]] = {}
     for i, g in enumerate(gens):
-        keys.setdefault((int(group_ids[i]), g.role_id), []).append(i)
+        if trained is None or trained[i]:
+            keys.setdefault((int(group_ids[i]), g.role_id), []).append(i)
     for rows in keys.values():
         units = len({gens[i].episode for i in rows}) if cfg.baseline == "trajectory_mean" else len(rows)
         if units >= 2 and np.ptp(scores[rows]) == 0:
@@ -242,21 +263,21 @@ class RLStep:
                 client.reset()
 
     def _nonzero_advantage_rows(self, trainer: Trainer, gens: Sequence[Generation], idx: list[int],
-                                adv: np.ndarray, scores: np.ndarray,
-                                group_ids: np.ndarray) -> tuple[list[int], dict[str, Any]]:
+                                adv: np.ndarray, scores: np.ndarray, group_ids: np.ndarray,
+                                trained: np.ndarray) -> tuple[list[int], dict[str, Any]]:
         """``rl.skip_zero_advantage_rows``: the rows of ``idx`` with an advantage (not 0, and not in a key
         that scored alike: ``_flat_key_rows``), and the update arguments that keep the optimizer step that
         of all of ``idx``: the loss count (and role-balanced unit counts) of all its rows, summed over
         processes. The step is still taken when no row is left (Adam's moments move the weights even at a
         zero gradient)."""
         c = trainer.loss_cfg
-        flat = _flat_key_rows(gens, scores, group_ids, self.cfg)
+        flat = _flat_key_rows(gens, scores, group_ids, self.cfg, trained)
         count, role_counts = 0.0, np.zeros((len(ROLES),), np.float32)
         if idx:
             full = build_batch([gens[i] for i in idx], adv[idx], group_ids[idx], max_len=self.cfg.max_row_length,
-                               pad_id=self.pad_id, length_multiple=self.cfg.length_multiple)
+                               pad_id=self.pad_id, length_multiple=self.cfg.length_multiple, trained=trained[idx])
             count, role_counts = loss_count(full.loss_weights, c.agg, full.role_ids, c.role_balanced, len(ROLES))
-        keep = [i for i in idx if adv[i] != 0.0 and not flat[i]]
+        keep = [i for i in idx if trained[i] and adv[i] != 0.0 and not flat[i]]
         kw: dict[str, Any] = {"loss_count": float(_sum_all_processes(np.asarray(count, np.float64))),
                               "skipped": len(idx) - len(keep)}
         if c.role_balanced:
@@ -277,21 +298,31 @@ class RLStep:
         rng = np.random.default_rng([self.seed, iteration, 17])
         gens = adjust_batch_copy(gens, cfg.adjust_batch_multiple, rng)
         scores = row_scores(gens, cfg.empty_output_penalty)
-        metrics = rollout_metrics(episodes, gens, scores)
-        if _rows_all_processes(len(gens)) == 0:
-            metrics["update/skipped_no_rows"] = 1.0
-            return StepResult(metrics, episodes, 0)
-
         # Advantages are per process: the n rollouts of a prompt (its GRPO group) never leave the
         # process that sampled them.
         group_ids = _group_ids([g.uid for g in gens])
         role_ids = np.asarray([g.role_id for g in gens], np.int32)
         episode_ids = np.asarray([g.episode for g in gens], np.int32)
+        # Rows of episodes that lost their judge: out of the loss and the baselines (faithful: trained).
+        lost = lost_episodes(episodes) if cfg.mask_judge_failures else set()
+        trained, dropped_keys = np.ones((len(gens),), bool), 0
+        if lost:
+            trained, dropped_keys = judge_mask(episode_ids.tolist(), list(zip(group_ids.tolist(), role_ids.tolist())),
+                                               lost)
+        metrics = rollout_metrics(episodes, gens, scores, unscored=lost)
+        metrics.update(judge_metrics(episodes, trained, dropped_keys, cfg.mask_judge_failures))
+        if _rows_all_processes(len(gens)) == 0:
+            metrics["update/skipped_no_rows"] = 1.0
+            return StepResult(metrics, episodes, 0)
+
         adv = np.zeros((0,), np.float32)
         if gens:
             adv = np.asarray(role_wise_advantages(scores, group_ids, role_ids, baseline=cfg.baseline,
-                                                  normalize_std=cfg.normalize_std, episode_ids=episode_ids))
-            metrics.update(advantage_stats(adv, scores, group_ids, role_ids, role_names=ROLE_NAMES))
+                                                  normalize_std=cfg.normalize_std, episode_ids=episode_ids,
+                                                  valid=trained))
+            if trained.any():
+                metrics.update(advantage_stats(adv[trained], scores[trained], group_ids[trained], role_ids[trained],
+                                               role_names=ROLE_NAMES))
 
         # One update per distinct Trainer, on the rows of the roles it trains.
         by_trainer: dict[int, tuple[Trainer, list[str]]] = {}
@@ -309,16 +340,20 @@ class RLStep:
             if _rows_all_processes(len(idx)) == 0:
                 metrics[f"{tag}/skipped_no_rows"] = 1.0
                 continue
+            # Every row masked (a judge outage): no update at all, rather than an Adam step on zero gradients.
+            if cfg.mask_judge_failures and _rows_all_processes(int(trained[idx].sum())) == 0:
+                metrics[f"{tag}/skipped_no_judged_rows"] = 1.0
+                continue
             update_kw: dict[str, Any] = {}
             if cfg.skip_zero_advantage_rows:
-                idx, update_kw = self._nonzero_advantage_rows(trainer, gens, idx, adv, scores, group_ids)
+                idx, update_kw = self._nonzero_advantage_rows(trainer, gens, idx, adv, scores, group_ids, trained)
                 metrics[f"{tag}/zero_advantage_rows_skipped"] = float(update_kw.pop("skipped"))
             if cfg.old_logprobs_from_update:
                 update_kw["old_from_update"] = True
             rows += len(idx)
             if idx:
                 batch = build_batch([gens[i] for i in idx], adv[idx], group_ids[idx], max_len=cfg.max_row_length,
-                                    pad_id=self.pad_id, length_multiple=cfg.length_multiple)
+                                    pad_id=self.pad_id, length_multiple=cfg.length_multiple, trained=trained[idx])
             else:  # other processes have rows: take part in the collective update with a zero-weight row
                 batch = build_batch([Generation(roles[0], [self.pad_id], [], [], "", -1, 0)], [0.0], [0],
                                     max_len=cfg.max_row_length, pad_id=self.pad_id, length_multiple=cfg.length_multiple)

@@ -22,6 +22,7 @@ from envace_jax import sharding as shd
 from envace_jax.checkpoint import Checkpointer, PreemptionGuard
 from envace_jax.metrics import MetricsWriter, plot_rewards
 from envace_jax.models import hf_io, qwen3
+from envace_jax.rl import judge_outage
 from envace_jax.rl.rollout import TRAINED_ROLES
 from envace_jax.rl.step import RLStep, build_rl_step
 from envace_jax.rl.trainer import Trainer
@@ -369,7 +370,8 @@ def _own_data_state(state: Any) -> Any:
     return state
 
 
-_SUMMED = ("/rows", "episode/count", "/overlong_rows_dropped", "/truncated_prompt_rows")
+_SUMMED = ("/rows", "episode/count", "/overlong_rows_dropped", "/truncated_prompt_rows", "judge/lost_episodes",
+           "judge/masked_episodes", "judge/masked_rows", "judge/dropped_groups", "judge/failed_verdicts")
 
 
 def global_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -401,6 +403,14 @@ def resume(run: Run) -> int | None:
     return restored.step
 
 
+def judge_monitor(cfg: config_lib.ExperimentConfig, run: Run) -> judge_outage.JudgeOutageMonitor:
+    """Warns about steps whose episodes lost their judge and stops a run in a judge outage."""
+    judge = run.step_fn.engine.judge
+    name = judge.describe() if hasattr(judge, "describe") else type(judge).__name__
+    return judge_outage.JudgeOutageMonitor(name, cfg.judge.outage_share, cfg.judge.outage_steps,
+                                           masked=cfg.rl.mask_judge_failures, warn=jax.process_index() == 0)
+
+
 def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -> dict[str, Any]:
     """Runs (or resumes) a training run to ``cfg.total_steps``. Returns a small summary."""
     os.makedirs(cfg.run_dir, exist_ok=True)
@@ -418,7 +428,8 @@ def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.total_steps, initial=run.iteration, desc=cfg.name, dynamic_ncols=True)
-    preempted = False
+    preempted, outage = False, None
+    monitor = judge_monitor(cfg, run)
     with PreemptionGuard() as guard:
         while run.iteration < cfg.total_steps:
             records = next(run.data)
@@ -428,6 +439,10 @@ def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -
             metrics = global_metrics(dict(result.metrics, **{"time/step_s": time.time() - t0}))
             if run.iteration % cfg.log.every == 0 or run.iteration == cfg.total_steps:
                 run.writer.write(run.iteration, metrics)
+            # Counts are global (summed over processes), so every process stops at the same step.
+            outage = monitor.observe(run.iteration, metrics, judge_outage.example_error(result.episodes))
+            if outage is not None:
+                break   # no checkpoint of this step: a rerun resumes from the last one saved
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(act=f"{metrics.get('act/reward_mean', 0):.3f}",
@@ -444,6 +459,8 @@ def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -
     run.writer.close()
     if bar is not None:
         bar.close()
+    if outage is not None:
+        raise outage
     if not preempted and cfg.log.plot and jax.process_index() == 0 and os.path.exists(run.writer.path):
         plot_rewards(run.writer.path, os.path.join(cfg.run_dir, "rewards.png"), title=cfg.name)
     if dump_params:
