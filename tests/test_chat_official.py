@@ -303,3 +303,47 @@ def test_our_template_edge_differences(official):
         "<|im_start|>assistant\n<think>\n\n</think>\n\n" + sampled + "<|im_end|>\n")
     assert render_chat_text(msgs, enable_thinking=False).endswith(
         "<|im_start|>assistant\n<think>\n\n</think>\n\n\n" + sampled + "<|im_end|>\n")
+
+
+# ----------------------------------------------------------------------------- the rollout on the official tokenizer
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_rollout_on_the_official_tokenizer(official, thinking):
+    """A rehearsal-mode episode on the official tokenizer, with the turns real Qwen3 writes (thinking off:
+    the turn starts with its first call). Both calls are read, and with thinking on the next ACT prompt is
+    the official render of the episode's messages, id for id."""
+    from envace_jax.rl.judges import RuleJudge
+    from envace_jax.rl.reward import ChecklistTurnJudge
+    from envace_jax.rl.rollout import RoleSampling, RolloutConfig, RolloutEngine
+    from envace_jax.rl.types import ACT
+    from helpers_rollout import ScriptedClient, result_text
+
+    calls = call_text("get_balance", {"account": "A1"})[1:] + call_text("get_balance", {"account": "Zürich-7"})
+    first = ("<think>\nTwo accounts, two calls.\n</think>\n\n" if thinking else "") + calls
+    final = ("<think>\nBoth known.\n</think>\n\n" if thinking else "") + "A1 holds 120; Zürich-7 holds 75.5 CHF."
+    user = {"role": "user", "content": "What are the balances of A1 and Zürich-7?"}
+    item = {"question": "q", "focus_on": "assistant.tool_calls", "pass_condition": "p", "failure_examples": [],
+            "evidence": [], "weight": 1.0, "required_for_next_turn": False,
+            "rule": {"type": "tool_called", "name": "get_balance", "arguments": {"account": "Zürich-7"}}}
+    record = {"uid": "r", "data_source": "test", "messages": [SYSTEM, user], "tools": TOOLS,
+              "reference_messages": [user, {"role": "assistant", "content": "fine"}], "checklist": [[[item]]]}
+    codec = Qwen3ChatCodec(official["ours"], enable_thinking=thinking)
+    client = ScriptedClient(codec, acts={0: [first, final]},
+                            rehearsals={0: [result_text('{"balance": 120}'), result_text('{"balance": 75.5}')]})
+    rs = RoleSampling(max_new_tokens=512)
+    engine = RolloutEngine(RolloutConfig(max_model_len=16384, act=rs, rehearse=rs), codec, client,
+                           ChecklistTurnJudge(RuleJudge()))
+    (ep,) = engine.run([record])
+    assert ep.turn_rewards == [1.0]
+    assistant = ep.messages[2]
+    assert assistant["content"] == ("<think>\nTwo accounts, two calls.\n</think>\n" if thinking else "")
+    assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == [{"account": "A1"},
+                                                                             {"account": "Zürich-7"}]
+    second_act = [g for g in ep.generations if g.role == ACT][1]
+    theirs = official_text(official, ep.messages[:5], add_generation_prompt=True, enable_thinking=thinking)
+    if thinking:
+        assert second_act.prompt_ids == raw_ids(official, theirs)
+    else:   # the sampled turn keeps the empty think block of its generation prompt (difference 2)
+        ours = official["raw"].decode(second_act.prompt_ids, skip_special_tokens=False)
+        assert ours.replace("<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>",
+                            "<|im_start|>assistant\n<tool_call>") == theirs
