@@ -1,4 +1,4 @@
-"""Parsing the ACT role's text into tool calls: the one parse path of training, evaluation and test-time
+r"""Parsing the ACT role's text into tool calls: the one parse path of training, evaluation and test-time
 rehearsal (the rollout engine, the benchmark harness and the imagined episodes all call it).
 
 Contract: ``parse_tool_calls(text) -> (calls, error)``. ``calls`` is a list of
