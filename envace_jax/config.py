@@ -67,6 +67,7 @@ MODES = ("rehearsal", "simulator", "real", "noshare", "caller_frozen")   # rollo
 BASELINES = ("row_mean", "trajectory_mean", "rloo", "none")              # rl.baseline (rl/advantages.py)
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")  # loss.agg (rl/loss.py)
 KL_TYPES = ("k1", "k2", "k3")                                            # loss.kl_type (rl/loss.py)
+TOOL_CALL_SYNTAXES = ("qwen3", "reference")                              # rollout.tool_call_syntax (chat/tool_parser)
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 # model.preset: "tiny" (sizes from the model section) or a Qwen3Config preset of the same name
@@ -167,7 +168,7 @@ class RolloutConfig(Checked):
     RULES: ClassVar[tuple[Rule, ...]] = (
         ("mode", *one_of(MODES)), ("max_steps", _POS, "> 0"), ("max_assistant_turns", _POS, "> 0"),
         ("max_user_turns", _POS, "> 0"), ("max_model_len", _POS, "> 0"),
-        ("rolling_slots", _POS, "> 0"),
+        ("rolling_slots", _POS, "> 0"), ("tool_call_syntax", *one_of(TOOL_CALL_SYNTAXES)),
     )
 
     mode: str = "rehearsal"
@@ -178,6 +179,9 @@ class RolloutConfig(Checked):
     act: RoleSampling = RoleSampling()
     rehearse: RoleSampling = RoleSampling()
     ignore_think_tool_calls: bool = False  # faithful: the reference regex scans <think> too
+    # "qwen3": a <tool_call> block parses wherever it starts (real Qwen3 with thinking off starts its turn with
+    # one); "reference" (faithful) needs "\n<tool_call>\n" as the reference's regex does (docs/chat_template.md)
+    tool_call_syntax: str = "qwen3"
     # faithful: one pending call simulated per micro-step; False answers all calls of a turn in one step
     sequential_simulation: bool = True
     progress_bar: bool = False           # a tqdm bar over micro-steps

@@ -49,3 +49,20 @@ def tiny_hf_qwen3(tmp_path):
         return str(d), make_tiny_hf_qwen3(d, **kw)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def qwen3_official():
+    """Directory holding Qwen3's official tokenizer.json and tokenizer_config.json (tests/qwen3_official.py).
+
+    Absent or altered files skip the test, or fail it when ENVACE_REQUIRE_OFFICIAL=1 (``make test`` sets
+    it, so CI cannot pass without having compared against the official files)."""
+    from qwen3_official import MAKE_TARGET, official_dir, problems
+
+    left = problems()
+    if left:
+        msg = f"Qwen3's official tokenizer files are not available ({'; '.join(left)}); run `{MAKE_TARGET}`"
+        if os.environ.get("ENVACE_REQUIRE_OFFICIAL") == "1":
+            pytest.fail(msg + " (ENVACE_REQUIRE_OFFICIAL=1)", pytrace=False)
+        pytest.skip(msg)
+    return official_dir()

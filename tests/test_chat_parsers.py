@@ -37,8 +37,6 @@ TOOL_CALL_CASES = [
      None),
     ("unicode_args", block('{"name": "f", "arguments": {"city": "Z\\u00fcrich", "s": "中文"}}'),
      [{"name": "f", "arguments": {"city": "Zürich", "s": "中文"}}], None),
-    ("no_leading_newline", "<tool_call>\n" + GOOD + "\n</tool_call>", [], "NO_TOOL_CALL_FOUND"),
-    ("same_line", "\n<tool_call>" + GOOD + "</tool_call>", [], "NO_TOOL_CALL_FOUND"),
     ("unclosed", "\n<tool_call>\n" + GOOD, [], "NO_TOOL_CALL_FOUND"),
     ("mention_only", "I could use <tool_call> here.", [], "NO_TOOL_CALL_FOUND"),
     ("bad_json", block('{"name": "f", "arguments": {'), [], "JSON_DECODE_ERROR"),
@@ -66,9 +64,30 @@ TOOL_CALL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case_id,text,calls,code", TOOL_CALL_CASES, ids=[c[0] for c in TOOL_CALL_CASES])
-def test_parse_tool_calls_table(case_id, text, calls, code):
-    got_calls, error = parse_tool_calls(text)
+# Where the two syntaxes differ: only the whitespace around a block (qwen3: any; reference: "\n" on each side).
+GET_A1 = [{"name": "get_balance", "arguments": {"account": "A1"}}]
+G = '{"name": "g", "arguments": {}}'
+SYNTAX_CASES = [
+    # (id, text, {syntax: (expected calls, expected error code or None)})
+    ("no_leading_newline", "<tool_call>\n" + GOOD + "\n</tool_call>",
+     {"qwen3": (GET_A1, None), "reference": ([], "NO_TOOL_CALL_FOUND")}),
+    ("same_line", "\n<tool_call>" + GOOD + "</tool_call>",
+     {"qwen3": (GET_A1, None), "reference": ([], "NO_TOOL_CALL_FOUND")}),
+    ("first_of_two_unprefixed", "<tool_call>\n" + GOOD + "\n</tool_call>" + block(G),
+     {"qwen3": (GET_A1 + [{"name": "g", "arguments": {}}], None),
+      "reference": ([{"name": "g", "arguments": {}}], None)}),
+    ("glued_to_think", "<think>\nx\n</think><tool_call>" + GOOD + "</tool_call>",
+     {"qwen3": (GET_A1, None), "reference": ([], "NO_TOOL_CALL_FOUND")}),
+]
+SYNTAX_TABLE = [(cid, text, syntax, *want[syntax]) for cid, text, want in SYNTAX_CASES for syntax in want] + \
+    [(cid, text, syntax, calls, code) for cid, text, calls, code in TOOL_CALL_CASES
+     for syntax in ("qwen3", "reference")]
+
+
+@pytest.mark.parametrize("case_id,text,syntax,calls,code", SYNTAX_TABLE,
+                         ids=[f"{c[0]}-{c[2]}" for c in SYNTAX_TABLE])
+def test_parse_tool_calls_table(case_id, text, syntax, calls, code):
+    got_calls, error = parse_tool_calls(text, syntax=syntax)
     assert got_calls == calls
     if code is None:
         assert error is None
@@ -77,15 +96,20 @@ def test_parse_tool_calls_table(case_id, text, calls, code):
         assert code in TOOL_CALL_ERROR_CODES
 
 
-def test_ignore_think_skips_calls_written_while_reasoning():
+@pytest.mark.parametrize("syntax", ["qwen3", "reference"])
+def test_ignore_think_skips_calls_written_while_reasoning(syntax):
+    parse = lambda t: parse_tool_calls(t, ignore_think=True, syntax=syntax)  # noqa: E731
     text = "<think>\nlike" + block("{oops") + "\n</think>\n\nAnswer."
-    assert parse_tool_calls(text, ignore_think=True) == ([], None)
+    assert parse(text) == ([], None)
+    assert split_assistant_text(text, True, syntax=syntax) == text
     text = "<think>\nmaybe" + block(GOOD) + "\n</think>\n" + block('{"name": "g", "arguments": {}}')
-    assert parse_tool_calls(text, ignore_think=True) == ([{"name": "g", "arguments": {}}], None)
+    assert parse(text) == ([{"name": "g", "arguments": {}}], None)
+    # The content runs to the call that counts, the one in the thinking included.
+    assert split_assistant_text(text, True, syntax=syntax) == text.split("\n</think>\n")[0] + "\n</think>\n"
     # A generation prompt may open the think block itself: only the orphan </think> appears.
-    assert parse_tool_calls("reason" + block(GOOD) + "\n</think>\n\nDone.", ignore_think=True) == ([], None)
+    assert parse("reason" + block(GOOD) + "\n</think>\n\nDone.") == ([], None)
     # An unclosed think (length cut) hides everything after it.
-    assert parse_tool_calls("<think>\n" + block(GOOD), ignore_think=True) == ([], None)
+    assert parse("<think>\n" + block(GOOD)) == ([], None)
 
 
 def test_strip_think_variants():
@@ -178,7 +202,8 @@ def test_the_three_error_questions_differ_on_purpose():
     msg = lambda content, name="get": {"role": "tool", "name": name, "content": content}
     assert is_error_tool_message(msg(verdict)) and is_error_tool_message(msg("x", name="error_tool_call"))
     assert is_error_tool_message(msg("text mentioning error_tool_call"))
-    assert not is_error_tool_message(msg(real_error)) and not is_error_tool_message({"role": "user", "content": verdict})
+    assert not is_error_tool_message(msg(real_error))
+    assert not is_error_tool_message({"role": "user", "content": verdict})
 
 
 # ------------------------------------------------------------------ fuzzing
@@ -192,7 +217,14 @@ _texts = st.one_of(st.text(max_size=200), st.lists(st.one_of(_pieces, st.text(ma
 @settings(max_examples=300, deadline=None)
 @given(_texts, st.booleans())
 def test_fuzz_parse_tool_calls_never_raises(text, ignore_think):
-    calls, error = parse_tool_calls(text, ignore_think=ignore_think)
+    for syntax in ("qwen3", "reference"):
+        calls, error = parse_tool_calls(text, ignore_think=ignore_think, syntax=syntax)
+        _check_parse(text, calls, error)
+        content = split_assistant_text(text, ignore_think, syntax=syntax)
+        assert text.startswith(content)
+
+
+def _check_parse(text, calls, error):
     assert isinstance(calls, list)
     if error is not None:
         assert calls == [] and code_of(error) in TOOL_CALL_ERROR_CODES

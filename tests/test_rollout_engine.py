@@ -127,8 +127,12 @@ def test_parse_error_appends_error_message_and_terminates():
     assert ep.termination == "parse_error"
     last = ep.messages[-1]
     assert last["role"] == "tool" and last["name"] == "error_tool_call"
-    assert "NO_TOOL_CALL_FOUND" in json.loads(last["content"])["error_tool_call"]
+    # A block glued to the text parses (Qwen3 writes blocks anywhere); its empty object has no arguments.
+    assert "NO_ARGUMENTS" in json.loads(last["content"])["error_tool_call"]
     assert "tool_calls" not in ep.messages[-2]
+    ep_ref, _, _ = run(record(["a?"], TWO_TURNS), ["<think>\nx\n</think>\n\nok <tool_call>{}</tool_call>"],
+                       tool_call_syntax="reference")
+    assert "NO_TOOL_CALL_FOUND" in json.loads(ep_ref.messages[-1]["content"])["error_tool_call"]
     assert len(ep.generations) == 1 and ep.turn_rewards == [] and ep.score == 0.0
     ep2, _, _ = run(record(["a?"], TWO_TURNS), ["\n<tool_call>\n{bad json\n</tool_call>"])
     assert "JSON_DECODE_ERROR" in json.loads(ep2.messages[-1]["content"])["error_tool_call"]

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from envace_jax.chat.render import ChatRenderer
 from envace_jax.chat.simulator import SimulatorPromptOptions, build_simulator_messages, parse_simulator_output
-from envace_jax.chat.tool_parser import parse_tool_calls
+from envace_jax.chat.tool_parser import QWEN3, parse_tool_calls
 
 
 class Qwen3ChatCodec:
@@ -54,8 +54,10 @@ class Qwen3ChatCodec:
     def decode(self, ids: list[int]) -> str:
         return self.renderer.decode(ids)
 
-    def parse_tool_calls(self, text: str, ignore_think: bool = False) -> tuple[list[dict], dict | None]:
-        return parse_tool_calls(text, ignore_think=ignore_think)
+    def parse_tool_calls(self, text: str, ignore_think: bool = False, *, syntax: str = QWEN3
+                         ) -> tuple[list[dict], dict | None]:
+        """``chat.parse_tool_calls`` itself (the rollout engine calls ``chat.make_assistant_message``)."""
+        return parse_tool_calls(text, ignore_think=ignore_think, syntax=syntax)
 
     def parse_simulator_output(self, text: str) -> tuple[str | None, dict | None]:
         return parse_simulator_output(text)

@@ -23,6 +23,11 @@ re-render of an episode equals the ids the sampler produced turn by turn:
   which requires "\n<tool_call>\n". Only a past turn whose thinking ``drop_past_thinking`` removed
   and which has no other content starts with a bare ``<tool_call>``, as in the real template.
 * The tool name is JSON-escaped (``tojson``) instead of pasted between quotes.
+* The tools preamble (the two instruction sentences of the system block) is worded our own way.
+* ``reasoning_content`` is honoured as in the real template (think block, blank line, content), for
+  every turn unless ``drop_past_thinking`` drops it from turns before the last user message.
+
+docs/chat_template.md lists every difference with the test that pins it against the official template.
 """
 
 from __future__ import annotations
@@ -59,7 +64,8 @@ def tool_responses_turn(contents: list[str]) -> str:
 
 
 QWEN3_STYLE_TEMPLATE = r"""{#- envace-jax Qwen3-style chat template. Variables: messages, tools, add_generation_prompt,
-    enable_thinking (default true), drop_past_thinking (default false). See envace_jax/chat/template.py. -#}
+    enable_thinking (default true), drop_past_thinking (default false); assistant messages may carry
+    reasoning_content. See envace_jax/chat/template.py. -#}
 {%- set thinking = enable_thinking is not defined or enable_thinking -%}
 {%- set drop_past = drop_past_thinking is defined and drop_past_thinking -%}
 {%- set st = namespace(first=0, last_query=-1) -%}
@@ -89,7 +95,14 @@ QWEN3_STYLE_TEMPLATE = r"""{#- envace-jax Qwen3-style chat template. Variables: 
     {{- '<|im_start|>' + m.role + '\n' + text + '<|im_end|>\n' -}}
   {%- elif m.role == 'assistant' -%}
     {%- set past = drop_past and loop.index0 < st.last_query -%}
-    {%- if past and '</think>' in text -%}
+    {%- set reasoning = m.reasoning_content if m.reasoning_content is string else '' -%}
+    {%- if reasoning and not past -%}
+      {#- The official layout: think block, blank line, content; a call right after the think block gets
+          its "\n" from the call loop below, as for an empty content. -#}
+      {%- set rest = text.lstrip('\n') -%}
+      {%- set text = '<think>\n' + reasoning.strip('\n') + '\n</think>\n'
+                     + ('\n' + rest if rest or not m.tool_calls else '') -%}
+    {%- elif past and '</think>' in text and m.reasoning_content is not string -%}
       {%- set text = text.split('</think>')[-1].lstrip('\n') -%}
     {%- endif -%}
     {%- if not thinking and not past and not text.startswith('<think>') -%}

@@ -19,7 +19,7 @@ import os
 from typing import Any, Mapping, Protocol, Sequence
 
 from envace_jax.chat.tokenizer import demo_corpus  # noqa: F401  (harness.demo_corpus still resolves)
-from envace_jax.chat.tool_parser import parse_tool_calls, split_assistant_text
+from envace_jax.chat.tool_parser import make_assistant_message
 from envace_jax.eval.config import PRE_SPLITS, TOKENIZER_CORPORA, ModelSpec, SamplerShapes  # noqa: F401
 from envace_jax.rl.policy_client import GenRequest
 from envace_jax.rl.rollout import RoleSampling
@@ -62,17 +62,12 @@ def tool_call_text(calls: Sequence[tuple[str, Mapping[str, Any]]], reply: str = 
 
 
 def parse_turn(text: str) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]], dict | None]:
-    """Assistant text -> (message dict, [(name, arguments)], parse error or None).
-
-    A leading newline is added before parsing: with thinking off, Qwen3's generation prompt already
-    ends in "\\n\\n", so a first ``<tool_call>`` arrives without the newline our strict parser needs.
-    """
-    calls, error = parse_tool_calls("\n" + text)
-    msg: dict[str, Any] = {"role": "assistant", "content": split_assistant_text("\n" + text)[1:]}
-    if calls and error is None:
-        msg["tool_calls"] = [{"id": "", "type": "function",
-                              "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
-    return msg, [(c["name"], c["arguments"]) for c in calls] if error is None else [], error
+    """Assistant text -> (message dict, [(name, arguments)], parse error or None), through the parser the
+    rollout engine uses (``chat.make_assistant_message``), so evaluation reads a turn as training does.
+    Call ids are left for ``number_calls``."""
+    msg, error = make_assistant_message(text, call_id_prefix="")
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or []]
+    return msg, calls, error
 
 
 def number_calls(msg: dict[str, Any], prefix: str) -> None:

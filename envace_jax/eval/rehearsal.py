@@ -59,7 +59,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from envace_jax.chat.call_schema import call_problem
 from envace_jax.chat.simulator import is_failed_result
-from envace_jax.chat.tool_parser import strip_think
+from envace_jax.chat.tool_parser import split_assistant_text, strip_think
 from envace_jax.envs.base import NoToolEnvironment
 from envace_jax.eval.config import MEMORY_GATES, MEMORY_KINDS, PLACEMENTS, RehearsalConfig  # noqa: F401
 from envace_jax.eval.config import REHEARSAL_MODES as MODES
@@ -268,7 +268,7 @@ def summary_messages(record: Mapping[str, Any], traces: Sequence[RehearsalTrace]
 
 
 def _clean_summary(text: str, max_chars: int) -> str:
-    body = strip_think(text).split("<tool_call>", 1)[0].strip()
+    body = split_assistant_text(strip_think(text)).strip()
     if not body:
         return ""
     body = f"{MEMORY_HEADER} (condensed by the policy; rehearsed tool responses were imagined):\n{body}"

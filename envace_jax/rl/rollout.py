@@ -47,6 +47,7 @@ import json
 from typing import Any, Callable, Protocol, Sequence
 
 from envace_jax.chat.simulator import is_error_result
+from envace_jax.chat.tool_parser import make_assistant_message
 from envace_jax.config import MODES, RoleSampling, RolloutConfig  # noqa: F401  (defined with every other knob)
 from envace_jax.rl.policy_client import GenOutput, GenRequest, PolicyClient  # noqa: F401  (re-exported)
 from envace_jax.rl.types import ACT, REHEARSE, ROLES, Episode, Generation, State
@@ -79,8 +80,6 @@ class ChatCodec(Protocol):
                          call: tuple[str, str, dict]) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
-
-    def parse_tool_calls(self, text: str, ignore_think: bool) -> tuple[list[dict], dict | None]: ...
 
     def parse_simulator_output(self, text: str) -> tuple[str | None, dict | None]: ...
 
@@ -342,21 +341,17 @@ class RolloutEngine:
         e.caller_ids = list(req.prompt_ids) + list(out.ids) + list(self.codec.close_assistant(list(out.ids)))
         e.assistant_turns += 1
         e.last_caller_text = text
-        calls, error = self.codec.parse_tool_calls(text, self.cfg.ignore_think_tool_calls)
-        content = text.split("\n<tool_call>\n", 1)[0]
-        msg: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls and error is None:
-            msg["tool_calls"] = [
-                {"id": f"call_{e.uid}_{e.assistant_turns}_{i}", "type": "function",
-                 "function": {"name": c["name"], "arguments": c["arguments"]}}
-                for i, c in enumerate(calls)]
+        # The one parse path of training, evaluation and test-time rehearsal (chat/tool_parser.py).
+        msg, error = make_assistant_message(text, call_id_prefix=f"call_{e.uid}_{e.assistant_turns}",
+                                            ignore_think=self.cfg.ignore_think_tool_calls,
+                                            syntax=self.cfg.tool_call_syntax)
         e.messages.append(msg)
         if error is not None:
             e.messages.append({"role": "tool", "name": "error_tool_call",
                                "tool_call_id": f"call_{e.uid}_{e.assistant_turns}_error",
                                "content": json.dumps(error, ensure_ascii=False)})
             self._terminate(e, "parse_error")
-        elif calls:
+        elif msg.get("tool_calls"):
             e.pending_calls = [(tc["id"], tc["function"]["name"], tc["function"]["arguments"])
                                for tc in msg["tool_calls"]]
             e.pending_results = []
