@@ -33,19 +33,17 @@ def main(argv):
 
     absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax logs every file it writes at INFO
     from envace_jax.rl import train as rl_train
-    from envace_jax.config import ConfigError, load_config
+    from envace_jax.config import load_config
 
     if _CONFIG.value is None:
         raise app.UsageError("--config=configs/<name>.py is required")
-    try:
-        cfg = load_config(_CONFIG.value)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
+    cfg = load_config(_CONFIG.value)   # a ConfigError exits 2 with one line (entrypoint.guard)
     rl_train.init_distributed(_COORD.value, _NPROC.value, _PID.value)
     summary = rl_train.train(cfg, dump_params=_DUMP.value)
     print(f"done: {summary}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from entrypoint import run
+
+    run(main)

@@ -7,9 +7,8 @@
 from __future__ import annotations
 
 import argparse
-import shlex
-import subprocess
-import sys
+
+from hosts import main  # the print-then-run helper shared by the cluster scripts
 
 
 def commands(argv=None) -> tuple[list[list[str]], bool]:
@@ -43,8 +42,4 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
 
 
 if __name__ == "__main__":
-    cmds, dry = commands()
-    for c in cmds:
-        print(shlex.join(c), flush=True)
-        if not dry and subprocess.call(c):
-            sys.exit(1)
+    main(commands)
