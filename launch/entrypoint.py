@@ -205,9 +205,12 @@ def describe(exc: BaseException) -> tuple[str, str, int] | None:
         where = getattr(exc, "filename", None)
         return (f"disk full{f' writing {where}' if where else ''}: {_text(exc)}",
                 "free space on that disk or write elsewhere (--config.run_dir, --out_dir, --output)", 1)
-    if _library_error(exc, "SafetensorError"):
-        return (f"a weights file is corrupt or truncated (safetensors: {_text(exc)})",
-                "copy or export the weights again; the file's size must match its header", 1)
+    # hf_io's WeightsError names the file and tensor; safetensors' own error (raised where hf_io does not
+    # wrap it) names neither, but says what is wrong with the header
+    if _library_error(exc, "WeightsError") or _library_error(exc, "SafetensorError"):
+        text = _text(exc) if _library_error(exc, "WeightsError") else f"safetensors: {_text(exc)}"
+        return (f"bad weights file: {text}",
+                "copy or export the weights again (a truncated or corrupt file cannot be read)", 1)
     shape = _SHAPE.search(msg)
     if shape and isinstance(exc, (ValueError, RuntimeError)):
         ckpt = _CKPT_DIR.search(msg)
@@ -259,6 +262,10 @@ def guard(argv: Sequence[str] | None = None, prog: str | None = None) -> Iterato
         code = report(e, prog)
         if code is None:
             raise
+        # The failure is reported. What the interrupted work leaves behind is not news: a failed Orbax
+        # restore leaves read coroutines whose errors Python prints as "Exception ignored" tracebacks
+        # (~60 lines) when it collects them at exit.
+        sys.unraisablehook = lambda unraisable: None
         raise SystemExit(code) from None
 
 
