@@ -149,6 +149,12 @@ def test_missing_executable_in_a_cluster_script(tmp_path):
                        env=dict(os.environ, PATH=str(tmp_path)))
     assert r.returncode == 1
     assert _short(r, "create.py")[0] == "create.py: not found: gcloud (No such file or directory)"
+    # --verbose: the exception itself, with its traceback
+    v = subprocess.run([sys.executable, os.path.join(LAUNCH, "tpu_vm", "create.py"), "--name=x", "--zone=z",
+                        "--accelerator=v5p-8", "--verbose"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PATH=str(tmp_path)))
+    assert v.returncode == 1 and "Traceback (most recent call last)" in v.stderr
+    assert "FileNotFoundError: [Errno 2] No such file or directory: 'gcloud'" in v.stderr
 
 
 # ----------------------------------------------------------------------------- accelerator-plugin noise

@@ -24,6 +24,7 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
     p.add_argument("--image_project", default="deeplearning-platform-release")
     p.add_argument("--spot", action="store_true")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--verbose", action="store_true", help="full tracebacks on failure (or ENVACE_DEBUG=1)")
     a = p.parse_args(argv)
     if a.count < 1:
         raise SystemExit("--count must be >= 1")

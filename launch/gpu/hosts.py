@@ -18,6 +18,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", required=True, help="comma-separated ssh hosts; the first is the coordinator")
     p.add_argument("--dry-run", action="store_true", help="print the exact commands instead of running them")
+    p.add_argument("--verbose", action="store_true", help="full tracebacks on failure (or ENVACE_DEBUG=1)")
     return p
 
 

@@ -19,6 +19,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--zone", required=True)
     p.add_argument("--project", default=None)
     p.add_argument("--dry-run", action="store_true", help="print the exact commands instead of running them")
+    p.add_argument("--verbose", action="store_true", help="full tracebacks on failure (or ENVACE_DEBUG=1)")
     return p
 
 
