@@ -387,7 +387,13 @@ def check_group_size(rl: RLSection) -> None:
 # Settings that act only together with another field's value; given without it they would be ignored
 # without a word, so a run refuses them, naming both fields. Each entry: (is the setting given, does its
 # context read it, message). Only settings whose "given" is unambiguous are here (a non-empty path, a flag
-# turned on): a size or name equal to its default cannot be told apart from one left alone.
+# turned on): a size or name equal to its default cannot be told apart from one left alone. The other
+# pairs of that kind, not refused for that reason: model.vocab_size ... head_dim with a named model.preset
+# or a model.hf_path (the architecture comes from the preset or the checkpoint); tokenizer.demo_vocab_size
+# with a tokenizer.path; data.num_demo_tasks unless data.source='demo'; data.tfds_name unless 'tfds';
+# data.split with 'jsonl' or 'parquet'; rollout.rolling_slots without rollout.rolling; loss.kl_type with
+# loss.kl_coef=0; judge.http.* with judge.kind='rule'; rollout.rehearse.* and tokenizer.simulator_thinking
+# with rollout.mode='real' (no REHEARSE role).
 _TAKES_EFFECT: tuple[tuple[Callable[[Any], bool], Callable[[Any], bool], Callable[[Any], str]], ...] = (
     (lambda c: bool(c.data.path), lambda c: c.data.source != "demo",
      lambda c: f"config.data.path={c.data.path!r} is never read with config.data.source='demo' (the demo tasks are "
