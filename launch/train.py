@@ -7,6 +7,10 @@ Multi-process (one machine or many): every process runs the same command plus
 ``--coordinator=host:port --num_processes=N --process_id=i`` (or the JAX_COORDINATOR_ADDRESS /
 JAX_NUM_PROCESSES / JAX_PROCESS_ID environment variables). A rerun of the same command resumes from
 the newest good checkpoint in ``<run_dir>/checkpoints``; SIGTERM saves a checkpoint and exits 0.
+
+A failure you can fix (a config error or unknown field, a missing file, a full disk, a corrupt weights file,
+a checkpoint of another shape) ends in two lines and exit 2 (bad input) or 1; ``--verbose`` or
+``ENVACE_DEBUG=1`` shows the traceback (launch/entrypoint.py, shared by every launch/ command).
 """
 
 from __future__ import annotations
