@@ -112,11 +112,15 @@ def test_disk_full(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.json").symlink_to("/dev/full")
-    r = _run("train.py", f"--config={ROOT}/configs/demo_cpu.py", *h.tiny_overrides(str(run_dir), 1))
+    args = [f"--config={ROOT}/configs/demo_cpu.py", *h.tiny_overrides(str(run_dir), 1)]
+    r = _run("train.py", *args)
     assert r.returncode == 1, r.stderr[-3000:]
     what, todo = _short(r, "train.py")
     assert what.startswith("train.py: disk full") and "No space left on device" in what
     assert "free space on that disk or write elsewhere" in todo
+    d = _run("train.py", *args, debug=True)
+    assert d.returncode == 1 and "Traceback (most recent call last)" in d.stderr
+    assert "OSError: [Errno 28] No space left on device" in d.stderr
 
 
 def test_checkpoint_of_another_shape(tmp_path):
