@@ -192,12 +192,10 @@ def _library_error(exc: BaseException, name: str) -> bool:
 def describe(exc: BaseException) -> tuple[str, str, int] | None:
     """``(what failed, what to do, exit code)`` for an expected failure; None for anything else (a bug,
     which keeps its traceback)."""
-    from envace_jax.config import ConfigError   # host code: no jax, cheap
-
     msg = str(exc)
     if isinstance(exc, UsageError):
         return _text(exc), "fix the command line (--help lists the flags)", 2
-    if isinstance(exc, ConfigError):
+    if _library_error(exc, "ConfigError"):   # envace_jax.config's (the cluster scripts run without the package)
         return f"config error: {_text(exc)}", "fix that field in the config file or its --config.* override", 2
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", "a rerun of the same command resumes from the newest checkpoint where there is one", 130
@@ -221,7 +219,7 @@ def describe(exc: BaseException) -> tuple[str, str, int] | None:
     if isinstance(exc, FileNotFoundError):
         what = exc.filename or _text(exc)
         return f"not found: {what}" + ("" if exc.filename is None else f" ({exc.strerror})"), \
-            "check the path (relative paths are from the current directory)", 1
+            "check the path, or that the program is installed and on PATH", 1
     if isinstance(exc, PermissionError):
         return f"permission denied: {exc.filename or _text(exc)}", "check the path's owner and mode", 1
     if isinstance(exc, OSError):
