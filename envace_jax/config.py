@@ -15,6 +15,7 @@ This module imports neither jax nor the model: reading a config file is cheap.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -386,6 +387,51 @@ class LogSection(Checked):
     progress_bar: bool = True
 
 
+def check_group_size(rl: RLSection) -> None:
+    """A training run's GRPO group (the ``rl.n_rollouts`` rollouts of one prompt) needs two members.
+
+    The baseline of a row is taken over its (prompt, role) group; with one rollout there is nothing to
+    compare with: every row of a multi-turn episode carries the episode's score, so ``row_mean`` and
+    ``rloo`` give them advantage 0, and a lone row (or ``trajectory_mean``'s one episode) keeps its raw
+    score. Checked for a whole run only (``ExperimentConfig``): an ``RLSection`` built in code may hold
+    one rollout on purpose (tests of the update)."""
+    if rl.n_rollouts < 2 and rl.baseline != "none":
+        raise ConfigError(f"config.rl.n_rollouts must be >= 2 with rl.baseline={rl.baseline!r}, got "
+                          f"{rl.n_rollouts}: a group of one rollout has no group-relative advantage (0 or the raw "
+                          f"score); raise rl.n_rollouts, or set rl.baseline='none' to train on raw scores")
+
+
+# Settings that act only together with another field's value; given without it they would be ignored
+# without a word, so a run refuses them, naming both fields. Each entry: (is the setting given, does its
+# context read it, message). Only settings whose "given" is unambiguous are here (a non-empty path, a flag
+# turned on): a size or name equal to its default cannot be told apart from one left alone. The other
+# pairs of that kind, not refused for that reason: model.vocab_size ... head_dim with a named model.preset
+# or a model.hf_path (the architecture comes from the preset or the checkpoint); tokenizer.demo_vocab_size
+# with a tokenizer.path; data.num_demo_tasks unless data.source='demo'; data.tfds_name unless 'tfds';
+# data.split with 'jsonl' or 'parquet'; rollout.rolling_slots without rollout.rolling; loss.kl_type with
+# loss.kl_coef=0; judge.http.* with judge.kind='rule'; rollout.rehearse.* and tokenizer.simulator_thinking
+# with rollout.mode='real' (no REHEARSE role).
+_TAKES_EFFECT: tuple[tuple[Callable[[Any], bool], Callable[[Any], bool], Callable[[Any], str]], ...] = (
+    (lambda c: bool(c.data.path), lambda c: c.data.source != "demo",
+     lambda c: f"config.data.path={c.data.path!r} is never read with config.data.source='demo' (the demo tasks are "
+               f"generated): set data.source to jsonl, parquet or tfds, or leave data.path empty"),
+    (lambda c: bool(c.model.simulator_hf_path), lambda c: c.rollout.mode in ("simulator", "noshare"),
+     lambda c: f"config.model.simulator_hf_path={c.model.simulator_hf_path!r} is read only by rollout.mode "
+               f"'simulator' or 'noshare', but config.rollout.mode={c.rollout.mode!r}: set the mode or leave "
+               f"model.simulator_hf_path empty"),
+    (lambda c: c.rollout.rolling_eager_refill, lambda c: c.rollout.rolling,
+     lambda c: "config.rollout.rolling_eager_refill=True acts only with config.rollout.rolling=True "
+               "(it changes when the rolling batch refills): turn rollout.rolling on, or the refill off"),
+)
+
+
+def check_takes_effect(cfg: Any) -> None:
+    """Raises ``ConfigError`` for the first setting of ``_TAKES_EFFECT`` that its context would ignore."""
+    for given, read, message in _TAKES_EFFECT:
+        if given(cfg) and not read(cfg):
+            raise ConfigError(message(cfg))
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig(Checked):
     """A whole training run. Checks that span sections live here (``__post_init__``)."""
@@ -419,6 +465,8 @@ class ExperimentConfig(Checked):
                 raise ConfigError(f"config.rollout.{role}.temperature must be > 0 for training (greedy "
                                   f"sampling is for evaluation), got {t!r}",
                                   leaf=f"rollout.{role}.temperature", what="> 0 for training", value=t)
+        check_group_size(self.rl)
+        check_takes_effect(self)
 
     def run_optim(self) -> OptimConfig:
         """``optim`` with the schedule's length filled in: ``optim.total_steps`` when set, else one
@@ -516,7 +564,10 @@ def _build(cls: type, value: Any, where: str, base: Any = None) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"{where} has unknown field(s) {unknown}; known: {sorted(fields)}")
+        near = {u: difflib.get_close_matches(u, list(fields), n=1, cutoff=0.6) for u in unknown}
+        hints = [f"{where}.{m[0]} for {u!r}" for u, m in near.items() if m]
+        hint = f"did you mean {', '.join(hints)}? " if hints else ""
+        raise ConfigError(f"{where} has unknown field(s) {unknown}; {hint}known: {sorted(fields)}")
     defaults = {k: getattr(base, k) if base is not None else _field_default(f) for k, f in fields.items()}
     kwargs = {k: v for k, v in defaults.items() if k not in data and base is not None}
     kwargs.update({k: _convert(v, hints[k], f"{where}.{k}", defaults[k]) for k, v in data.items()})

@@ -37,17 +37,13 @@ _ASSUME = flags.DEFINE_list("assume", [], "StepAssumptions fields for --estimate
 def main(argv):
     del argv
     from envace_jax.aot.report import compile_report, format_table, not_fitting_message
-    from envace_jax.config import ConfigError, load_config
+    from envace_jax.config import load_config
 
     if _CONFIG.value is None:
         raise app.UsageError("--config=configs/<name>.py is required")
     if not _TOPOLOGY.value:
         raise app.UsageError("--topology=<generation>:<shape> is required, e.g. --topology=v5p:4x4x4")
-    try:
-        cfg = load_config(_CONFIG.value)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
+    cfg = load_config(_CONFIG.value)   # a ConfigError exits 2 with one line (entrypoint.guard)
     try:
         rep = compile_report(cfg, _TOPOLOGY.value, _SLICES.value, _PROGRAMS.value)
     except (ValueError, RuntimeError) as e:
@@ -81,4 +77,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from entrypoint import run
+
+    run(main)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
+
+DRY_RUN = "--dry-run"
 
 
 def execute(commands: Sequence[list[str]], dry_run: bool) -> int:
@@ -18,3 +20,31 @@ def execute(commands: Sequence[list[str]], dry_run: bool) -> int:
                 print(f"command failed with exit code {rc}", file=sys.stderr)
                 return rc
     return 0
+
+
+def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(this script's args, the remote command's args)``, split at the first ``--``.
+
+    ``--dry-run`` is always this script's, wherever it stands: the remote command (train.py) has no such
+    flag, and passing it on would run the cluster commands for real while the user asked to see them
+    only. So one given after ``--`` is moved to this script's side."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    own, extra = argv[:i], argv[i + 1:]
+    if DRY_RUN in extra:
+        extra = [a for a in extra if a != DRY_RUN]
+        own.append(DRY_RUN)
+    return own, extra
+
+
+def main(commands: Callable[[], tuple[list[list[str]], bool]]) -> None:
+    """A cluster script's ``__main__``: build the commands, print (and unless dry-run, run) them; a missing
+    executable (no ``gcloud`` on PATH) or another expected failure is a short message (launch/entrypoint.py)."""
+    from entrypoint import guard
+
+    with guard():
+        cmds, dry = commands()
+        rc = execute(cmds, dry)
+    sys.exit(rc)

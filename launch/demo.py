@@ -59,13 +59,18 @@ def legacy_argv(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
+    from entrypoint import check_overrides, guard
+
     # A CPU run: keep XLA's freed step buffers in the process (envace_jax/host_memory.py; re-executes once).
     from envace_jax.host_memory import retain_freed_memory
 
     retain_freed_memory()
     # Before the flags are defined: config_flags registers the ``--config.field`` overrides it finds in
-    # sys.argv when it loads the default config, at definition time.
+    # sys.argv when it loads the default config, at definition time (so an unknown field is reported here,
+    # in one line, rather than as a traceback out of the definition below).
     sys.argv = legacy_argv(sys.argv)
+    with guard():
+        check_overrides(sys.argv[1:], DEFAULT_CONFIG)
 
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "demo config file (configs/demo.py[:preset])",
                                           lock_config=True)
@@ -129,4 +134,6 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from entrypoint import run
+
+    run(main, config_flag=None)   # the overrides were checked above, before the config flag was defined

@@ -34,14 +34,12 @@ def main(argv):
     from envace_jax.eval.results import to_markdown
     from envace_jax.eval.runner import run_eval
 
-    try:
-        res = run_eval(_CONFIG.value)
-    except (ValueError, ImportError) as e:
-        print(f"eval error: {e}", file=sys.stderr)
-        sys.exit(2)
+    res = run_eval(_CONFIG.value)   # bad settings (ValueError) and missing packages exit 2 (entrypoint.guard)
     print(to_markdown(res), flush=True)
     print(f"wrote {os.path.join(_CONFIG.value.output_dir, 'results.json')}", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from entrypoint import run
+
+    run(main)

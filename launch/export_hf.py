@@ -74,6 +74,8 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     from envace_jax.config import load_config
 
+    if _CONFIG.value is None:
+        raise app.UsageError("--config=<the run's config file> is required")
     cfg = load_config(_CONFIG.value)
     step = export(cfg, _OUT.value, checkpoint_dir=_CKPT.value, step=_STEP.value, role=_ROLE.value,
                   max_shard_size=_SHARD.value)
@@ -81,4 +83,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from entrypoint import run
+
+    run(main)

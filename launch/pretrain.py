@@ -13,6 +13,7 @@ Rerunning with the same --out resumes from its last checkpoint. The corpus holds
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -22,6 +23,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = "assets/demo_base"
 
 
+def check_set_fields(items: list[str], fields: list[str]) -> None:
+    """An unknown ``--set FIELD=...`` is one line naming the nearest field."""
+    from entrypoint import UsageError, nearest
+
+    for item in items:
+        name = item.partition("=")[0]
+        if name not in fields:
+            near = nearest(name, fields)
+            raise UsageError(f"--set {item}: no field {name!r}" + (f"; did you mean --set {near}=...?" if near else
+                                                                   f"; the fields are {', '.join(sorted(fields))}"))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=DEFAULT_OUT)
@@ -29,6 +42,7 @@ def main(argv=None) -> int:
                    help="deep: continue --set init_from=DIR (default assets/demo_base) grown 2x deeper")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--no_progress", action="store_true")
+    p.add_argument("--verbose", action="store_true", help="full tracebacks on failure (or ENVACE_DEBUG=1)")
     args = p.parse_args(argv)
 
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -40,7 +54,9 @@ def main(argv=None) -> int:
     from envace_jax.demo import pretrain
     from envace_jax.demo.config import parse_overrides
 
-    cfg = parse_overrides(pretrain.PRESETS[args.preset](), args.set)
+    base = pretrain.PRESETS[args.preset]()
+    check_set_fields(args.set, [f.name for f in dataclasses.fields(base)])
+    cfg = parse_overrides(base, args.set)
     manifest = pretrain.run_pretrain(cfg, args.out, progress=not args.no_progress)
     v = manifest["validation"]
     print(json.dumps({"out": args.out, "params": manifest["params"], "validation": v}, indent=1))
@@ -48,8 +64,12 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from entrypoint import guard
+
     # A CPU run: keep XLA's freed step buffers in the process (envace_jax/host_memory.py; re-executes once).
     from envace_jax.host_memory import retain_freed_memory
 
     retain_freed_memory()
-    sys.exit(main())
+    with guard():
+        code = main()
+    sys.exit(code)

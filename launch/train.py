@@ -7,6 +7,10 @@ Multi-process (one machine or many): every process runs the same command plus
 ``--coordinator=host:port --num_processes=N --process_id=i`` (or the JAX_COORDINATOR_ADDRESS /
 JAX_NUM_PROCESSES / JAX_PROCESS_ID environment variables). A rerun of the same command resumes from
 the newest good checkpoint in ``<run_dir>/checkpoints``; SIGTERM saves a checkpoint and exits 0.
+
+A failure you can fix (a config error or unknown field, a missing file, a full disk, a corrupt weights file,
+a checkpoint of another shape) ends in two lines and exit 2 (bad input) or 1; ``--verbose`` or
+``ENVACE_DEBUG=1`` shows the traceback (launch/entrypoint.py, shared by every launch/ command).
 """
 
 from __future__ import annotations
@@ -33,15 +37,11 @@ def main(argv):
 
     absl_logging.set_verbosity(absl_logging.WARNING)  # Orbax logs every file it writes at INFO
     from envace_jax.rl import train as rl_train
-    from envace_jax.config import ConfigError, load_config
+    from envace_jax.config import load_config
 
     if _CONFIG.value is None:
         raise app.UsageError("--config=configs/<name>.py is required")
-    try:
-        cfg = load_config(_CONFIG.value)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
+    cfg = load_config(_CONFIG.value)   # a ConfigError exits 2 with one line (entrypoint.guard)
     from envace_jax.rl.judge_outage import JudgeOutageError
 
     rl_train.init_distributed(_COORD.value, _NPROC.value, _PID.value)
@@ -54,4 +54,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from entrypoint import run
+
+    run(main)

@@ -162,3 +162,51 @@ def test_command_line_override_out_of_range_is_reported_by_train_py():
                        capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
     assert r.returncode == 2
     assert "config.optim.lr must be > 0, got -0.5" in r.stderr
+
+
+@pytest.mark.parametrize("baseline", ["row_mean", "trajectory_mean", "rloo"])
+def test_a_group_of_one_rollout_is_refused_for_grpo(baseline):
+    c = _cfg("demo_cpu")
+    c.rl.baseline, c.rl.n_rollouts = baseline, 1
+    with pytest.raises(ConfigError, match=rf"^config\.rl\.n_rollouts must be >= 2 with rl\.baseline='{baseline}', "
+                                          r"got 1: a group of one rollout has no group-relative advantage"):
+        load_config(c)
+    c.rl.n_rollouts = 2
+    assert load_config(c).rl.n_rollouts == 2
+    c.rl.baseline, c.rl.n_rollouts = "none", 1        # raw scores, no baseline: one rollout is meaningful
+    assert load_config(c).rl.n_rollouts == 1
+
+
+@pytest.mark.parametrize("given,fix,needle", [
+    ({"data.path": "/data/cm2.jsonl"}, {"data.source": "jsonl"},
+     "config.data.path='/data/cm2.jsonl' is never read with config.data.source='demo'"),
+    ({"model.simulator_hf_path": "/ckpt/sim"}, {"rollout.mode": "simulator"},
+     "config.model.simulator_hf_path='/ckpt/sim' is read only by rollout.mode 'simulator' or 'noshare', "
+     "but config.rollout.mode='rehearsal'"),
+    ({"rollout.rolling_eager_refill": True}, {"rollout.rolling": True},
+     "config.rollout.rolling_eager_refill=True acts only with config.rollout.rolling=True"),
+])
+def test_a_setting_its_context_ignores_is_an_error_naming_both_fields(given, fix, needle):
+    def apply(c, kv):
+        for k, v in kv.items():
+            *head, last = k.split(".")
+            node = c
+            for part in head:
+                node = node[part]
+            node[last] = v
+
+    c = _cfg("demo_cpu")
+    apply(c, given)
+    with pytest.raises(ConfigError) as e:
+        load_config(c)
+    assert str(e.value).startswith(needle)
+    apply(c, fix)                                     # in the context that reads it, the same setting loads
+    load_config(c)
+
+
+def test_an_unknown_field_in_a_config_file_names_the_nearest():
+    c = _cfg("demo_cpu").to_dict()
+    c["optim"]["lrr"] = 1.0
+    with pytest.raises(ConfigError, match=r"^config\.optim has unknown field\(s\) \['lrr'\]; did you mean "
+                                          r"config\.optim\.lr for 'lrr'\? known: \["):
+        load_config(c)

@@ -85,3 +85,75 @@ def test_missing_required_flag_fails():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_vm", "create.py"), "--name=x",
                         "--zone=z", "--dry-run"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "--accelerator" in r.stderr
+
+
+# ----------------------------------------------------------------------------- the docstrings' examples
+
+CLUSTER_SCRIPTS = sorted(os.path.join(d, f) for d in ("tpu_vm", "gpu")
+                         for f in os.listdir(os.path.join(ROOT, "launch", d)) if f.endswith(".py"))
+
+
+def _examples(script: str) -> list[list[str]]:
+    """The ``python launch/...`` command lines of a script's docstring, continuation lines joined and the
+    optional ``[...]`` parts included."""
+    import ast
+
+    with open(os.path.join(ROOT, "launch", script)) as f:
+        doc = ast.get_docstring(ast.parse(f.read())) or ""
+    out, cur = [], None
+    for line in doc.splitlines():
+        s = line.strip()
+        if cur is None and s.startswith("python launch/"):
+            cur = ""
+        if cur is not None:
+            cur += " " + s.rstrip("\\")
+            if not s.endswith("\\"):
+                out.append(shlex.split(cur.replace("[", " ").replace("]", " ")))
+                cur = None
+    return out
+
+
+def _fake_tools(tmp_path) -> tuple[dict, str]:
+    """A PATH holding only stand-ins for the programs the scripts start; each records that it ran."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "ran.log"
+    bin_dir.mkdir()
+    for tool in ("gcloud", "ssh", "scp", "rsync", "tar", "bash", "sh"):
+        p = bin_dir / tool
+        p.write_text(f"#!/bin/sh\necho \"{tool} $*\" >> {log}\n")
+        p.chmod(0o755)
+    return dict(os.environ, PATH=str(bin_dir)), str(log)
+
+
+def _variants(argv: list[str]) -> list[list[str]]:
+    """The example in dry-run mode as written (``--dry-run`` appended when it shows none), and with
+    ``--dry-run`` after ``--`` (where the docstrings of run.py used to show it)."""
+    own = [a for a in argv if a != "--dry-run"]
+    out = [argv if "--dry-run" in argv else own + ["--dry-run"]]
+    if "--" in own:
+        out.append(own + ["--dry-run"])
+    return out
+
+
+def test_every_docstring_example_runs_nothing_in_dry_run(tmp_path):
+    env, log = _fake_tools(tmp_path)
+    seen = 0
+    for script in CLUSTER_SCRIPTS:
+        for example in _examples(script):
+            assert example[:2] == ["python", f"launch/{script}"], example
+            for argv in _variants(example[2:]):
+                r = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *argv], capture_output=True,
+                                   text=True, timeout=60, env=env, cwd=ROOT)
+                assert r.returncode == 0, (script, argv, r.stderr)
+                assert not os.path.exists(log), (script, argv, open(log).read())
+                printed = [shlex.split(ln) for ln in r.stdout.splitlines() if ln.strip()]
+                assert printed and all(c[0] in ("gcloud", "ssh", "rsync", "tar", "bash") for c in printed)
+                assert not any("--dry-run" in " ".join(c) for c in printed), (script, argv, printed)
+                seen += 1
+    # create/setup/run of both families; run.py's examples also with --dry-run after --
+    assert seen >= 8, seen
+    # The stand-ins do record a real run (so the check above can fail).
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_vm", "run.py"), "--name=pod", "--zone=z1",
+                        "--config=configs/demo_cpu.py", "--", "--config.seed=1"], capture_output=True, text=True,
+                       timeout=60, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert open(log).read().startswith("gcloud compute tpus tpu-vm ssh pod --worker=all --command=")

@@ -7,9 +7,8 @@
 from __future__ import annotations
 
 import argparse
-import shlex
-import subprocess
-import sys
+
+from hosts import main  # the print-then-run helper shared by the cluster scripts
 
 
 def commands(argv=None) -> tuple[list[list[str]], bool]:
@@ -25,6 +24,7 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
     p.add_argument("--image_project", default="deeplearning-platform-release")
     p.add_argument("--spot", action="store_true")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--verbose", action="store_true", help="full tracebacks on failure (or ENVACE_DEBUG=1)")
     a = p.parse_args(argv)
     if a.count < 1:
         raise SystemExit("--count must be >= 1")
@@ -43,8 +43,4 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
 
 
 if __name__ == "__main__":
-    cmds, dry = commands()
-    for c in cmds:
-        print(shlex.join(c), flush=True)
-        if not dry and subprocess.call(c):
-            sys.exit(1)
+    main(commands)

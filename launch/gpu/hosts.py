@@ -8,7 +8,7 @@ import sys
 
 # One print-then-run helper serves the TPU and GPU scripts; it lives in launch/.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from command_runner import execute  # noqa: E402,F401  (re-exported to the scripts)
+from command_runner import execute, main, split_passthrough  # noqa: E402,F401  (re-exported to the scripts)
 
 REPO_DIR = "~/envace-jax"
 LOCAL = ("localhost", "127.0.0.1")
@@ -18,6 +18,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", required=True, help="comma-separated ssh hosts; the first is the coordinator")
     p.add_argument("--dry-run", action="store_true", help="print the exact commands instead of running them")
+    p.add_argument("--verbose", action="store_true", help="full tracebacks on failure (or ENVACE_DEBUG=1)")
     return p
 
 

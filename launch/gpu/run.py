@@ -1,10 +1,11 @@
 """Start the same training command on every GPU host, one JAX process per host.
 
     python launch/gpu/run.py --hosts=gpu-0,gpu-1 --config=configs/envace_qwen3_8b.py \
-        -- --config.model.hf_path=/data/Qwen3-8B [--dry-run]
+        [--dry-run] -- --config.model.hf_path=/data/Qwen3-8B
 
 Process i gets ``--coordinator=<host 0>:<port> --num_processes=<hosts> --process_id=i``; everything
-after ``--`` goes to launch/train.py. ``--hosts=localhost,localhost`` runs two processes on this machine.
+after ``--`` goes to launch/train.py, except ``--dry-run`` (this script's wherever it stands: print the commands,
+run nothing). ``--hosts=localhost,localhost`` runs two processes on this machine.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import shlex
 import sys
 
-from hosts import LOCAL, REPO_DIR, execute, host_list, on_host, parser
+from hosts import LOCAL, REPO_DIR, host_list, main, on_host, parser, split_passthrough
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,11 +25,7 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
     p.add_argument("--port", type=int, default=8476)
     p.add_argument("--script", default="launch/train.py")
     p.add_argument("--log_prefix", default="train")
-    argv = sys.argv[1:] if argv is None else list(argv)
-    extra = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
     a = p.parse_args(argv)
     hosts = host_list(a.hosts)
     coord = f"{'127.0.0.1' if hosts[0] in LOCAL else hosts[0]}:{a.port}"
@@ -42,5 +39,4 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
 
 
 if __name__ == "__main__":
-    cmds, dry = commands()
-    sys.exit(execute(cmds, dry))
+    main(commands)

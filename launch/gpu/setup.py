@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from hosts import LOCAL, REPO_DIR, execute, host_list, on_host, parser
+from hosts import LOCAL, REPO_DIR, host_list, main, on_host, parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,5 +29,4 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
 
 
 if __name__ == "__main__":
-    cmds, dry = commands()
-    sys.exit(execute(cmds, dry))
+    main(commands)

@@ -8,7 +8,7 @@ import sys
 
 # One print-then-run helper serves the TPU and GPU scripts; it lives in launch/.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from command_runner import execute  # noqa: E402,F401  (re-exported to the scripts)
+from command_runner import execute, main, split_passthrough  # noqa: E402,F401  (re-exported to the scripts)
 
 REPO_DIR = "~/envace-jax"
 
@@ -19,6 +19,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--zone", required=True)
     p.add_argument("--project", default=None)
     p.add_argument("--dry-run", action="store_true", help="print the exact commands instead of running them")
+    p.add_argument("--verbose", action="store_true", help="full tracebacks on failure (or ENVACE_DEBUG=1)")
     return p
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from _common import execute, gcloud, parser
+from _common import gcloud, main, parser
 
 
 def commands(argv=None) -> tuple[list[list[str]], bool]:
@@ -23,5 +23,4 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
 
 
 if __name__ == "__main__":
-    cmds, dry = commands()
-    sys.exit(execute(cmds, dry))
+    main(commands)

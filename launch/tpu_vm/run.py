@@ -1,9 +1,10 @@
 """Start the same training command on every worker of a TPU VM slice (jax.distributed finds the pod).
 
     python launch/tpu_vm/run.py --name=envace --zone=us-east5-a --config=configs/envace_qwen3_8b.py \
-        -- --config.model.hf_path=/mnt/Qwen3-8B --config.data.path=gs://bucket/cm2.jsonl [--dry-run]
+        [--dry-run] -- --config.model.hf_path=/mnt/Qwen3-8B --config.data.path=gs://bucket/cm2.jsonl
 
-Everything after ``--`` is passed to launch/train.py. A rerun resumes from the newest good checkpoint.
+Everything after ``--`` is passed to launch/train.py, except ``--dry-run``: it is this script's wherever it
+stands (print the commands, run nothing). A rerun resumes from the newest good checkpoint.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from _common import REPO_DIR, execute, parser, ssh_all
+from _common import REPO_DIR, main, parser, split_passthrough, ssh_all
 
 
 def commands(argv=None) -> tuple[list[list[str]], bool]:
@@ -20,11 +21,7 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
     p.add_argument("--script", default="launch/train.py")
     p.add_argument("--log", default="train.log")
     p.add_argument("--foreground", action="store_true", help="stream output instead of nohup")
-    argv = sys.argv[1:] if argv is None else list(argv)
-    extra = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
     a = p.parse_args(argv)
     train = shlex.join([".venv/bin/python", a.script, f"--config={a.config}", *extra])
     remote = f"cd {REPO_DIR} && ENVACE_AUTO_DISTRIBUTED=1 "
@@ -33,5 +30,4 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
 
 
 if __name__ == "__main__":
-    cmds, dry = commands()
-    sys.exit(execute(cmds, dry))
+    main(commands)

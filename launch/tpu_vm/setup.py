@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from _common import REPO_DIR, execute, gcloud, parser, ssh_all
+from _common import REPO_DIR, gcloud, main, parser, ssh_all
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,5 +27,4 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
 
 
 if __name__ == "__main__":
-    cmds, dry = commands()
-    sys.exit(execute(cmds, dry))
+    main(commands)
