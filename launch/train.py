@@ -10,7 +10,9 @@ the newest good checkpoint in ``<run_dir>/checkpoints``; SIGTERM saves a checkpo
 
 A failure you can fix (a config error or unknown field, a missing file, a full disk, a corrupt weights file,
 a checkpoint of another shape) ends in two lines and exit 2 (bad input) or 1; ``--verbose`` or
-``ENVACE_DEBUG=1`` shows the traceback (launch/entrypoint.py, shared by every launch/ command).
+``ENVACE_DEBUG=1`` shows the traceback (launch/entrypoint.py, shared by every launch/ command). A run whose
+judge keeps failing (``judge.outage_share`` of a step's episodes for ``judge.outage_steps`` steps) stops with
+one line and exit 3; a rerun resumes from the last checkpoint.
 """
 
 from __future__ import annotations
