@@ -310,9 +310,11 @@ class TestTimeRehearsal:
     __test__ = False  # not a pytest class, despite the name
 
     def __init__(self, cfg: RehearsalConfig, rollout_cfg: RolloutConfig, codec, policy, judge,
-                 make_env: Callable[[dict], Any], *, simulator=None, imagined_judge=advance_judge):
+                 make_env: Callable[[dict], Any], *, simulator=None, imagined_judge=advance_judge,
+                 on_step: Callable[[int, list[Episode]], None] | None = None):
         self.cfg, self.codec, self.policy, self.judge, self.make_env = cfg, codec, policy, judge, make_env
         self.simulator, self.imagined_judge = simulator, imagined_judge
+        self.on_step = on_step  # the committed run's RolloutEngine hook (eval.progress.EpisodeBar)
         self.real_cfg = dataclasses.replace(rollout_cfg, mode="real")
         cap = cfg.max_tokens_per_rehearsal
         temp = {} if cfg.temperature is None else {"temperature": float(cfg.temperature)}
@@ -391,7 +393,8 @@ class TestTimeRehearsal:
         rehearsals = self.rehearse(records)
         committed = [with_memory(r, o.memory, self.cfg.placement) if o.memory else r
                      for r, o in zip(records, rehearsals)]
-        engine = RolloutEngine(self.real_cfg, self.codec, self.policy, self.judge, make_env=self.make_env)
+        engine = RolloutEngine(self.real_cfg, self.codec, self.policy, self.judge, make_env=self.make_env,
+                               on_step=self.on_step)
         episodes = engine.run(committed, [o.uid for o in rehearsals])
         return RehearsalRun(self.cfg, episodes, rehearsals)
 

@@ -1,0 +1,54 @@
+"""What an evaluation is doing, on stderr: stage lines with elapsed seconds, and a bar over episodes.
+
+An eval of a real model runs for minutes to hours; without these lines nothing is printed until the
+results table. stdout stays for the results (``launch/eval.py`` prints the table there). The bar is
+tqdm's: ``TQDM_DISABLE=1`` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import Any, Iterator, Sequence
+
+
+def say(message: str) -> None:
+    print(f"eval: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def stage(what: str) -> Iterator[None]:
+    """A line when ``what`` starts and one when it ends (or fails), with the seconds it took."""
+    say(f"{what} ...")
+    t0 = time.perf_counter()
+    try:
+        yield
+    except BaseException:
+        say(f"{what}: failed after {time.perf_counter() - t0:.1f} s")
+        raise
+    say(f"{what}: done in {time.perf_counter() - t0:.1f} s")
+
+
+class EpisodeBar:
+    """A bar over ``total`` episodes of one engine run, advanced by ``RolloutEngine``'s ``on_step`` hook
+    (called after every micro-step with all episodes) as episodes end."""
+
+    def __init__(self, total: int, desc: str):
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, desc=desc, unit="episode", file=sys.stderr, dynamic_ncols=True)
+
+    def on_step(self, step: int, episodes: Sequence[Any]) -> None:
+        done = sum(bool(e.done) for e in episodes)
+        if done > self._bar.n:
+            self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        self._bar.close()
+
+    def __enter__(self) -> "EpisodeBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
