@@ -29,7 +29,10 @@ def test_eval_prints_stages_with_seconds_and_an_episode_bar(tmp_path, capsys):
     assert [re.sub(r"\d+\.\d s$", "S s", line) for line in lines] == [
         "eval: demo suite, policy model ...",
         "eval: loading a random tiny model ...", "eval: loading a random tiny model: done in S s",
-        f"eval: {label} ...", f"eval: {label}: done in S s",
+        f"eval: {label} ...",
+        "eval: rehearsal round 1/1: 3 imagined episodes ...",
+        "eval: rehearsal round 1/1: 3 imagined episodes: done in S s",
+        f"eval: {label}: done in S s",
         "eval: demo suite, policy model: done in S s"]
     # tqdm's bar over the 3 committed episodes ends full
     assert re.search(r"demo after 1 parallel rehearsal\(s\): 100%\|.*\| 3/3 ", out.err)

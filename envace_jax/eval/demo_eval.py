@@ -73,10 +73,8 @@ def make_rehearsal_runner(tasks: Sequence[dict[str, Any]], codec, client, rollou
         label = "demo" if rcfg.n == 0 else f"demo after {rcfg.n} {rcfg.mode} rehearsal(s)"
         with progress.stage(f"{label}: {len(tasks)} tasks"), progress.EpisodeBar(len(tasks), label) as bar:
             ttr = TestTimeRehearsal(rcfg, rollout_cfg, codec, client, ChecklistTurnJudge(_judge()), make_env,
-                                    on_step=bar.on_step)
-            out = ttr.run(list(tasks))
-            bar.on_step(-1, out.committed)  # episodes cut at the step cap end after the engine's last hook
-        return out
+                                    episode_bar=bar, stage_lines=True)
+            return ttr.run(list(tasks))
     return run
 
 

@@ -14,7 +14,10 @@ from typing import Any, Iterator, Sequence
 
 
 def say(message: str) -> None:
-    print(f"eval: {message}", file=sys.stderr, flush=True)
+    from tqdm import tqdm
+
+    # tqdm.write moves an open bar below the line instead of gluing the line onto the bar's row
+    tqdm.write(f"eval: {message}", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -32,20 +35,29 @@ def stage(what: str) -> Iterator[None]:
 
 class EpisodeBar:
     """A bar over ``total`` episodes of one engine run, advanced by ``RolloutEngine``'s ``on_step`` hook
-    (called after every micro-step with all episodes) as episodes end."""
+    (called after every micro-step with all episodes) as episodes end. ``start`` shows it when that run
+    begins, so that what runs before (test-time rehearsal rounds) prints its lines without a bar
+    standing at 0 and the bar's rate counts the run only."""
 
     def __init__(self, total: int, desc: str):
-        from tqdm import tqdm
+        self.total, self.desc = total, desc
+        self._bar = None
 
-        self._bar = tqdm(total=total, desc=desc, unit="episode", file=sys.stderr, dynamic_ncols=True)
+    def start(self) -> None:
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total, desc=self.desc, unit="episode", file=sys.stderr, dynamic_ncols=True)
 
     def on_step(self, step: int, episodes: Sequence[Any]) -> None:
+        self.start()
         done = sum(bool(e.done) for e in episodes)
         if done > self._bar.n:
             self._bar.update(done - self._bar.n)
 
     def close(self) -> None:
-        self._bar.close()
+        if self._bar is not None:
+            self._bar.close()
 
     def __enter__(self) -> "EpisodeBar":
         return self
