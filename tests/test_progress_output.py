@@ -61,3 +61,38 @@ def test_aot_compile_prints_a_line_before_and_after_each_compilation(tmp_path):
     cost = "aot: [1/1] logprobs: compiling 1- and 2-layer copies for its cost"
     assert lines == [f"{compile_} ...", f"{compile_}: S s", f"{cost} ...", f"{cost}: S s"]
     assert "logprobs" in p.stdout and "aot:" not in p.stdout
+
+
+def test_bfcl_multi_turn_loop_counts_entries_as_they_end(monkeypatch, capsys):
+    """The BFCL loop's bar, on a stand-in environment (BFCL itself is an optional package): entries
+    with 1, 2 and 3 user turns and an agent that never calls a tool end after 1, 2 and 3 agent calls."""
+    from envace_jax.eval import bfcl_eval
+    from envace_jax.eval.config import BfclConfig
+    from envace_jax.eval.harness import AgentTurn
+
+    class NoToolsEnv:
+        tool_schemas: list = []
+
+        def __init__(self, entry):
+            pass
+
+    class Replier:
+        def __init__(self):
+            self.calls = 0
+
+        def act(self, conversations):
+            self.calls += 1
+            return [AgentTurn("ok") for _ in conversations]
+
+        def release(self, keys):
+            pass
+
+    monkeypatch.setattr(bfcl_eval.bfcl, "BfclMultiTurnEnv", NoToolsEnv)
+    entries = [{"id": f"e{n}", "question": [[{"role": "user", "content": f"turn {t}"}] for t in range(n)]}
+               for n in (1, 2, 3)]
+    agent = Replier()
+    eps = bfcl_eval.play_multi_turn(entries, agent, BfclConfig(batch_size=8), desc="multi_turn_fake")
+    assert [e.termination for e in eps] == ["completed"] * 3 and agent.calls == 3
+    err = capsys.readouterr().err
+    counts = [int(n) for n in re.findall(r"multi_turn_fake:\s+\d+%\|[^|]*\|\s*(\d)/3", err)]
+    assert counts[0] == 0 and counts[-1] == 3 and counts == sorted(counts)
