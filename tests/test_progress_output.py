@@ -96,3 +96,19 @@ def test_bfcl_multi_turn_loop_counts_entries_as_they_end(monkeypatch, capsys):
     err = capsys.readouterr().err
     counts = [int(n) for n in re.findall(r"multi_turn_fake:\s+\d+%\|[^|]*\|\s*(\d)/3", err)]
     assert counts[0] == 0 and counts[-1] == 3 and counts == sorted(counts)
+
+
+def test_fidelity_suite_prints_its_stages_and_a_bar_over_the_rehearsed_calls(tmp_path, capsys):
+    res = run_eval({"suite": "fidelity", "output_dir": str(tmp_path), "model": TINY,
+                    "sampling": {"temperature": 0.0, "max_new_tokens": 8},
+                    "fidelity": {"rehearser": "model", "bfcl_categories": (), "tau2_domains": (), "demo_tasks": 3,
+                                 "batch_size": 4}})
+    calls = sum(r["count"] for r in res["categories"].values())
+    assert calls > 4   # more than one generate call, so the bar moves more than once
+    err = capsys.readouterr().err
+    stage = f"eval: fidelity: the model rehearser on {calls} calls"
+    lines = [re.sub(r"\d+\.\d s$", "S s", line) for line in err.splitlines() if line.startswith("eval: fidelity")]
+    assert lines == ["eval: fidelity suite, rehearser model ...", "eval: fidelity: replaying the logged calls ...",
+                     "eval: fidelity: replaying the logged calls: done in S s", f"{stage} ...", f"{stage}: done in S s",
+                     "eval: fidelity suite, rehearser model: done in S s"]
+    assert re.search(rf"REHEARSE: 100%\|.*\| {calls}/{calls} ", err)

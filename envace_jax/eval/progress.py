@@ -33,6 +33,13 @@ def stage(what: str) -> Iterator[None]:
     say(f"{what}: done in {time.perf_counter() - t0:.1f} s")
 
 
+def count_bar(total: int, desc: str, unit: str):
+    """A tqdm bar over ``total`` items on stderr (``update(n)`` as they are done; ``close()`` at the end)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+
 class EpisodeBar:
     """A bar over ``total`` episodes of one engine run, advanced by ``RolloutEngine``'s ``on_step`` hook
     (called after every micro-step with all episodes) as episodes end. ``start`` shows it when that run
@@ -45,9 +52,7 @@ class EpisodeBar:
 
     def start(self) -> None:
         if self._bar is None:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=self.total, desc=self.desc, unit="episode", file=sys.stderr, dynamic_ncols=True)
+            self._bar = count_bar(self.total, self.desc, "episode")
 
     def on_step(self, step: int, episodes: Sequence[Any]) -> None:
         self.start()

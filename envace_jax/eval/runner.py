@@ -45,7 +45,8 @@ def run_eval(config: Any) -> dict[str, Any]:
         raise ValueError("config.output_dir is empty: give the directory for results.json and results.md")
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.time()
-    with progress.stage(f"{cfg.suite} suite, policy {cfg.policy}"):
+    who = f"rehearser {cfg.fidelity.rehearser}" if cfg.suite == "fidelity" else f"policy {cfg.policy}"
+    with progress.stage(f"{cfg.suite} suite, {who}"):
         cats, policy, extra_files = _run_suite(cfg, out_dir)
     res = R.results_dict(cfg.suite, policy, cats, json.loads(json.dumps(dataclasses.asdict(cfg))))
     res["wall_seconds"] = round(time.time() - t0, 2)
