@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import helpers_loop as h
 
@@ -89,6 +90,7 @@ def test_every_usage_command_is_run_or_excused():
     assert not unknown, f"README commands neither run by this test nor excused in NOT_RUN: {unknown}"
 
 
+@pytest.mark.slow
 def test_cpu_commands_chain_in_order(tmp_path):
     cmds = usage_commands()[: len(CHAIN)]
     cwd = sandbox(tmp_path / "cwd")
