@@ -1,5 +1,10 @@
-"""A tiny run that finishes on a laptop CPU: random 2-layer Qwen3, offline demo tokenizer, demo tool
-worlds with rule-checked checklists. Same code path as the 8B config; only sizes differ.
+"""A SMOKE config: a tiny run that finishes on a laptop CPU and checks that every part of training
+works (random 2-layer Qwen3, offline demo tokenizer, demo tool worlds with rule-checked checklists).
+Same code path as the 8B config; only sizes differ.
+
+It does not learn: a random model never passes a checklist item, so the reward is 0 at every step and
+every advantage is 0. The learning demo is ``make demo`` (``configs/demo.py`` via ``launch/demo.py``:
+RL from a shipped pretrained tiny base; README, section Demo).
 
     python launch/train.py --config=configs/demo_cpu.py --config.run_dir=/tmp/demo
 """

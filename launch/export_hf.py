@@ -35,6 +35,10 @@ def export(cfg, out_dir: str, *, checkpoint_dir: str | None = None, step: int | 
     from envace_jax.checkpoint import Checkpointer
     from envace_jax.models import hf_io
 
+    ckpt_dir = checkpoint_dir or os.path.join(cfg.run_dir, "checkpoints")
+    if not os.path.isdir(ckpt_dir):  # checked first: build_policies writes a demo tokenizer into run_dir
+        raise FileNotFoundError(f"no checkpoint in {ckpt_dir} (give the training run's --config.run_dir "
+                                "or --checkpoint_dir)")
     tok, codec, trainers, _, _ = rl_train.build_policies(cfg, None)
     distinct = {}
     for r, t in trainers.items():
@@ -47,7 +51,7 @@ def export(cfg, out_dir: str, *, checkpoint_dir: str | None = None, step: int | 
     if role not in trainers:
         raise ValueError(f"--role={role!r}: this run's checkpoint holds {sorted(distinct)}")
     target = {"iteration": 0, "trainers": {r: t.state_dict() for r, t in distinct.items()}}
-    ck = Checkpointer(checkpoint_dir or os.path.join(cfg.run_dir, "checkpoints"), async_save=False)
+    ck = Checkpointer(ckpt_dir, async_save=False)
     if step is None:
         res = ck.restore_latest_good(target)
         if res is None:

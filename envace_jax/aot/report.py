@@ -14,10 +14,13 @@ buffers counted once). ``fits`` also counts what the run keeps on the chip while
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from typing import Any, Sequence
+import sys
+import time
+from typing import Any, Callable, Iterator, Sequence
 
 from envace_jax.aot.analyze import ProgramReport, analyze, compiled_cost, layer_fit, roofline_seconds
 from envace_jax.aot.chips import ChipSpec, chip_for_topology, topology_chips
@@ -92,8 +95,24 @@ def host_topology(topology: str, devices: Sequence[Any]) -> str | None:
     return f"{gen}:{'x'.join(str(d) for d in dims)}"
 
 
+def _stderr_line(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _timed(say: Callable[[str], None], what: str) -> Iterator[None]:
+    """A line before ``what`` and one after it with the seconds it took: one compile of a large model
+    takes minutes on a CPU host, and a whole report can take an hour."""
+    say(f"aot: {what} ...")
+    t0 = time.perf_counter()
+    yield
+    say(f"aot: {what}: {time.perf_counter() - t0:.1f} s")
+
+
 def compile_report(cfg: ExperimentConfig, topology: str, num_slices: int = 1,
-                   only: Sequence[str] | None = None) -> Report:
+                   only: Sequence[str] | None = None, *, say: Callable[[str], None] = _stderr_line) -> Report:
+    """Compiles the programs of ``cfg`` (``only``: these names) for ``topology``; ``say`` gets a progress
+    line before and after each compilation (default: stderr)."""
     from envace_jax.aot.programs import DECODE_SETUP, build_programs
 
     chip = chip_for_topology(topology)
@@ -116,16 +135,19 @@ def compile_report(cfg: ExperimentConfig, topology: str, num_slices: int = 1,
     num_layers = model_config(cfg).num_layers
     reports = []
     fitted = lambda name: layer_fit(compiled_cost(small[1][name]), compiled_cost(small[2][name]), num_layers)
-    for p in programs:
-        rep = analyze(p, chip)
+    for i, p in enumerate(programs, 1):
+        with _timed(say, f"[{i}/{len(programs)}] {p.name} ({p.shape}): lowering and compiling for {topology}"):
+            rep = analyze(p, chip)
         if rep.fits or not rep.error:
-            cost = fitted(p.name)
+            with _timed(say, f"[{i}/{len(programs)}] {p.name}: compiling 1- and 2-layer copies for its cost"):
+                cost = fitted(p.name)
             if cost is not None:
                 roofline = roofline_seconds(*cost, chip) * rep.steps
                 if p.name == "decode":
                     # The loop body is counted once, the setup before the loop (decode_weights) too:
                     # one step is the difference; the setup runs once per call, not once per step.
-                    setup = fitted(DECODE_SETUP) or (0.0, 0.0)
+                    with _timed(say, f"[{i}/{len(programs)}] decode: compiling its once-per-call setup"):
+                        setup = fitted(DECODE_SETUP) or (0.0, 0.0)
                     cost = tuple(max(a - b, 0.0) for a, b in zip(cost, setup))
                     rep = dataclasses.replace(rep, setup_s=roofline_seconds(*setup, chip))
                     roofline = roofline_seconds(*cost, chip) * rep.steps + rep.setup_s

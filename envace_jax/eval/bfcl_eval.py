@@ -23,6 +23,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from envace_jax.envs import bfcl
+from envace_jax.eval import progress
 from envace_jax.eval.config import BfclConfig  # noqa: F401  (the suite's knobs live with every eval knob)
 from envace_jax.eval.harness import LENGTH_BUDGET, Agent, AgentTurn, Conversation, number_calls, parse_turn, \
     tool_call_text
@@ -126,8 +127,10 @@ def _start(e: Mapping[str, Any]) -> _Episode:
     return ep
 
 
-def play_multi_turn(entries: Sequence[Mapping[str, Any]], agent: Agent, cfg: BfclConfig) -> list[_Episode]:
-    """Plays every entry to its end (or force-quit); returns the episodes in entry order.
+def play_multi_turn(entries: Sequence[Mapping[str, Any]], agent: Agent, cfg: BfclConfig,
+                    desc: str = "bfcl") -> list[_Episode]:
+    """Plays every entry to its end (or force-quit); returns the episodes in entry order. A bar named
+    ``desc`` on stderr counts the entries that ended.
 
     At most ``cfg.batch_size`` entries are live at once, and an entry that ends hands its slot to the
     next one at once: entries differ a lot in turns and steps, so fixed groups would spend most agent
@@ -136,6 +139,8 @@ def play_multi_turn(entries: Sequence[Mapping[str, Any]], agent: Agent, cfg: Bfc
     episodes: list[_Episode | None] = [None] * len(entries)
     todo = iter(range(len(entries)))
     live: list[int] = []
+    bar = progress.EpisodeBar(len(entries), desc)
+    bar.start()
     while True:
         while len(live) < cfg.batch_size and (j := next(todo, None)) is not None:
             episodes[j] = _start(entries[j])
@@ -151,6 +156,8 @@ def play_multi_turn(entries: Sequence[Mapping[str, Any]], agent: Agent, cfg: Bfc
         if ended:
             agent.release(ended)
         live = [j for j in live if not episodes[j].done]
+        bar.on_step(0, [e for e in episodes if e is not None])
+    bar.close()
     return episodes  # type: ignore[return-value]
 
 
@@ -188,7 +195,7 @@ def evaluate_multi_turn(category: str, agent: Agent | str, cfg: BfclConfig) -> C
     if agent == "oracle":
         agent = BfclMultiTurnOracle(entries, gts, cfg.max_steps_per_turn)
     rows = []
-    for ep in play_multi_turn(entries, agent, cfg):
+    for ep in play_multi_turn(entries, agent, cfg, desc=category):
         res = bfcl.check_multi_turn(ep.trajectory, ep.entry, gts[ep.entry["id"]])
         rows.append(EntryResult(ep.entry["id"], bool(res.get("valid")), res.get("error_type"),
                                 {"termination": ep.termination, "turns": len(ep.trajectory),
@@ -244,5 +251,6 @@ def evaluate(agent: Agent | str, cfg: BfclConfig) -> list[CategoryResult]:
     out = []
     for cat in cfg.categories:
         fn = evaluate_multi_turn if cat in bfcl.MULTI_TURN_CATEGORIES else evaluate_single_turn
-        out.append(fn(cat, agent, cfg))
+        with progress.stage(f"bfcl {cat}"):
+            out.append(fn(cat, agent, cfg))
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from envace_jax.eval import progress
 from envace_jax.eval.config import DemoSuiteConfig
 from envace_jax.eval.results import CategoryResult, EntryResult, is_success
 from envace_jax.eval.rehearsal import RehearsalConfig, RehearsalRun, TestTimeRehearsal, rehearsal_sweep
@@ -69,8 +70,11 @@ def make_rehearsal_runner(tasks: Sequence[dict[str, Any]], codec, client, rollou
         client_reset = getattr(client, "reset", None)
         if client_reset is not None:   # rows cached by an earlier setting belong to other episodes
             client_reset()
-        ttr = TestTimeRehearsal(rcfg, rollout_cfg, codec, client, ChecklistTurnJudge(_judge()), make_env)
-        return ttr.run(list(tasks))
+        label = "demo" if rcfg.n == 0 else f"demo after {rcfg.n} {rcfg.mode} rehearsal(s)"
+        with progress.stage(f"{label}: {len(tasks)} tasks"), progress.EpisodeBar(len(tasks), label) as bar:
+            ttr = TestTimeRehearsal(rcfg, rollout_cfg, codec, client, ChecklistTurnJudge(_judge()), make_env,
+                                    episode_bar=bar, stage_lines=True)
+            return ttr.run(list(tasks))
     return run
 
 

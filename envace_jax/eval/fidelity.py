@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from envace_jax.chat.simulator import is_failed_result, parse_simulator_output
 from envace_jax.chat.tool_parser import CALL_SEPARATOR
+from envace_jax.eval import progress
 from envace_jax.eval.fidelity_report import (MEASURES, CallScore, FidelityReport, hallucination_counts,  # noqa: F401
                                              kind_headline)
 from envace_jax.eval.state_change import logged_calls, replay_state_changes, state_fingerprint, tau2_tool_labels
@@ -360,11 +361,12 @@ class PolicyRehearser:
 
     def __init__(self, codec: Any, client: Any, sampling: RoleSampling = RoleSampling(temperature=0.0,
                                                                                          max_new_tokens=256),
-                 *, batch_size: int | None = None, seed: int = 0):
+                 *, batch_size: int | None = None, seed: int = 0, progress_bar: bool = False):
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"PolicyRehearser batch_size must be >= 1, got {batch_size}")
         self.codec, self.client, self.sampling = codec, client, sampling
         self.batch_size, self.seed = batch_size, seed
+        self.progress_bar = progress_bar  # a bar over the calls rehearsed, on stderr (eval.progress)
         self.generate_calls = 0
         self.prompt_tokens = 0
         self.generated_tokens = 0
@@ -376,6 +378,7 @@ class PolicyRehearser:
         reqs = [GenRequest(self.prompt(c), REHEARSE, self.sampling, self.seed + i) for i, c in enumerate(cases)]
         size = self.batch_size or max(1, len(reqs))
         texts: list[str] = []
+        bar = progress.count_bar(len(reqs), "REHEARSE", "call") if self.progress_bar else None
         for start in range(0, len(reqs), size):
             chunk = reqs[start:start + size]
             outs = self.client.generate(chunk)
@@ -385,6 +388,10 @@ class PolicyRehearser:
             self.prompt_tokens += sum(len(r.prompt_ids) for r in chunk)
             self.generated_tokens += sum(len(o.ids) for o in outs)
             texts += [self.codec.decode(list(o.ids)) for o in outs]
+            if bar is not None:
+                bar.update(len(chunk))
+        if bar is not None:
+            bar.close()
         return texts
 
 

@@ -23,6 +23,7 @@ import os
 from typing import Any
 
 from envace_jax.eval import fidelity as F
+from envace_jax.eval import progress
 from envace_jax.eval.config import REHEARSERS, FidelityBenchConfig  # noqa: F401  (knobs live with every eval knob)
 from envace_jax.eval.results import CategoryResult, EntryResult
 
@@ -55,7 +56,7 @@ def make_rehearser(cfg: FidelityBenchConfig, codec: Any = None, client: Any = No
     if codec is None or client is None:
         raise ValueError("config.fidelity.rehearser='model' needs a model (config.model.model_path or random_tiny)")
     kwargs = {"sampling": sampling} if sampling is not None else {}
-    return F.PolicyRehearser(codec, client, batch_size=cfg.batch_size, seed=cfg.seed, **kwargs)
+    return F.PolicyRehearser(codec, client, batch_size=cfg.batch_size, seed=cfg.seed, progress_bar=True, **kwargs)
 
 
 def categories(report: F.FidelityReport) -> list[CategoryResult]:
@@ -97,7 +98,10 @@ def write_report(report: F.FidelityReport, out_dir: str) -> dict[str, str]:
 def run(cfg: FidelityBenchConfig, out_dir: str, *, codec: Any = None, client: Any = None,
         sampling: Any = None) -> tuple[F.FidelityReport, list[CategoryResult], dict[str, str]]:
     """Builds the cases, scores the configured rehearser, writes the fidelity files."""
-    report = F.evaluate_fidelity(benchmark_cases(cfg), make_rehearser(cfg, codec, client, sampling))
+    with progress.stage("fidelity: replaying the logged calls"):
+        cases = benchmark_cases(cfg)
+    with progress.stage(f"fidelity: the {cfg.rehearser} rehearser on {len(cases)} calls"):
+        report = F.evaluate_fidelity(cases, make_rehearser(cfg, codec, client, sampling))
     return report, categories(report), write_report(report, out_dir)
 
 

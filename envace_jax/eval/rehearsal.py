@@ -53,6 +53,7 @@ and generated, rehearsals plus summaries) are counted per task.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from typing import Any, Callable, Mapping, Sequence
@@ -61,6 +62,7 @@ from envace_jax.chat.call_schema import call_problem
 from envace_jax.chat.simulator import is_failed_result
 from envace_jax.chat.tool_parser import split_assistant_text, strip_think
 from envace_jax.envs.base import NoToolEnvironment
+from envace_jax.eval import progress
 from envace_jax.eval.config import MEMORY_GATES, MEMORY_KINDS, PLACEMENTS, RehearsalConfig  # noqa: F401
 from envace_jax.eval.config import REHEARSAL_MODES as MODES
 from envace_jax.eval.results import is_success, mean_ci, wilson_ci
@@ -310,9 +312,12 @@ class TestTimeRehearsal:
     __test__ = False  # not a pytest class, despite the name
 
     def __init__(self, cfg: RehearsalConfig, rollout_cfg: RolloutConfig, codec, policy, judge,
-                 make_env: Callable[[dict], Any], *, simulator=None, imagined_judge=advance_judge):
+                 make_env: Callable[[dict], Any], *, simulator=None, imagined_judge=advance_judge,
+                 episode_bar: progress.EpisodeBar | None = None, stage_lines: bool = False):
         self.cfg, self.codec, self.policy, self.judge, self.make_env = cfg, codec, policy, judge, make_env
         self.simulator, self.imagined_judge = simulator, imagined_judge
+        self.episode_bar = episode_bar  # advanced as the committed run's episodes end
+        self.stage_lines = stage_lines  # a line with seconds per imagined round (eval.progress.stage)
         self.real_cfg = dataclasses.replace(rollout_cfg, mode="real")
         cap = cfg.max_tokens_per_rehearsal
         temp = {} if cfg.temperature is None else {"temperature": float(cfg.temperature)}
@@ -334,7 +339,10 @@ class TestTimeRehearsal:
         engine = ImaginedEngine(cfg, self.codec, self.policy, self.imagined_judge, simulator=self.simulator,
                                 on_step=self._budget_hook)
         self.imagined_engines.append(engine)
-        return engine.run(records, uids)
+        rounds = 1 if self.cfg.mode == "parallel" else self.cfg.n
+        what = f"rehearsal round {round_ + 1}/{rounds}: {len(records)} imagined episodes"
+        with progress.stage(what) if self.stage_lines else contextlib.nullcontext():
+            return engine.run(records, uids)
 
     def _memory(self, record: Mapping[str, Any], traces: list[RehearsalTrace], out: TaskRehearsal) -> str:
         gated = self.cfg.place_memory == "on_mistake"
@@ -391,8 +399,14 @@ class TestTimeRehearsal:
         rehearsals = self.rehearse(records)
         committed = [with_memory(r, o.memory, self.cfg.placement) if o.memory else r
                      for r, o in zip(records, rehearsals)]
-        engine = RolloutEngine(self.real_cfg, self.codec, self.policy, self.judge, make_env=self.make_env)
+        bar = self.episode_bar
+        engine = RolloutEngine(self.real_cfg, self.codec, self.policy, self.judge, make_env=self.make_env,
+                               on_step=None if bar is None else bar.on_step)
+        if bar is not None:
+            bar.start()
         episodes = engine.run(committed, [o.uid for o in rehearsals])
+        if bar is not None:
+            bar.on_step(-1, episodes)  # episodes cut at the step cap end after the engine's last hook
         return RehearsalRun(self.cfg, episodes, rehearsals)
 
 

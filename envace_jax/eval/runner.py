@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any
 
+from envace_jax.eval import progress
 from envace_jax.eval import results as R
 from envace_jax.eval.config import POLICIES, SUITES, EvalConfig, load_eval_config  # noqa: F401
 from envace_jax.eval.harness import build_model_agent
@@ -21,8 +22,10 @@ from envace_jax.eval.harness import build_model_agent
 
 def _agent(cfg: EvalConfig, out_dir: str, model_path: str | None = None):
     spec = cfg.model if model_path is None else dataclasses.replace(cfg.model, model_path=model_path)
-    return build_model_agent(spec, cfg.sampling, max_model_len=cfg.max_model_len, work_dir=out_dir,
-                             enable_thinking=cfg.enable_thinking, seed=cfg.seed, shapes=cfg.sampler)
+    what = spec.model_path or ("a random tiny model" if spec.random_tiny else "the model (no model_path)")
+    with progress.stage(f"loading {what}"):
+        return build_model_agent(spec, cfg.sampling, max_model_len=cfg.max_model_len, work_dir=out_dir,
+                                 enable_thinking=cfg.enable_thinking, seed=cfg.seed, shapes=cfg.sampler)
 
 
 def _rollout_cfg(cfg: EvalConfig):
@@ -42,6 +45,20 @@ def run_eval(config: Any) -> dict[str, Any]:
         raise ValueError("config.output_dir is empty: give the directory for results.json and results.md")
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.time()
+    who = f"rehearser {cfg.fidelity.rehearser}" if cfg.suite == "fidelity" else f"policy {cfg.policy}"
+    with progress.stage(f"{cfg.suite} suite, {who}"):
+        cats, policy, extra_files = _run_suite(cfg, out_dir)
+    res = R.results_dict(cfg.suite, policy, cats, json.loads(json.dumps(dataclasses.asdict(cfg))))
+    res["wall_seconds"] = round(time.time() - t0, 2)
+    if extra_files:
+        res["files"] = extra_files
+    per_entry = {c.name: c.entries for c in cats} if cfg.write_entries else None
+    R.write_results(out_dir, res, per_entry)
+    return res
+
+
+def _run_suite(cfg: EvalConfig, out_dir: str) -> tuple[list[R.CategoryResult], str, dict[str, str]]:
+    """(categories, the policy name to report, extra files written) of the configured suite."""
     policy = cfg.policy
     extra_files: dict[str, str] = {}
     if cfg.suite == "bfcl":
@@ -88,13 +105,7 @@ def run_eval(config: Any) -> dict[str, Any]:
                 with open(os.path.join(out_dir, "sweep.json"), "w", encoding="utf-8") as f:
                     f.write(sweep.to_json())
                 extra_files = {"sweep_md": "sweep.md", "sweep_json": "sweep.json"}
-    res = R.results_dict(cfg.suite, policy, cats, json.loads(json.dumps(dataclasses.asdict(cfg))))
-    res["wall_seconds"] = round(time.time() - t0, 2)
-    if extra_files:
-        res["files"] = extra_files
-    per_entry = {c.name: c.entries for c in cats} if cfg.write_entries else None
-    R.write_results(out_dir, res, per_entry)
-    return res
+    return cats, policy, extra_files
 
 
 __all__ = ["POLICIES", "SUITES", "run_eval"]

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 from envace_jax.chat.tool_parser import strip_think
 from envace_jax.envs import tau2 as T
+from envace_jax.eval import progress
 from envace_jax.eval.config import TAU2_USERS as USERS  # noqa: F401
 from envace_jax.eval.config import Tau2Config  # noqa: F401  (the suite's knobs live with every eval knob)
 from envace_jax.eval.harness import LENGTH_BUDGET, Agent, AgentTurn, Conversation, number_calls, parse_turn
@@ -149,6 +150,8 @@ def play(domain: str, tasks: Sequence[Any], agent: Agent, cfg: Tau2Config,
     if cfg.user == "model" and user_agent is None:
         raise ValueError("config.tau2.user='model' needs a user model (config.tau2.user_model_path or the policy)")
     out: list[_Episode] = []
+    bar = progress.EpisodeBar(len(tasks), f"tau2 {domain}")  # counts the tasks played to their end
+    bar.start()
     for lo in range(0, len(tasks), cfg.batch_size):
         group = [_start(domain, t, lo + i) for i, t in enumerate(tasks[lo: lo + cfg.batch_size])]
         while True:
@@ -176,7 +179,10 @@ def play(domain: str, tasks: Sequence[Any], agent: Agent, cfg: Tau2Config,
                 agent.release([ep.agent.key for ep in ended])
                 if user_agent is not None:
                     user_agent.release([ep.user.key for ep in ended])
+            bar.on_step(0, out + group)
         out.extend(group)
+        bar.on_step(0, out)   # the group's last episodes may have been cut at max_steps just above
+    bar.close()
     return out
 
 
@@ -198,11 +204,12 @@ def evaluate_model(domain: str, tasks: Sequence[Any], agent: Agent, cfg: Tau2Con
 def evaluate(agent: Agent | str, cfg: Tau2Config, user_agent: Agent | None = None) -> list[CategoryResult]:
     out = []
     for domain in cfg.domains:
-        tasks = T.load_tasks(domain, cfg.split)
-        if cfg.limit:
-            tasks = tasks[: cfg.limit]
-        if agent == "oracle":
-            out.append(evaluate_oracle(domain, tasks))
-        else:
-            out.append(evaluate_model(domain, tasks, agent, cfg, user_agent))
+        with progress.stage(f"tau2 {domain}"):
+            tasks = T.load_tasks(domain, cfg.split)
+            if cfg.limit:
+                tasks = tasks[: cfg.limit]
+            if agent == "oracle":
+                out.append(evaluate_oracle(domain, tasks))
+            else:
+                out.append(evaluate_model(domain, tasks, agent, cfg, user_agent))
     return out

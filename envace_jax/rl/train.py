@@ -20,9 +20,10 @@ import numpy as np
 from envace_jax import config as config_lib
 from envace_jax import sharding as shd
 from envace_jax.checkpoint import Checkpointer, PreemptionGuard
-from envace_jax.metrics import MetricsWriter, plot_rewards
+from envace_jax.metrics import MetricsWriter
 from envace_jax.models import hf_io, qwen3
 from envace_jax.rl import judge_outage
+from envace_jax.rl.plots import plot_run
 from envace_jax.rl.rollout import TRAINED_ROLES
 from envace_jax.rl.step import RLStep, build_rl_step
 from envace_jax.rl.trainer import Trainer
@@ -462,7 +463,7 @@ def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -
     if outage is not None:
         raise outage
     if not preempted and cfg.log.plot and jax.process_index() == 0 and os.path.exists(run.writer.path):
-        plot_rewards(run.writer.path, os.path.join(cfg.run_dir, "rewards.png"), title=cfg.name)
+        plot_run(cfg.run_dir, title=cfg.name)  # training.png (reward, success, loss, KL) and rewards.png
     if dump_params:
         params = run.params()  # a collective: every process gathers
         # "{process}" in the path: every process writes its own copy (tests compare them).
