@@ -29,10 +29,10 @@ This walks the path of a user who has a real Qwen3 checkpoint folder, with rando
    exactly the ids the rollout sampled from.
 
 It prints seconds and peak resident memory per phase (a thread samples /proc/self/statm every 20 ms,
-and a phase that raised the process's ``ru_maxrss`` counts that peak; children report their own
-``ru_maxrss``), the process's ``resource.getrusage`` peaks, and the parity figures, then the phase table as
-markdown, and writes everything to ``<out>/summary.json``. The step is the first of the run, so its phases
-include XLA compilation.
+and a phase that raised the process's ``ru_maxrss`` counts that peak; child processes report their own
+VmHWM, see ``own_peak_gib``), the process's peak (``resource.getrusage`` ``ru_maxrss`` and VmHWM), and
+the parity figures, then the phase table as markdown, and writes everything to ``<out>/summary.json``.
+The step is the first of the run, so its phases include XLA compilation.
 
 With random weights the policy never emits a well-formed tool call, so rollouts hold ACT rows only
 (REHEARSE is asked only to answer tool calls) and every episode scores 0: the advantages are zero and
@@ -43,6 +43,7 @@ same as with real weights; the rows' lengths are not (every reply runs to ``--ma
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -94,8 +95,20 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * _PAGE
 
 
-def ru_maxrss_gib(who: int) -> float:
-    return resource.getrusage(who).ru_maxrss * 1024 / GIB  # Linux reports KiB
+def ru_maxrss_gib() -> float:
+    """This process's peak RSS (``resource.getrusage``; Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+
+def own_peak_gib() -> float:
+    """This process's own peak RSS (VmHWM of its address space). A spawned child's ``ru_maxrss`` is not
+    that: Linux copies the parent's high-water mark into the child at fork and keeps it across exec, so
+    a child of a 15 GiB process reports at least 15 GiB. Children report this instead."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / GIB
+    raise RuntimeError("/proc/self/status has no VmHWM line")
 
 
 class RssWatch:
@@ -105,16 +118,19 @@ class RssWatch:
 
     def __init__(self, interval: float = 0.02):
         self.peak = rss_bytes()
+        self._lock = threading.Lock()   # a restart must not be overwritten by a sample taken before it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, args=(interval,), daemon=True)
         self._thread.start()
 
     def _loop(self, interval: float) -> None:
         while not self._stop.wait(interval):
-            self.peak = max(self.peak, rss_bytes())
+            with self._lock:
+                self.peak = max(self.peak, rss_bytes())
 
     def restart(self) -> None:
-        self.peak = rss_bytes()
+        with self._lock:
+            self.peak = rss_bytes()
 
     def close(self) -> None:
         self._stop.set()
@@ -128,7 +144,7 @@ class Phase:
     peak_gib: float | None         # this process; None: not measured (a split of its parent's time)
     depth: int
     note: str = ""
-    child_peak_gib: float | None = None   # a child process's own ru_maxrss
+    child_peak_gib: float | None = None   # a child process's own peak (``own_peak_gib``)
 
 
 class PhaseTable:
@@ -152,18 +168,21 @@ class PhaseTable:
             row = Phase(name, 0.0, None, depth, note)
             self.rows.append(row)
         self._stack.append([(row.peak_gib or 0.0) * GIB])
-        ru0 = ru_maxrss_gib(resource.RUSAGE_SELF)
+        ru0 = ru_maxrss_gib()
         self.watch.restart()
         t0 = time.perf_counter()
         try:
             yield row
         finally:
             row.seconds += time.perf_counter() - t0
-            ru1 = ru_maxrss_gib(resource.RUSAGE_SELF)
+            ru1 = ru_maxrss_gib()
             peak = max(self._stack.pop()[0], self.watch.peak, rss_bytes(), ru1 * GIB if ru1 > ru0 else 0.0)
             row.peak_gib = peak / GIB
             if self._stack:
                 self._stack[-1][0] = max(self._stack[-1][0], peak)
+            if depth <= 1:   # progress for long runs
+                print(f"{'  ' * depth}done: {name}, {time.perf_counter() - t0:.1f} s, peak RSS {row.peak_gib:.2f} GiB",
+                      file=sys.stderr, flush=True)
 
     def add(self, name: str, seconds: float, depth: int, *, note: str = "") -> None:
         self.rows.append(Phase(name, seconds, None, depth, note))
@@ -215,7 +234,7 @@ def build_checkpoint(fields: dict[str, Any], tokenizer_dir: str, out_dir: str, s
     model.save_pretrained(out_dir)
     for name in TOKENIZER_FILES:
         shutil.copy(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
-    return {"params": int(n_params), "seconds": time.perf_counter() - t0, "peak_gib": ru_maxrss_gib(resource.RUSAGE_SELF)}
+    return {"params": int(n_params), "seconds": time.perf_counter() - t0, "peak_gib": own_peak_gib()}
 
 
 def weight_change(before_dir: str, after_dir: str) -> dict[str, float]:
@@ -277,13 +296,13 @@ def transformers_parity(export_dir: str, tokenizer_dir: str, ours_npz: str, reco
             "max_abs_diff": max(diffs), "logit_scale": float(np.abs(ours).max()),
             "official_template": tok.chat_template == official_template,
             "prompt_ids_match": tok.encode(rendered, add_special_tokens=False) == list(prompt_ids),
-            "seconds": time.perf_counter() - t0, "peak_gib": ru_maxrss_gib(resource.RUSAGE_SELF)}
+            "seconds": time.perf_counter() - t0, "peak_gib": own_peak_gib()}
 
 
 def in_child(fn, *args) -> Any:
     """``fn(*args)`` in a fresh interpreter (spawn): its memory is its own and is returned to the system."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(fn, args)
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
 
 
 # ----------------------------------------------------------------------------- the run
@@ -468,8 +487,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.remove(ours_npz)
     summary["parity"] = parity
     summary["phases"] = [dataclasses.asdict(r) for r in table.rows]
-    summary["ru_maxrss_gib"] = {"self": ru_maxrss_gib(resource.RUSAGE_SELF),
-                                "children": ru_maxrss_gib(resource.RUSAGE_CHILDREN)}
+    summary["ru_maxrss_gib"] = ru_maxrss_gib()
+    summary["own_peak_gib"] = own_peak_gib()
+    summary["child_peak_gib"] = max(r.child_peak_gib for r in table.rows if r.child_peak_gib is not None)
     table.watch.close()
 
     print()
@@ -477,8 +497,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         peak = "" if r.peak_gib is None else f"  peak {r.peak_gib:6.2f} GiB"
         peak += "" if r.child_peak_gib is None else f" (child process {r.child_peak_gib:.2f} GiB)"
         print(f"{'  ' * r.depth}{r.name:<{56 - 2 * r.depth}} {r.seconds:8.1f} s{peak}  {r.note}")
-    print(f"\npeak host memory (resource.getrusage ru_maxrss): this process {summary['ru_maxrss_gib']['self']:.2f} GiB, "
-          f"largest child {summary['ru_maxrss_gib']['children']:.2f} GiB")
+    print(f"\npeak host memory: this process {summary['ru_maxrss_gib']:.2f} GiB (resource.getrusage ru_maxrss; "
+          f"VmHWM {summary['own_peak_gib']:.2f} GiB: ru_maxrss also counts a larger parent's peak), "
+          f"largest child process {summary['child_peak_gib']:.2f} GiB (its VmHWM)")
     print(f"exported folder: {parity['architecture']} in transformers; logits vs our updated model on "
           f"{ids.shape[0]} rows x {ids.shape[1]} tokens: max abs diff {parity['max_abs_diff']:.3e} "
           f"(largest |logit| {parity['logit_scale']:.2f}); official chat template kept: {parity['official_template']}; "

@@ -84,5 +84,8 @@ def test_tiny_step_exports_a_folder_transformers_reads_with_the_same_logits(tmp_
     for ph in s["phases"]:
         assert ph["seconds"] >= 0
         assert ph["peak_gib"] is None or ph["peak_gib"] > 0.01
-    assert s["ru_maxrss_gib"]["self"] >= max(ph["peak_gib"] or 0 for ph in s["phases"]) - 0.05
+    # The sampled phase peaks never exceed the kernel's high-water mark of the process (small slack: the
+    # two are read at different moments of the same pages).
+    assert s["ru_maxrss_gib"] >= s["own_peak_gib"] >= max(ph["peak_gib"] or 0 for ph in s["phases"]) - 0.05
+    assert 0.1 < s["child_peak_gib"] < s["own_peak_gib"] + 2
     assert "| phase | seconds | peak RSS GiB |" in r.stdout
