@@ -38,6 +38,14 @@ With random weights the policy never emits a well-formed tool call, so rollouts 
 (REHEARSE is asked only to answer tool calls) and every episode scores 0: the advantages are zero and
 the update moves the weights by AdamW's weight decay alone. The work and memory of the update are the
 same as with real weights; the rows' lengths are not (every reply runs to ``--max_new_tokens``).
+
+Measured at commit 05bbc6a with ``--lr 1e-4`` and the defaults (4 prompts x 2 rollouts, 64 new tokens,
+prompts of 308 tokens on average with the official template), on 2 CPU cores shared with other jobs
+(load average ~10), 20.5 minutes in all: checkpoint 42 s (child 3.2 GiB); build_run 42 s, 7.4 GiB
+(float32 weights 2.4 GB + AdamW moments 4.8 GB); rollouts 345 s (prefill of 2,466 tokens 217 s, 64
+decode steps of 8 rows 128 s), 11.0 GiB; old log-probs 131 s; update 487 s (8 micro-batches of one
+448-token row, full remat), 15.4 GiB, the run's peak; export 18 s; transformers reads the export with
+logits within 6.0e-6 of ours (largest |logit| 3.5), and its template renders the prompt to the sampled ids.
 """
 
 from __future__ import annotations
