@@ -8,7 +8,7 @@ CONFIG ?= configs/envace_qwen3_8b.py
 TOPOLOGY ?= v5p:4x4x4
 AOT_STAMP := $(VENV)/.aot-installed
 
-.PHONY: venv test qwen3-files demo demo-compare pretrain pretrain-deep eval-deps aot-deps aot clean
+.PHONY: venv test qwen3-files demo demo-compare pretrain pretrain-deep eval-deps aot-deps aot real-shape-step clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PYBIN) || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -63,6 +63,14 @@ aot-deps: $(AOT_STAMP)
 aot: $(AOT_STAMP)
 	$(PYBIN) launch/aot_compile.py --config=$(CONFIG) --topology=$(TOPOLOGY) \
 		--output=runs/aot/$(basename $(notdir $(CONFIG)))_$(subst :,_,$(TOPOLOGY))/aot.json $(ARGS)
+
+# One RL step at Qwen3-0.6B shape (random weights) with the official tokenizer, end to end on CPU: seconds and
+# peak memory per phase, and the export checked against transformers (benchmarks/real_shape_step.py; needs the
+# tokenizer files of `make qwen3-files`). RS_ARGS="--preset tiny" for the 2-layer version.
+RS_OUT ?= runs/real_shape_step
+RS_ARGS ?=
+real-shape-step: $(STAMP) qwen3-files
+	$(PYBIN) benchmarks/real_shape_step.py --out=$(RS_OUT) $(RS_ARGS)
 
 clean:
 	rm -rf $(VENV) runs
