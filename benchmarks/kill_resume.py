@@ -3,7 +3,9 @@ that every restart resumes from the newest checkpoint step that was committed wh
 and that the final parameters equal those of one uninterrupted run, bit for bit.
 
 The run is the tests' tiny CPU config (``tests/helpers_loop.py``: demo tokenizer, 2 prompts x 4
-rollouts per step, a checkpoint every step, keep 2, asynchronous saves). Each kill moment is drawn
+rollouts per step, keep 2, asynchronous saves) with a checkpoint every ``--every`` steps (default 2:
+with a save at every step the next save starts about when the previous one commits, which hides a
+step that is committed but not yet marked complete). Each kill moment is drawn
 (seeded) uniformly from ``[0, --max-delay]`` seconds after the restarted run logs its first new step,
 so the kills fall on every phase of the step and of the asynchronous save that follows it; a kill
 during start-up could not lose anything new, so none is aimed there.
@@ -15,7 +17,7 @@ the resume step differs from the newest committed step, or a committed step lack
 or the next run reports an unusable step. Exit status 1 on any failure or parameter difference.
 
 Usage: PYTHONPATH=. python benchmarks/kill_resume.py [--kills 20] [--seed 0] [--max-delay 2.0]
-       [--steps N] [--work DIR]
+       [--every 2] [--steps N] [--work DIR]
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ import time
 
 import numpy as np
 
-from envace_jax.checkpoint import check_manifest
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # this process only reads manifests
+
+from envace_jax.checkpoint import check_manifest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,9 +81,13 @@ def resumed_from(stderr: str) -> tuple[int, list[str]]:
     return (int(m[-1]) if m else 0), [line for line in stderr.splitlines() if "is unusable" in line]
 
 
-def start(run_dir: str, steps: int, dump: str, err_path: str) -> subprocess.Popen:
+def train_cmd(run_dir: str, steps: int, every: int, dump: str) -> list[str]:
+    return h.train_cmd(run_dir, steps, f"--dump_params={dump}", **{"checkpoint.every": every})
+
+
+def start(cmd: list[str], err_path: str) -> subprocess.Popen:
     with open(err_path, "w") as err:  # the child keeps its own descriptor
-        return subprocess.Popen(h.train_cmd(run_dir, steps, f"--dump_params={dump}"), env=h.env(),
+        return subprocess.Popen(cmd, env=h.env(),
                                 stdout=subprocess.DEVNULL, stderr=err, text=True)
 
 
@@ -93,19 +101,20 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-delay", type=float, default=2.0, help="seconds after a restart's first new step")
+    ap.add_argument("--every", type=int, default=2, help="checkpoint every this many steps")
     ap.add_argument("--steps", type=int, default=None, help="total steps (default 10 per kill + 10)")
     ap.add_argument("--work", default=None, help="working directory (default: a new temp dir)")
     a = ap.parse_args()
-    if a.kills < 1 or a.max_delay <= 0:
-        ap.error("--kills must be >= 1 and --max-delay > 0")
+    if a.kills < 1 or a.max_delay <= 0 or a.every < 1:
+        ap.error("--kills and --every must be >= 1 and --max-delay > 0")
     steps = a.steps or 10 * a.kills + 10
     work = a.work or tempfile.mkdtemp(prefix="kill_resume_")
     rng = random.Random(a.seed)
     ref_dir, run_dir = os.path.join(work, "ref"), os.path.join(work, "run")
     t0 = time.time()
 
-    print(f"work dir {work}; {steps} steps, {a.kills} kills, seed {a.seed}", flush=True)
-    ref = subprocess.run(h.train_cmd(ref_dir, steps, f"--dump_params={work}/ref.npz"), env=h.env(),
+    print(f"work dir {work}; {steps} steps, checkpoint every {a.every}, {a.kills} kills, seed {a.seed}", flush=True)
+    ref = subprocess.run(train_cmd(ref_dir, steps, a.every, f"{work}/ref.npz"), env=h.env(),
                          capture_output=True, text=True)
     if ref.returncode != 0:
         print(ref.stderr[-3000:], file=sys.stderr)
@@ -116,7 +125,7 @@ def main() -> int:
     segment = 0
     while True:
         err_path = os.path.join(work, f"segment_{segment}.err")
-        proc = start(run_dir, steps, f"{work}/run.npz", err_path)
+        proc = start(train_cmd(run_dir, steps, a.every, f"{work}/run.npz"), err_path)
         if segment > 0:  # the kill before this segment is judged by where this one resumed
             rows[-1]["next_err"] = err_path
         if len(rows) == a.kills:
