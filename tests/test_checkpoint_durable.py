@@ -1,5 +1,6 @@
 """A checkpoint step is durable once Orbax commits it: the manifest is written before the commit,
-so a kill -9 at any moment never costs a committed step, and pruning never outruns the manifest."""
+so a kill -9 at any moment never costs a committed step, and pruning never outruns the manifest.
+(The RL loop's kill right after a commit is in test_loop_resume.py; the pretraining loop's is here.)"""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
+import pytest
 
 from envace_jax.checkpoint import MANIFEST, Checkpointer, check_manifest
 
@@ -92,3 +95,58 @@ def test_kill_between_manifest_and_commit_resumes_previous_step(tmp_path):
     assert ck.save(3, _state(3), {"at": 3})
     ck.close()
     assert sorted(os.listdir(d)) == ["3"] and check_manifest(d / "3") is None
+
+
+def _committed(ckdir) -> list[int]:
+    return sorted(int(n) for n in os.listdir(ckdir) if n.isdigit()) if os.path.isdir(ckdir) else []
+
+
+def _safetensors(model_dir) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    out = {}
+    for f in sorted(os.listdir(model_dir)):
+        if f.endswith(".safetensors"):
+            out.update(load_file(os.path.join(model_dir, f)))
+    return out
+
+
+@pytest.mark.slow
+def test_pretrain_killed_right_after_a_save_resumes_from_it(tmp_path):
+    """launch/pretrain.py --preset=tiny (checkpoint every 2 of 6 steps): SIGKILL the moment step 2 is
+    committed, while step 3 builds its rehearsal memories. The rerun must resume from the newest committed
+    step and end with the parameters of an uninterrupted run."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
+               ENVACE_JAX_CACHE=str(tmp_path / "jax_cache"),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def cmd(out):
+        return [sys.executable, os.path.join(ROOT, "launch", "pretrain.py"), "--preset=tiny", f"--out={out}",
+                "--no_progress"]
+
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    r = subprocess.run(cmd(ref), env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    proc = subprocess.Popen(cmd(run), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while 2 not in _committed(run / "checkpoints"):
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]
+    newest = _committed(run / "checkpoints")[-1]
+    assert check_manifest(run / "checkpoints" / str(newest)) is None
+
+    r = subprocess.run(cmd(run), env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"pretrain: resumed at step {newest}\n" in r.stderr, r.stderr[-3000:]
+    a, b = _safetensors(ref / "model"), _safetensors(run / "model")
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
