@@ -57,6 +57,28 @@ def test_manifest_is_written_before_the_step_appears_and_before_pruning(tmp_path
         assert sorted(os.listdir(d)) == ["3"] and check_manifest(d / "3") is None
 
 
+class _ManifestFails(Checkpointer):
+    def _write_manifest_before_commit(self) -> None:
+        if self._writing == 2:
+            raise OSError("no space left on device (simulated)")
+        super()._write_manifest_before_commit()
+
+
+def test_a_failed_manifest_write_stops_the_commit_and_is_raised(tmp_path):
+    ck = _ManifestFails(tmp_path)
+    ck.save(1, _state(1), {"at": 1})
+    ck.save(2, _state(2), {"at": 2})
+    with pytest.raises(OSError, match="no space left"):
+        ck.wait()
+    # Step 2 never became a step: only Orbax's tmp dir is left, which the next start clears.
+    names = sorted(os.listdir(tmp_path))
+    assert names[0] == "1" and len(names) == 2 and names[1].startswith("2.orbax-checkpoint-tmp"), names
+    ck = Checkpointer(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["1"]
+    assert ck.restore_latest_good(_state(0)).step == 1
+    ck.close()
+
+
 KILL_BEFORE_COMMIT = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
