@@ -68,10 +68,11 @@ def on_disk(run_dir: str) -> dict:
     ck = os.path.join(run_dir, "checkpoints")
     names = os.listdir(ck) if os.path.isdir(ck) else []
     committed = sorted(int(n) for n in names if n.isdigit())
-    manifested = [s for s in committed if check_manifest(os.path.join(ck, str(s))) is None]
+    reasons = {s: check_manifest(os.path.join(ck, str(s))) for s in committed}
+    manifested = [s for s in committed if reasons[s] is None]
     return {"committed": committed[-1] if committed else 0,
             "manifested": manifested[-1] if manifested else 0,
-            "unmanifested": [s for s in committed if s not in manifested],
+            "unmanifested": {s: r for s, r in reasons.items() if r is not None},
             "in_flight": any(".orbax-checkpoint-tmp" in n for n in names)}
 
 
@@ -158,7 +159,7 @@ def main() -> int:
         if r["resumed"] != r["committed"]:
             problems.append(f"resumed {r['resumed']} != committed {r['committed']}")
         if r["unmanifested"]:
-            problems.append(f"committed without good manifest: {r['unmanifested']}")
+            problems.append(f"committed steps failing their manifest check: {r['unmanifested']}")
         if unusable:
             problems.append("; ".join(unusable))
         failures += bool(problems)

@@ -18,6 +18,10 @@ leaves only a tmp directory (removed at the next start; the older steps are unto
 step before a newer one, manifest included, is in place. The manifest leaves out Orbax's
 ``_CHECKPOINT_METADATA``, which Orbax rewrites during the rename step (it adds the commit time).
 
+Pruning is a rename too: Orbax moves a pruned step into ``.pruned/`` (its ``todelete_subdir``), and
+we delete that folder before the next save and at start. Orbax's own deletion works file by file in
+place, so a kill during it would leave a half-deleted step that still looks like a step.
+
 Preemption: ``PreemptionGuard`` turns SIGTERM into a flag; the loop calls
 ``ckpt.maybe_save(step, state, data_state, force=guard.check())`` and, when preempted, ``close()``
 (which waits for the async write) before exiting 0.
@@ -43,6 +47,7 @@ log = logging.getLogger(__name__)
 MANIFEST = "envace_manifest.json"
 _KEY_IMPLS = "__key_impls__"
 _TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's suffix for a step still being written
+_PRUNED = ".pruned"  # where Orbax moves steps pruned by max_to_keep; we delete its contents
 # Orbax's step metadata file: Orbax rewrites it after our manifest (adding the commit time), so the
 # manifest cannot pin its size. Restoring does not need it (a truncated or missing one restores the
 # same values: Orbax logs the parse error and goes on).
@@ -192,6 +197,7 @@ class Checkpointer:
         # the manifest before the step becomes visible. A synchronous save waits for it in save().
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, save_interval_steps=1, enable_async_checkpointing=True, create=True,
+            todelete_subdir=_PRUNED,
             async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest_before_commit))
         self._mgr = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
         self._writing: int | None = None  # the step whose write is in flight (one at a time)
@@ -206,6 +212,13 @@ class Checkpointer:
             if _TMP_MARK in p.name and p.is_dir():
                 log.info("removing unfinished checkpoint write %s", p)
                 p.rmtree()
+        self._empty_pruned()
+
+    def _empty_pruned(self) -> None:
+        # Called only while no save is in flight, so Orbax is not moving a step in here right now.
+        pruned = self.directory / _PRUNED
+        if jax.process_index() == 0 and pruned.exists():
+            pruned.rmtree()
 
     # ---- saving
     def _uncommitted_dir(self, step: int) -> epath.Path:
@@ -238,6 +251,7 @@ class Checkpointer:
         """
         # One write at a time, so the manifest callback knows its step; Orbax would wait here anyway.
         self._mgr.wait_until_finished()
+        self._empty_pruned()
         if step in self._mgr.all_steps():
             return False
         storable, impls = _split_keys(state)
@@ -264,6 +278,7 @@ class Checkpointer:
 
     def close(self) -> None:
         self._mgr.close()
+        self._empty_pruned()
 
     def __enter__(self) -> "Checkpointer":
         return self

@@ -57,6 +57,26 @@ def test_manifest_is_written_before_the_step_appears_and_before_pruning(tmp_path
         assert sorted(os.listdir(d)) == ["3"] and check_manifest(d / "3") is None
 
 
+def test_pruning_moves_a_step_out_whole_and_the_next_start_deletes_it(tmp_path):
+    ck = Checkpointer(tmp_path, max_to_keep=1)
+    ck.save(1, _state(1), {"at": 1})
+    ck.save(2, _state(2), {"at": 2})
+    ck.wait()
+    # Step 1 left the listing in one rename; its files are deleted later, outside the step names.
+    assert sorted(os.listdir(tmp_path)) == [".pruned", "2"] and os.listdir(tmp_path / ".pruned") == ["1"]
+    assert check_manifest(tmp_path / ".pruned" / "1") is None
+    # What a kill during that later deletion leaves: a half-deleted step, not under a step's name.
+    victim = max((os.path.join(r, f) for r, _, fs in os.walk(tmp_path / ".pruned" / "1") for f in fs),
+                 key=os.path.getsize)
+    os.remove(victim)
+    ck = Checkpointer(tmp_path, max_to_keep=1)
+    assert sorted(os.listdir(tmp_path)) == ["2"]
+    assert ck.restore_latest_good(_state(0)).step == 2
+    ck.save(3, _state(3), {"at": 3})
+    ck.close()
+    assert sorted(os.listdir(tmp_path)) == ["3"]
+
+
 class _ManifestFails(Checkpointer):
     def _write_manifest_before_commit(self) -> None:
         if self._writing == 2:
