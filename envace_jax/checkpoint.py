@@ -1,19 +1,30 @@
-"""Orbax checkpoints of the train state and the data iterator, safe against preemption.
+"""Orbax checkpoints of the train state and the data iterator, safe against preemption and kill -9.
 
 A checkpoint step holds two items: ``state`` (any pytree: params as an nnx.State, optax state,
 step, rng key) written with ``StandardSave``, and ``data`` (the grain iterator state) as JSON.
 
 Why a manifest on top of Orbax: a finished Orbax step whose files are later truncated or deleted
-can restore without error (a missing tensorstore chunk reads back as fill values), so after each
-save completes we write ``envace_manifest.json`` into the step listing every file and its size.
-A step without the manifest is treated as partial (a crash between Orbax's commit and ours only
-costs that one step). ``restore_latest_good`` checks the manifest, then restores; a step that
-fails either way is logged by number, renamed aside (``<step>.corrupt``) so the step can be
-saved again, and the previous step is tried.
+can restore without error (a missing tensorstore chunk reads back as fill values), so each step
+carries ``envace_manifest.json`` listing every file and its size. ``restore_latest_good`` checks
+the manifest, then restores; a step that fails either way is logged by number, renamed aside
+(``<step>.corrupt``) so the step can be saved again, and the previous step is tried.
+
+When the manifest is written: from Orbax's ``post_finalization_callback``, which runs in Orbax's
+background save thread once every process has written all its files, and *before* Orbax renames
+``<step>.orbax-checkpoint-tmp`` to ``<step>``. So a step directory never exists without its
+manifest: there is no window in which a kill -9 loses a finished step, a kill before the rename
+leaves only a tmp directory (removed at the next start; the older steps are untouched), and
+``max_to_keep`` pruning, which Orbax runs after the rename, never removes the newest manifested
+step before a newer one, manifest included, is in place. The manifest leaves out Orbax's
+``_CHECKPOINT_METADATA``, which Orbax rewrites during the rename step (it adds the commit time).
+
+Pruning is a rename too: Orbax moves a pruned step into ``.pruned/`` (its ``todelete_subdir``), and
+we delete that folder before the next save and at start. Orbax's own deletion works file by file in
+place, so a kill during it would leave a half-deleted step that still looks like a step.
 
 Preemption: ``PreemptionGuard`` turns SIGTERM into a flag; the loop calls
 ``ckpt.maybe_save(step, state, data_state, force=guard.check())`` and, when preempted, ``close()``
-(which waits for the async write and its manifest) before exiting 0.
+(which waits for the async write) before exiting 0.
 """
 
 from __future__ import annotations
@@ -36,6 +47,11 @@ log = logging.getLogger(__name__)
 MANIFEST = "envace_manifest.json"
 _KEY_IMPLS = "__key_impls__"
 _TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's suffix for a step still being written
+_PRUNED = ".pruned"  # where Orbax moves steps pruned by max_to_keep; we delete its contents
+# Orbax's step metadata file: Orbax rewrites it after our manifest (adding the commit time), so the
+# manifest cannot pin its size. Restoring does not need it (a truncated or missing one restores the
+# same values: Orbax logs the parse error and goes on).
+_ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"
 
 
 # --------------------------------------------------------------------------- manifest
@@ -59,7 +75,7 @@ def write_manifest(step_dir: epath.PathLike, *, hashes: bool = False) -> dict[st
     files = {}
     for p in sorted(_walk_files(root), key=str):
         rel = str(p.relative_to(root))
-        if rel == MANIFEST:
+        if rel in (MANIFEST, MANIFEST + ".tmp", _ORBAX_STEP_METADATA):
             continue
         entry: dict[str, Any] = {"size": p.stat().length}
         if hashes:
@@ -176,11 +192,15 @@ class Checkpointer:
         self.hash_files = hash_files
         self.quarantine_bad = quarantine_bad
         self._remove_orphan_tmp_dirs()
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, save_interval_steps=1,
-                                               enable_async_checkpointing=async_save, create=True)
+        self.async_save = async_save
+        # Always Orbax's async checkpointer: only it has the post_finalization_callback that writes
+        # the manifest before the step becomes visible. A synchronous save waits for it in save().
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, save_interval_steps=1, enable_async_checkpointing=True, create=True,
+            todelete_subdir=_PRUNED,
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest_before_commit))
         self._mgr = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
-        self._unmanifested: list[int] = []
-        self._lock = threading.Lock()
+        self._writing: int | None = None  # the step whose write is in flight (one at a time)
 
     def _remove_orphan_tmp_dirs(self) -> None:
         # A process killed mid-write (SIGKILL) leaves an Orbax tmp dir that never becomes a step
@@ -192,18 +212,34 @@ class Checkpointer:
             if _TMP_MARK in p.name and p.is_dir():
                 log.info("removing unfinished checkpoint write %s", p)
                 p.rmtree()
+        self._empty_pruned()
+
+    def _empty_pruned(self) -> None:
+        # Called only while no save is in flight, so Orbax is not moving a step in here right now.
+        pruned = self.directory / _PRUNED
+        if jax.process_index() == 0 and pruned.exists():
+            pruned.rmtree()
 
     # ---- saving
-    def _finish_pending(self) -> None:
-        """Waits for the in-flight write, then writes manifests of steps that now exist."""
-        self._mgr.wait_until_finished()
-        with self._lock:
-            pending, self._unmanifested = self._unmanifested, []
-        steps = set(self._mgr.all_steps())
-        for step in pending:
-            # A step pruned by max_to_keep before we got here needs no manifest.
-            if step in steps and jax.process_index() == 0:
-                write_manifest(self._step_dir(step), hashes=self.hash_files)
+    def _uncommitted_dir(self, step: int) -> epath.Path:
+        """Where Orbax holds ``step`` between the end of its writes and its commit."""
+        tmp = [p for p in self.directory.iterdir() if p.name.startswith(f"{step}{_TMP_MARK}") and p.is_dir()]
+        if len(tmp) == 1:
+            return tmp[0]
+        final = self._step_dir(step)
+        if not tmp and final.is_dir():
+            return final  # storage where Orbax writes in place and commits with a success file (e.g. GCS)
+        raise RuntimeError(f"cannot find the directory of checkpoint step {step} being written in {self.directory} "
+                           f"(tmp candidates: {[p.name for p in tmp]})")
+
+    def _write_manifest_before_commit(self) -> None:
+        # Orbax calls this on the primary process, in its background save thread, after every process
+        # has written all its files and before it renames the tmp dir to the step's name. An exception
+        # here stops that commit: the step never appears, and the error is raised by the next save/wait.
+        step = self._writing
+        if step is None:
+            raise RuntimeError("Orbax finished a checkpoint write this Checkpointer did not start")
+        write_manifest(self._uncommitted_dir(step), hashes=self.hash_files)
 
     def _step_dir(self, step: int) -> epath.Path:
         return self.directory / str(step)
@@ -213,16 +249,18 @@ class Checkpointer:
 
         Returns False (and writes nothing) if ``step`` is already saved.
         """
-        self._finish_pending()
+        # One write at a time, so the manifest callback knows its step; Orbax would wait here anyway.
+        self._mgr.wait_until_finished()
+        self._empty_pruned()
         if step in self._mgr.all_steps():
             return False
         storable, impls = _split_keys(state)
         data = {"data_state": data_state, _KEY_IMPLS: impls}
+        self._writing = int(step)
         saved = self._mgr.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(storable),
                                                                    data=ocp.args.JsonSave(data)), force=True)
-        if saved:
-            with self._lock:
-                self._unmanifested.append(int(step))
+        if not self.async_save:
+            self._mgr.wait_until_finished()
         return bool(saved)
 
     def maybe_save(self, step: int, state: Any, data_state: Any = None, *, force: bool = False) -> bool:
@@ -230,17 +268,17 @@ class Checkpointer:
         if force or step % self.save_interval_steps == 0:
             saved = self.save(step, state, data_state)
             if force:
-                self._finish_pending()
+                self._mgr.wait_until_finished()
             return saved
         return False
 
     def wait(self) -> None:
-        """Blocks until the last save and its manifest are on disk."""
-        self._finish_pending()
+        """Blocks until the last save (manifest included) is committed."""
+        self._mgr.wait_until_finished()
 
     def close(self) -> None:
-        self._finish_pending()
         self._mgr.close()
+        self._empty_pruned()
 
     def __enter__(self) -> "Checkpointer":
         return self
@@ -278,7 +316,7 @@ class Checkpointer:
         ``target`` (e.g. a changed model config) fails every step the same way, and silently
         starting over or moving all checkpoints aside would be worse than stopping.
         """
-        self._finish_pending()
+        self._mgr.wait_until_finished()
         skipped: list[tuple[int, str]] = []
         steps = sorted(self._mgr.all_steps(), reverse=True)
         for i, step in enumerate(steps):

@@ -1,5 +1,6 @@
-"""launch/train.py end to end on CPU: SIGKILL at a random step + resume, SIGTERM checkpoint, and a
-corrupted latest checkpoint falling back, all ending bit-identical to one uninterrupted run."""
+"""launch/train.py end to end on CPU: SIGKILL right after a checkpoint is committed + resume from that
+step, SIGTERM checkpoint, and a corrupted latest checkpoint falling back, all ending bit-identical to
+one uninterrupted run."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import helpers_loop as h
+from envace_jax.checkpoint import check_manifest
 
 STEPS = 5
 
@@ -31,17 +33,31 @@ def _run(run_dir: str, *flags: str) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
-def _start_and_signal(run_dir: str, sig: int, after_lines: int) -> tuple[int, str]:
-    """Starts a run, sends ``sig`` once metrics.jsonl has ``after_lines`` lines; returns (rc, stderr)."""
+def _committed_steps(run_dir: str) -> list[int]:
+    """Steps Orbax has committed (renamed from its tmp name), whatever their manifests say."""
+    ck = os.path.join(run_dir, "checkpoints")
+    return sorted(int(n) for n in os.listdir(ck) if n.isdigit()) if os.path.isdir(ck) else []
+
+
+def _start_and_signal(run_dir: str, sig: int, after_lines: int = 0, after_commit: int | None = None
+                      ) -> tuple[int, str]:
+    """Starts a run, sends ``sig`` once metrics.jsonl has ``after_lines`` lines (or, with
+    ``after_commit``, the moment checkpoint step ``after_commit`` is committed); returns (rc, stderr)."""
     proc = subprocess.Popen(h.train_cmd(run_dir, STEPS), env=h.env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
+
+    def ready() -> bool:
+        if after_commit is not None:
+            return after_commit in _committed_steps(run_dir)
+        return len(_lines(run_dir)) >= after_lines
+
     try:
         deadline = time.time() + 900
-        while len(_lines(run_dir)) < after_lines:
+        while not ready():
             if proc.poll() is not None:
-                raise AssertionError(f"run ended before step {after_lines}: {proc.stderr.read()[-3000:]}")
+                raise AssertionError(f"run ended before the signal was due: {proc.stderr.read()[-3000:]}")
             assert time.time() < deadline, "timed out waiting for metrics"
-            time.sleep(0.05)
+            time.sleep(0.005)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=900)
     finally:
@@ -67,16 +83,21 @@ def test_sigkill_sigterm_corrupt_checkpoint_resume_bit_identical(tmp_path):
     assert any(x["adv/act/nonzero_frac"] > 0 for x in ref_lines)
     assert all(x["update/grad_norm"] > 0 for x in ref_lines if x["adv/act/nonzero_frac"] > 0)
 
-    # 1) SIGKILL at a random step: whatever was (or was not) written last must not matter.
+    # 1) SIGKILL the moment a checkpoint step is committed (the save has finished; the next one may
+    # have started too). The newest committed step at death is what the next run must resume from.
     kill_at = random.Random().randint(1, 2)
-    rc, err = _start_and_signal(run_dir, signal.SIGKILL, kill_at)
+    rc, err = _start_and_signal(run_dir, signal.SIGKILL, after_commit=kill_at)
     assert rc == -signal.SIGKILL, err[-2000:]
+    newest = _committed_steps(run_dir)[-1]
+    assert newest >= kill_at
+    assert check_manifest(os.path.join(run_dir, "checkpoints", str(newest))) is None
 
-    # 2) SIGTERM after two more steps: exits 0 having saved the step it finished. (The killed run's
-    # last checkpoint may be incomplete, so this run resumes from step kill_at, kill_at - 1 or 0.)
+    # 2) SIGTERM after two more steps: resumes from that step, exits 0 having saved the step it finished.
     n_before = len(_lines(run_dir))
     rc, err = _start_and_signal(run_dir, signal.SIGTERM, n_before + 2)
     assert rc == 0, err[-3000:]
+    assert f"resumed from checkpoint step {newest}\n" in err, err[-2000:]
+    assert "unusable" not in err, err[-2000:]
     assert "preempted (signal 15): saved step" in err, err[-2000:]
     saved = int(err.split("saved step ")[1].split()[0])
     assert saved >= 2
