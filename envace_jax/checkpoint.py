@@ -182,7 +182,8 @@ class Checkpointer:
     """Orbax CheckpointManager for (train state pytree, data iterator JSON) with good-step restore."""
 
     def __init__(self, directory: epath.PathLike, *, max_to_keep: int | None = 3, save_interval_steps: int = 1,
-                 async_save: bool = True, hash_files: bool = False, quarantine_bad: bool = True):
+                 async_save: bool = True, hash_files: bool = False, quarantine_bad: bool = True,
+                 read_only: bool = False):
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"checkpoint.max_to_keep must be >= 1 or None, got {max_to_keep}")
         if save_interval_steps < 1:
@@ -190,8 +191,12 @@ class Checkpointer:
         self.directory = epath.Path(directory)
         self.save_interval_steps = save_interval_steps
         self.hash_files = hash_files
-        self.quarantine_bad = quarantine_bad
-        self._remove_orphan_tmp_dirs()
+        # read_only: a reader beside a live run (an export during training) must not clear that run's
+        # in-flight write or pruned steps, nor rename its steps aside; it only restores.
+        self.read_only = read_only
+        self.quarantine_bad = quarantine_bad and not read_only
+        if not read_only:
+            self._remove_orphan_tmp_dirs()
         self.async_save = async_save
         # Always Orbax's async checkpointer: only it has the post_finalization_callback that writes
         # the manifest before the step becomes visible. A synchronous save waits for it in save().
@@ -217,7 +222,7 @@ class Checkpointer:
     def _empty_pruned(self) -> None:
         # Called only while no save is in flight, so Orbax is not moving a step in here right now.
         pruned = self.directory / _PRUNED
-        if jax.process_index() == 0 and pruned.exists():
+        if jax.process_index() == 0 and not self.read_only and pruned.exists():
             pruned.rmtree()
 
     # ---- saving
@@ -249,6 +254,8 @@ class Checkpointer:
 
         Returns False (and writes nothing) if ``step`` is already saved.
         """
+        if self.read_only:
+            raise RuntimeError(f"this Checkpointer of {self.directory} is read-only; it does not save")
         # One write at a time, so the manifest callback knows its step; Orbax would wait here anyway.
         self._mgr.wait_until_finished()
         self._empty_pruned()

@@ -51,7 +51,7 @@ def export(cfg, out_dir: str, *, checkpoint_dir: str | None = None, step: int | 
     if role not in trainers:
         raise ValueError(f"--role={role!r}: this run's checkpoint holds {sorted(distinct)}")
     target = {"iteration": 0, "trainers": {r: t.state_dict() for r, t in distinct.items()}}
-    ck = Checkpointer(ckpt_dir, async_save=False)
+    ck = Checkpointer(ckpt_dir, async_save=False, read_only=True)  # safe beside a run still training
     if step is None:
         res = ck.restore_latest_good(target)
         if res is None:

@@ -77,6 +77,28 @@ def test_pruning_moves_a_step_out_whole_and_the_next_start_deletes_it(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["3"]
 
 
+def test_a_read_only_reader_beside_a_live_run_leaves_its_writes_alone(tmp_path):
+    ck = Checkpointer(tmp_path, max_to_keep=1)
+    ck.save(1, _state(1), {"at": 1})
+    ck.save(2, _state(2), {"at": 2})
+    ck.wait()
+    # What a live run holds mid-save: an in-flight tmp dir, and a pruned step not yet deleted.
+    in_flight = tmp_path / "3.orbax-checkpoint-tmp-123"
+    (in_flight / "state").mkdir(parents=True)
+    before = sorted(os.listdir(tmp_path))
+    reader = Checkpointer(tmp_path, async_save=False, read_only=True)   # as launch/export_hf.py opens it
+    res = reader.restore_latest_good(_state(0))
+    assert res.step == 2 and np.array_equal(res.state["w"], _state(2)["w"])
+    with pytest.raises(RuntimeError, match="read-only"):
+        reader.save(4, _state(4))
+    reader.close()
+    assert sorted(os.listdir(tmp_path)) == before == [".pruned", "2", in_flight.name]
+    # A writer starting there does clear both (the run that owned them is gone by then).
+    Checkpointer(tmp_path, max_to_keep=1).close()
+    assert sorted(os.listdir(tmp_path)) == ["2"]
+    ck.close()
+
+
 class _ManifestFails(Checkpointer):
     def _write_manifest_before_commit(self) -> None:
         if self._writing == 2:
