@@ -1,7 +1,7 @@
 """Probe: can the shipped demo base learn to compare two numbers, and does it carry over to the tool tasks?
 
 The demo's RL gain on silent push-backs ("if ana has at least 28, send 28 ...") is a learned prior, because
-the 0.5M-parameter base cannot compare two numbers (README, "What RL learned"). A pretrained Qwen3 can; this
+the 0.5M-parameter base cannot compare two numbers (docs/results.md, "What RL learned"). A pretrained Qwen3 can; this
 probe asks whether generic comparison questions without tools ("Is 52 at least 49?" -> "Yes, 52 is at least
 49.", three phrasings, numbers 1-120) teach the base to, on held-out questions and on the validation tasks
 whose right answer depends on a comparison (bank/compare, bank/conditional, shop/order_if). Validation split
@@ -20,7 +20,7 @@ Modes:
   conditional pumps ("If north holds at least 40, pump 40 from north to east. Otherwise tell me north's
   level."): read a level from a JSON tool response, compare it with the user's number, then pump or send
   nothing; half compare two tanks' levels ("Which tank holds more, north or east?"). It asks whether
-  comparison in the form the tool tasks need, but not on their tools, carries over. ``--arms compare`` skips the control arm (its figures are in README).
+  comparison in the form the tool tasks need, but not on their tools, carries over. ``--arms compare`` skips the control arm (its figures are in docs/results.md).
 - ``--grow K`` (``mixed`` only): train a K times deeper copy of the base (``models/grow.py``), which computes the
   base's function at step 0, to ask whether depth is what the comparison lacks.
 

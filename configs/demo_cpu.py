@@ -4,7 +4,7 @@ Same code path as the 8B config; only sizes differ.
 
 It does not learn: a random model never passes a checklist item, so the reward is 0 at every step and
 every advantage is 0. The learning demo is ``make demo`` (``configs/demo.py`` via ``launch/demo.py``:
-RL from a shipped pretrained tiny base; README, section Demo).
+RL from a shipped pretrained tiny base; docs/demo.md).
 
     python launch/train.py --config=configs/demo_cpu.py --config.run_dir=/tmp/demo
 """

@@ -10,7 +10,7 @@ serving Qwen3-30B-A3B (T=0.6, top_p=0.8, 6000 tokens, 5 attempts, 120 s timeout)
 over fp32 parameters; thinking on for both roles.
 
 Sized for a **TPU v5p-64 slice (topology 4x4x4: 64 chips on 16 hosts)**, where every program fits in
-HBM (``make aot`` compiles them for it on any CPU host; figures in README):
+HBM (``make aot`` compiles them for it on any CPU host; figures in docs/aot.md):
 
 - ``data.prompts_per_step`` counts prompts *per process* (each host samples its own): 1 on 16 hosts is
   the reference's 16 prompts x 4 rollouts per step. On H hosts use 16 / H.

@@ -1,7 +1,7 @@
 """Demo task suite in the real demo worlds: success (every checklist item passed) and checklist score.
 
     python launch/eval.py --config=configs/eval_demo.py --config.policy=model \
-        --config.model.model_path=runs/demo/export --config.rehearsal.n=2
+        --config.model.model_path=runs/demo/model --config.rehearsal.n=2
 """
 
 import os

@@ -1,7 +1,7 @@
 """Tool-shaped comparison conversations in a water-tank world that no demo task uses.
 
 The demo base (2 layers) reads numbers out of tool responses but cannot compare them: it names the richer of
-two bank accounts at chance (README, "What RL learned"). These conversations teach comparison in the form the
+two bank accounts at chance (docs/results.md, "What RL learned"). These conversations teach comparison in the form the
 tool tasks need (read a value from a JSON tool response, compare it with a number, act on the result) in a
 world of their own, so the pretraining corpus still holds no validation or test task:
 

@@ -37,7 +37,7 @@ in the prompt rejects (``chat.call_schema``) or a malformed call; its "Avoid" li
 calls only. Why: an imagined tool that refuses a call the schema accepts ("insufficient funds",
 "slot taken") makes a claim about the world's state, which the one real call settles anyway, and an
 imagined success is no evidence either; on the demo a memory in the prompt costs the small model
-more in distraction than such claims are worth (README, test-time rehearsal).
+more in distraction than such claims are worth (docs/results.md, test-time rehearsal).
 
 ``memory="model"``: the policy itself condenses the template
 text of all rehearsals so far with a summarisation prompt (``summary_messages``); an empty summary
