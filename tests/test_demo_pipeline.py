@@ -110,6 +110,12 @@ def test_exported_model_runs_the_rehearsal_sweep(reduced_run):
     with torch.no_grad():
         theirs = Qwen3ForCausalLM.from_pretrained(str(run_dir / "model")).eval()(torch.tensor(ids).long()).logits
     np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-4)
+    # The export carries the demo tokenizer's stop and pad ids, so transformers' generate stops where ours does.
+    gen = json.load(open(run_dir / "model" / "generation_config.json"))
+    tok = json.load(open(run_dir / "tokenizer" / "tokenizer.json"))
+    vocab = tok["model"]["vocab"] | {t["content"]: t["id"] for t in tok["added_tokens"]}
+    assert gen["eos_token_id"] == [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
+    assert gen["pad_token_id"] == vocab["<|endoftext|>"]
 
     out = run_rehearsal_table(reduced(), str(run_dir), ns=(0, 1), modes=("parallel",), num_tasks=3)
     assert [(r["mode"], r["n"], r["tasks"]) for r in out["rows"]] == [("parallel", 0, 3), ("parallel", 1, 3)]

@@ -76,6 +76,9 @@ def test_tiny_run_writes_a_base_that_transformers_loads(tiny_run):
     assert {"success", "success_happy", "success_push_back"} <= set(on_disk["validation"])
     tok = AutoTokenizer.from_pretrained(os.path.join(out, "tokenizer"))
     hf = AutoModelForCausalLM.from_pretrained(os.path.join(out, "model")).eval()
+    # generate stops where our sampler does: <|im_end|> and <|endoftext|>, padding with the latter.
+    assert hf.generation_config.eos_token_id == tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    assert hf.generation_config.pad_token_id == tok.pad_token_id
     ids = tok("<|im_start|>user\nWhat is ana's balance?<|im_end|>", return_tensors="pt").input_ids
     with torch.no_grad():
         logits = hf(ids).logits

@@ -239,7 +239,7 @@ def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[st
     log = d.rl(cfg.rl_mode)
     ev_a, fid_a = d.evaluate("after")
     from envace_jax.demo.rehearsal_table import export_model
-    export_model(d.model, run_dir)  # the RL result, for launch/demo.py --rehearsal_sweep and outside use
+    export_model(d.model, run_dir, d.codec)  # the RL result, for launch/demo.py --rehearsal_sweep and outside use
     s = d.base_summary()
     s["eval"] = {"before": ev_b, "after": ev_a}
     s["fidelity"] = {"before": fid_b, "after": fid_a}

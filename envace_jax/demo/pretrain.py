@@ -25,7 +25,7 @@ The corpus is the setting EnvACE is for:
 The ``deep`` preset (``make pretrain-deep``) continues a base instead of starting from scratch: it loads the base
 at ``init_from`` with its tokenizer, makes it ``grow_factor`` times deeper with ``models.grow.grow_depth`` (the
 same function at step 0) and trains on the same corpus plus tank rows. Trained on tank rows, the 2-layer base
-names the fuller of two tanks at chance and a 4-layer copy 94% of the time (README, "Depth is what the comparison
+names the fuller of two tanks at chance and a 4-layer copy 94% of the time (docs/results.md, "Depth is what the comparison
 lacks").
 
 Batches are a pure function of the step (``IndexedBatches``), so a killed run resumes from its last Orbax
@@ -518,7 +518,8 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
     final = {"step": cfg.steps, **validate(model, codec, val, demo_cfg)}
     if not curve or curve[-1]["step"] != cfg.steps:
         curve.append(final)
-    hf_io.save_hf(model, os.path.join(out_dir, "model"))
+    hf_io.save_hf(model, os.path.join(out_dir, "model"), eos_token_ids=codec.stop_token_ids,
+                  pad_token_id=tok.pad_token_id)
     manifest = {"config": dataclasses.asdict(cfg), "params": int(model.config.num_params()), "vocab": len(tok),
                 "corpus": {"demonstrations": len(demos),
                            "push_back_demonstrations": sum(t["branch"] != BRANCHES[0] for t in demos),

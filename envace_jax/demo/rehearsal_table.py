@@ -18,12 +18,17 @@ from envace_jax.demo.config import DemoConfig
 MODEL_DIR = "model"
 
 
-def export_model(model, run_dir: str) -> str:
-    """Writes the live model to ``run_dir/model`` (safetensors + config) next to the demo tokenizer."""
+def export_model(model, run_dir: str, codec=None) -> str:
+    """Writes the live model to ``run_dir/model`` (safetensors + config) next to the demo tokenizer.
+
+    With ``codec``, its stop and pad ids go into config.json and generation_config.json, so transformers'
+    ``generate`` on the export stops where our sampler does instead of running to its length limit."""
     from envace_jax.models import hf_io
 
     out = os.path.join(run_dir, MODEL_DIR)
-    hf_io.save_hf(model, out)
+    ids = {} if codec is None else {"eos_token_ids": codec.stop_token_ids,
+                                    "pad_token_id": codec.renderer.tokenizer.pad_token_id}
+    hf_io.save_hf(model, out, **ids)
     return out
 
 
