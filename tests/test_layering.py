@@ -36,8 +36,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("launch", ("launch", "benchmarks")),
 ]
 ACCELERATOR_LIBS = ("jax", "flax", "optax", "orbax", "jaxlib")
-# Compatibility re-exports left where a module used to live; each may import its new home only.
-SHIMS = {"envace_jax.rl.rehearsal": "envace_jax.eval.rehearsal"}
 
 
 def _layer(module: str) -> int | None:
@@ -92,8 +90,6 @@ def test_no_module_imports_from_a_layer_above_it():
     for m, path in sorted(mods.items()):
         own = _layer(m)
         for dep in sorted(_imports(path, m, known)):
-            if SHIMS.get(m) == dep:
-                continue
             if dep.split(".")[0] in ACCELERATOR_LIBS and LAYERS[own][0] == "host":
                 bad.append(f"{m} imports {dep}: the host layer (chat, envs, data, config) never imports jax/flax")
             rank = _layer(dep)

@@ -98,7 +98,6 @@ def model_config(m: config_lib.ModelSection, vocab: int) -> qwen3.Qwen3Config:
     return cfg
 
 
-tiny_model_config = model_config  # the earlier name (launch/train_lib re-exports it)
 
 
 def build_model(m: config_lib.ModelSection, vocab: int, mesh, path: str | None = None) -> qwen3.Qwen3:
