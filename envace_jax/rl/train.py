@@ -98,8 +98,6 @@ def model_config(m: config_lib.ModelSection, vocab: int) -> qwen3.Qwen3Config:
     return cfg
 
 
-
-
 def build_model(m: config_lib.ModelSection, vocab: int, mesh, path: str | None = None) -> qwen3.Qwen3:
     """The policy: weights from ``path`` (default ``model.hf_path``), else a random init of ``model_config``.
     A checkpoint must have the architecture of a named ``model.preset``."""
