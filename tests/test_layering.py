@@ -105,3 +105,53 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     deps = _imports(str(up), "envace_jax.rl.up", set(_modules()))
     assert "envace_jax.eval.results" in deps and "jax.numpy" in deps
     assert _layer("envace_jax.eval.results") > _layer("envace_jax.rl.up") > _layer("envace_jax.data.records")
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    # A package's __init__ re-exporting its modules is not a dependency of those modules on each other.
+    return {m: {d for d in _imports(p, m, known) if d in known and d != m and not m.startswith(d + ".")}
+            for m, p in mods.items() if not p.endswith("__init__.py")}
+
+
+def test_no_two_modules_import_each_other():
+    # Within a layer the order is free, but a cycle (a imports b, b imports a, even lazily) means neither
+    # module can be read, tested or moved without the other.
+    assert _cycles(_graph()) == [], "import cycles"
+
+
+def test_the_checker_sees_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
