@@ -2,8 +2,10 @@
 
 The layers, lowest first (a module may import from its own layer and from any layer before it):
 
-    host      chat/, envs/, data/, config.py, metrics.py,  plain Python: never jax, flax, optax or orbax
-              host_memory.py
+    host      config.py, metrics.py, host_memory.py        plain Python: never jax, flax, optax or orbax;
+    chat      chat/                                          within the host tier chat renders and parses text,
+    envs      envs/                                          envs execute tools (their schemas use chat's types),
+    data      data/                                          data builds tasks and records from both
     models    models/, sharding.py, checkpoint.py
     sampling  sampling.py, sampling_ops.py, sampling_plan.py, sampling_records.py
     rl        rl/
@@ -24,8 +26,10 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("host", ("envace_jax.chat", "envace_jax.envs", "envace_jax.data", "envace_jax.config", "envace_jax.metrics",
-              "envace_jax.host_memory", "envace_jax.__init__")),
+    ("host", ("envace_jax.config", "envace_jax.metrics", "envace_jax.host_memory", "envace_jax.__init__")),
+    ("chat", ("envace_jax.chat",)),
+    ("envs", ("envace_jax.envs",)),
+    ("data", ("envace_jax.data",)),
     ("models", ("envace_jax.models", "envace_jax.sharding", "envace_jax.checkpoint")),
     ("sampling", ("envace_jax.sampling", "envace_jax.sampling_ops", "envace_jax.sampling_plan",
                   "envace_jax.sampling_records")),
@@ -36,6 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("launch", ("launch", "benchmarks")),
 ]
 ACCELERATOR_LIBS = ("jax", "flax", "optax", "orbax", "jaxlib")
+HOST_TIER = ("host", "chat", "envs", "data")  # plain Python: never an accelerator library
 
 
 def _layer(module: str) -> int | None:
@@ -90,8 +95,8 @@ def test_no_module_imports_from_a_layer_above_it():
     for m, path in sorted(mods.items()):
         own = _layer(m)
         for dep in sorted(_imports(path, m, known)):
-            if dep.split(".")[0] in ACCELERATOR_LIBS and LAYERS[own][0] == "host":
-                bad.append(f"{m} imports {dep}: the host layer (chat, envs, data, config) never imports jax/flax")
+            if dep.split(".")[0] in ACCELERATOR_LIBS and LAYERS[own][0] in HOST_TIER:
+                bad.append(f"{m} imports {dep}: the host tier (chat, envs, data, config) never imports jax/flax")
             rank = _layer(dep)
             if rank is not None and rank > own:
                 bad.append(f"{m} ({LAYERS[own][0]}) imports {dep} ({LAYERS[rank][0]})")
@@ -105,6 +110,8 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     deps = _imports(str(up), "envace_jax.rl.up", set(_modules()))
     assert "envace_jax.eval.results" in deps and "jax.numpy" in deps
     assert _layer("envace_jax.eval.results") > _layer("envace_jax.rl.up") > _layer("envace_jax.data.records")
+    # ... and sideways inside the host tier: chat reading data's task generator (as chat.tokenizer once did).
+    assert _layer("envace_jax.data.demo_tasks") > _layer("envace_jax.chat.tokenizer")
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

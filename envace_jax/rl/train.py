@@ -56,7 +56,7 @@ def init_distributed(coordinator: str | None, num_processes: int | None, process
 def build_tokenizer(cfg: config_lib.ExperimentConfig):
     """The configured tokenizer; without a path, the offline demo tokenizer (built once per run dir)."""
     from envace_jax.chat import build_demo_tokenizer, load_tokenizer
-    from envace_jax.chat.tokenizer import demo_corpus
+    from envace_jax.data.demo_tasks import demo_corpus
 
     if cfg.tokenizer.path:
         return load_tokenizer(cfg.tokenizer.path)
