@@ -2,7 +2,8 @@
 
 The layers, lowest first (a module may import from its own layer and from any layer before it):
 
-    host      config.py, metrics.py, host_memory.py        plain Python: never jax, flax, optax or orbax;
+    host      config.py, metrics.py, host_memory.py,       plain Python: never jax, flax, optax or orbax;
+              model_sizes.py
     chat      chat/                                          within the host tier chat renders and parses text,
     envs      envs/                                          envs execute tools (their schemas use chat's types),
     data      data/                                          data builds tasks and records from both
@@ -26,7 +27,8 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("host", ("envace_jax.config", "envace_jax.metrics", "envace_jax.host_memory", "envace_jax.__init__")),
+    ("host", ("envace_jax.config", "envace_jax.metrics", "envace_jax.host_memory", "envace_jax.model_sizes",
+              "envace_jax.__init__")),
     ("chat", ("envace_jax.chat",)),
     ("envs", ("envace_jax.envs",)),
     ("data", ("envace_jax.data",)),

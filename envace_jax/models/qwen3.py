@@ -39,6 +39,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from envace_jax import sharding as shd
+from envace_jax.model_sizes import TINY
 from envace_jax.models import hf_config, vjp_ops
 # Re-exported: outside code reaches the cache and dtype helpers through ``qwen3``.
 from envace_jax.models.kv_cache import (CACHE_K_AXES, CACHE_K_SLOT_AXIS, CACHE_V_AXES,  # noqa: F401
@@ -124,11 +125,12 @@ class Qwen3Config:
 
     # ---- the tiny random model (tests, the demo, CI smoke runs): the one recipe every caller sizes ----
     @classmethod
-    def tiny(cls, vocab_size: int, *, hidden_size: int = 64, intermediate_size: int | None = None,
-             num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
-             **kw) -> "Qwen3Config":
+    def tiny(cls, vocab_size: int, *, hidden_size: int = TINY.hidden_size, intermediate_size: int | None = None,
+             num_layers: int = TINY.num_layers, num_heads: int = TINY.num_heads,
+             num_kv_heads: int = TINY.num_kv_heads, head_dim: int = TINY.head_dim, **kw) -> "Qwen3Config":
         """A small Qwen3 for random init: float32, rope_theta 1e4 (short contexts), 128k positions
-        (metadata only); ``intermediate_size`` defaults to ``2 * hidden_size``."""
+        (metadata only). The sizes default to ``model_sizes.TINY``; ``intermediate_size`` defaults to
+        ``2 * hidden_size`` (TINY's own width at its hidden size)."""
         base = dict(vocab_size=vocab_size, hidden_size=hidden_size,
                     intermediate_size=2 * hidden_size if intermediate_size is None else intermediate_size,
                     num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
