@@ -3,7 +3,7 @@
 The layers, lowest first (a module may import from its own layer and from any layer before it):
 
     host      config.py, metrics.py, host_memory.py,       plain Python: never jax, flax, optax or orbax;
-              model_sizes.py
+              model_sizes.py, _lazy.py
     chat      chat/                                          within the host tier chat renders and parses text,
     envs      envs/                                          envs execute tools (their schemas use chat's types),
     data      data/                                          data builds tasks and records from both
@@ -13,6 +13,7 @@ The layers, lowest first (a module may import from its own layer and from any la
     eval      eval/                                          eval and demo are one tier of the design;
     demo      demo/                                          the demo uses eval's harnesses, never the reverse
     aot       aot/                                           ahead-of-time TPU compilation of a run's programs
+    api       envace_jax/__init__.py                         the package's public names (lazy: see _lazy.py)
     launch    launch/ (absl mains and pod scripts), benchmarks/
 
 Every import statement counts, including the ones inside functions (a lazy import is still a
@@ -28,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("host", ("envace_jax.config", "envace_jax.metrics", "envace_jax.host_memory", "envace_jax.model_sizes",
-              "envace_jax.__init__")),
+              "envace_jax._lazy")),
     ("chat", ("envace_jax.chat",)),
     ("envs", ("envace_jax.envs",)),
     ("data", ("envace_jax.data",)),
@@ -39,6 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("eval", ("envace_jax.eval",)),
     ("demo", ("envace_jax.demo",)),
     ("aot", ("envace_jax.aot",)),
+    ("api", ("envace_jax.__init__",)),
     ("launch", ("launch", "benchmarks")),
 ]
 ACCELERATOR_LIBS = ("jax", "flax", "optax", "orbax", "jaxlib")
@@ -67,6 +69,11 @@ def _modules() -> dict[str, str]:
     return out
 
 
+def _is_lazy_table(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)
+            and isinstance(node.value, ast.Dict))
+
+
 def _imports(path: str, module: str, known: set[str]) -> set[str]:
     """Absolute names of what ``path`` imports (``from a import b`` gives ``a.b`` when that is a module)."""
     launch_scripts = {m.split(".")[-1] for m in known if m.startswith("launch.")}
@@ -81,6 +88,8 @@ def _imports(path: str, module: str, known: set[str]) -> set[str]:
                 parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(parts + ([base] if base else []))
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        elif _is_lazy_table(node):  # a package __init__'s lazy re-exports: {name: home module}
+            names = [v.value for v in node.value.values]
         else:
             continue
         for n in names:
@@ -111,6 +120,10 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     up.write_text("def f():\n    from envace_jax.eval import results\n    import jax.numpy as jnp\n")
     deps = _imports(str(up), "envace_jax.rl.up", set(_modules()))
     assert "envace_jax.eval.results" in deps and "jax.numpy" in deps
+    # A lazy re-export table counts as importing the home module it names.
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text('_EXPORTS = {"run_eval": "envace_jax.eval.runner"}\n')
+    assert "envace_jax.eval.runner" in _imports(str(lazy), "envace_jax.rl", set(_modules()))
     assert _layer("envace_jax.eval.results") > _layer("envace_jax.rl.up") > _layer("envace_jax.data.records")
     # ... and sideways inside the host tier: chat reading data's task generator (as chat.tokenizer once did).
     assert _layer("envace_jax.data.demo_tasks") > _layer("envace_jax.chat.tokenizer")
