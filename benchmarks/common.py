@@ -14,13 +14,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from envace_jax.model_sizes import BENCH  # noqa: E402
 from envace_jax.models import hf_io  # noqa: E402
 
 # transformers' Qwen3Config fields: hidden 512, 8 layers, 8 heads, 4 kv heads, head_dim 64, vocab 32000,
 # mlp 1536, tied embeddings (41.6M parameters).
-CONFIG = dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-              num_attention_heads=8, num_key_value_heads=4, head_dim=64, tie_word_embeddings=True,
-              max_position_embeddings=4096, rope_theta=1e6)
+CONFIG = dict(vocab_size=32000, **BENCH.hf_fields(), tie_word_embeddings=True, max_position_embeddings=4096,
+              rope_theta=1e6)
 
 
 def forward_flops(c: dict, batch: int, length: int) -> float:

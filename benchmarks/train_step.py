@@ -52,14 +52,14 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from envace_jax import host_memory  # noqa: E402
+from envace_jax.model_sizes import DEMO  # noqa: E402
 from envace_jax.rl.batch import build_batch  # noqa: E402
 from envace_jax.rl.trainer import OptimConfig, Trainer  # noqa: E402
 from envace_jax.rl.types import ACT, Generation  # noqa: E402
 
 # transformers Qwen3Config fields of the demo's model (envace_jax/demo/config.py, demo/stages.build_model).
-DEMO_CONFIG = dict(vocab_size=2048, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
-                   max_position_embeddings=4096, rope_theta=1e4)
+DEMO_CONFIG = dict(vocab_size=2048, **DEMO.hf_fields(), tie_word_embeddings=True, max_position_embeddings=4096,
+                   rope_theta=1e4)
 
 
 def make_rows(preset: str, vocab: int, batch: int, length: int):

@@ -21,6 +21,9 @@ import types
 import typing
 from typing import Any, Callable, ClassVar, Mapping
 
+from envace_jax.model_sizes import TINY
+
+
 class ConfigError(ValueError):
     """A config field has the wrong type, an out-of-range value, or is unknown.
 
@@ -100,12 +103,12 @@ class ModelSection(Checked):
     hf_path: str = ""               # local Hugging Face directory; empty = random init
     preset: str = "tiny"            # the architecture: tiny (the sizes below) or qwen3_0_6b ... qwen3_32b
     vocab_size: int = 512           # tiny preset only (overridden by the tokenizer's size when larger)
-    hidden_size: int = 64           # tiny preset only, like the fields up to head_dim
-    intermediate_size: int = 96
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 16
+    hidden_size: int = TINY.hidden_size  # tiny preset only, like the fields up to head_dim (model_sizes.TINY)
+    intermediate_size: int = TINY.intermediate_size
+    num_layers: int = TINY.num_layers
+    num_heads: int = TINY.num_heads
+    num_kv_heads: int = TINY.num_kv_heads
+    head_dim: int = TINY.head_dim
     param_dtype: str = "float32"
     dtype: str = "float32"          # compute dtype (reference: bf16 compute, fp32 master params)
     remat_policy: str = "none"

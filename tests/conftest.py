@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from envace_jax.model_sizes import HF_TEST
+
 # Keep tests on the CPU and quiet, whatever machine runs them.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -13,11 +15,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def make_tiny_hf_qwen3(out_dir, *, seed: int = 0, vocab_size: int = 256, hidden_size: int = 64,
-                       intermediate_size: int = 96, num_layers: int = 2, num_heads: int = 4,
-                       num_kv_heads: int = 2, head_dim: int = 24, tie: bool = False,
+def make_tiny_hf_qwen3(out_dir, *, seed: int = 0, vocab_size: int = 256, hidden_size: int = HF_TEST.hidden_size,
+                       intermediate_size: int = HF_TEST.intermediate_size, num_layers: int = HF_TEST.num_layers,
+                       num_heads: int = HF_TEST.num_heads, num_kv_heads: int = HF_TEST.num_kv_heads,
+                       head_dim: int = HF_TEST.head_dim, tie: bool = False,
                        rope_theta: float = 10000.0, dtype: str = "float32", **extra):
-    """Builds a random transformers Qwen3ForCausalLM, saves it to out_dir, returns the torch model."""
+    """Builds a random transformers Qwen3ForCausalLM (sized ``model_sizes.HF_TEST`` unless told), saves it to
+    out_dir, returns the torch model."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 

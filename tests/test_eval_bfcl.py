@@ -127,7 +127,8 @@ def test_tiny_random_model_runs_every_multi_turn_base_entry(tmp_path):
 
 def test_line_level_tokenizer_shrinks_bfcl_prompts_and_round_trips(tmp_path):
     from envace_jax.chat import build_demo_tokenizer, render_chat_text
-    from envace_jax.eval.harness import bfcl_corpus, demo_corpus
+    from envace_jax.data.demo_tasks import demo_corpus
+    from envace_jax.eval.harness import bfcl_corpus
 
     corpus = demo_corpus(8) + bfcl_corpus()
     word = build_demo_tokenizer(corpus, tmp_path / "qwen", vocab_size=4096)

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from envace_jax.eval import demo_eval
+from envace_jax.eval.config import DemoSuiteConfig
 from envace_jax.eval.results import load_results
 from envace_jax.eval.runner import run_eval
 
@@ -17,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_demo_oracle_passes_every_checklist():
-    tasks = demo_eval.load_tasks(demo_eval.DemoConfig(num_tasks=20))
+    tasks = demo_eval.load_tasks(DemoSuiteConfig(num_tasks=20))
     r = demo_eval.evaluate_oracle(tasks)
     assert r.count == 20 and r.valid == 20 and r.extra["score_mean"] == pytest.approx(1.0)
 

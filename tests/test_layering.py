@@ -2,14 +2,18 @@
 
 The layers, lowest first (a module may import from its own layer and from any layer before it):
 
-    host      chat/, envs/, data/, config.py, metrics.py,  plain Python: never jax, flax, optax or orbax
-              host_memory.py
+    host      config.py, metrics.py, host_memory.py,       plain Python: never jax, flax, optax or orbax;
+              model_sizes.py, _lazy.py
+    chat      chat/                                          within the host tier chat renders and parses text,
+    envs      envs/                                          envs execute tools (their schemas use chat's types),
+    data      data/                                          data builds tasks and records from both
     models    models/, sharding.py, checkpoint.py
     sampling  sampling.py, sampling_ops.py, sampling_plan.py, sampling_records.py
     rl        rl/
     eval      eval/                                          eval and demo are one tier of the design;
     demo      demo/                                          the demo uses eval's harnesses, never the reverse
     aot       aot/                                           ahead-of-time TPU compilation of a run's programs
+    api       envace_jax/__init__.py                         the package's public names (lazy: see _lazy.py)
     launch    launch/ (absl mains and pod scripts), benchmarks/
 
 Every import statement counts, including the ones inside functions (a lazy import is still a
@@ -24,8 +28,11 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("host", ("envace_jax.chat", "envace_jax.envs", "envace_jax.data", "envace_jax.config", "envace_jax.metrics",
-              "envace_jax.host_memory", "envace_jax.__init__")),
+    ("host", ("envace_jax.config", "envace_jax.metrics", "envace_jax.host_memory", "envace_jax.model_sizes",
+              "envace_jax._lazy")),
+    ("chat", ("envace_jax.chat",)),
+    ("envs", ("envace_jax.envs",)),
+    ("data", ("envace_jax.data",)),
     ("models", ("envace_jax.models", "envace_jax.sharding", "envace_jax.checkpoint")),
     ("sampling", ("envace_jax.sampling", "envace_jax.sampling_ops", "envace_jax.sampling_plan",
                   "envace_jax.sampling_records")),
@@ -33,11 +40,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("eval", ("envace_jax.eval",)),
     ("demo", ("envace_jax.demo",)),
     ("aot", ("envace_jax.aot",)),
+    ("api", ("envace_jax.__init__",)),
     ("launch", ("launch", "benchmarks")),
 ]
 ACCELERATOR_LIBS = ("jax", "flax", "optax", "orbax", "jaxlib")
-# Compatibility re-exports left where a module used to live; each may import its new home only.
-SHIMS = {"envace_jax.rl.rehearsal": "envace_jax.eval.rehearsal"}
+HOST_TIER = ("host", "chat", "envs", "data")  # plain Python: never an accelerator library
 
 
 def _layer(module: str) -> int | None:
@@ -62,6 +69,11 @@ def _modules() -> dict[str, str]:
     return out
 
 
+def _is_lazy_table(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)
+            and isinstance(node.value, ast.Dict))
+
+
 def _imports(path: str, module: str, known: set[str]) -> set[str]:
     """Absolute names of what ``path`` imports (``from a import b`` gives ``a.b`` when that is a module)."""
     launch_scripts = {m.split(".")[-1] for m in known if m.startswith("launch.")}
@@ -76,6 +88,8 @@ def _imports(path: str, module: str, known: set[str]) -> set[str]:
                 parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(parts + ([base] if base else []))
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        elif _is_lazy_table(node):  # a package __init__'s lazy re-exports: {name: home module}
+            names = [v.value for v in node.value.values]
         else:
             continue
         for n in names:
@@ -92,10 +106,8 @@ def test_no_module_imports_from_a_layer_above_it():
     for m, path in sorted(mods.items()):
         own = _layer(m)
         for dep in sorted(_imports(path, m, known)):
-            if SHIMS.get(m) == dep:
-                continue
-            if dep.split(".")[0] in ACCELERATOR_LIBS and LAYERS[own][0] == "host":
-                bad.append(f"{m} imports {dep}: the host layer (chat, envs, data, config) never imports jax/flax")
+            if dep.split(".")[0] in ACCELERATOR_LIBS and LAYERS[own][0] in HOST_TIER:
+                bad.append(f"{m} imports {dep}: the host tier (chat, envs, data, config) never imports jax/flax")
             rank = _layer(dep)
             if rank is not None and rank > own:
                 bad.append(f"{m} ({LAYERS[own][0]}) imports {dep} ({LAYERS[rank][0]})")
@@ -108,4 +120,60 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     up.write_text("def f():\n    from envace_jax.eval import results\n    import jax.numpy as jnp\n")
     deps = _imports(str(up), "envace_jax.rl.up", set(_modules()))
     assert "envace_jax.eval.results" in deps and "jax.numpy" in deps
+    # A lazy re-export table counts as importing the home module it names.
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text('_EXPORTS = {"run_eval": "envace_jax.eval.runner"}\n')
+    assert "envace_jax.eval.runner" in _imports(str(lazy), "envace_jax.rl", set(_modules()))
     assert _layer("envace_jax.eval.results") > _layer("envace_jax.rl.up") > _layer("envace_jax.data.records")
+    # ... and sideways inside the host tier: chat reading data's task generator (as chat.tokenizer once did).
+    assert _layer("envace_jax.data.demo_tasks") > _layer("envace_jax.chat.tokenizer")
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    # A package's __init__ re-exporting its modules is not a dependency of those modules on each other.
+    return {m: {d for d in _imports(p, m, known) if d in known and d != m and not m.startswith(d + ".")}
+            for m, p in mods.items() if not p.endswith("__init__.py")}
+
+
+def test_no_two_modules_import_each_other():
+    # Within a layer the order is free, but a cycle (a imports b, b imports a, even lazily) means neither
+    # module can be read, tested or moved without the other.
+    assert _cycles(_graph()) == [], "import cycles"
+
+
+def test_the_checker_sees_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

@@ -22,22 +22,6 @@ _LINE_DIGIT_PATTERN = r"\p{N}|[^\n\p{N}]*\n|[^\n\p{N}]+"
 _PRE_SPLITS = {"qwen": _SPLIT_PATTERN, "lines": _LINE_PATTERN, "lines_digits": _LINE_DIGIT_PATTERN}
 
 
-def demo_corpus(num_tasks: int = 48) -> list[str]:
-    """Texts the offline demo tokenizer is trained on when no tokenizer is given (training configs without
-    ``tokenizer.path``, ``random_tiny`` eval runs): the reference conversations of ``num_tasks`` demo tasks
-    of the train and validation splits, rendered with thinking on and off."""
-    from envace_jax.chat.template import render_chat_text
-    from envace_jax.data.demo_tasks import generate_tasks
-
-    texts = []
-    for split in ("train", "validation"):
-        for t in generate_tasks(num_tasks, 0, split):
-            system = [m for m in t["messages"] if m["role"] == "system"]
-            for thinking in (True, False):
-                texts.append(render_chat_text(system + t["reference_messages"], t["tools"], enable_thinking=thinking))
-    return texts
-
-
 def load_tokenizer(path: str | os.PathLike, *, use_our_template: bool = False):
     """Loads a tokenizer from a local Hugging Face directory (never the hub).
 

@@ -24,6 +24,7 @@ import hashlib
 import random
 from typing import Any, NamedTuple
 
+from envace_jax.chat.template import render_chat_text
 from envace_jax.data.task_builders import WORLD_TASKS, Builder, Recorder, Reject, normalise_weights
 from envace_jax.envs.demo_worlds import WORLDS, DemoWorld, canonical_json, sample_call, tool_schemas
 
@@ -223,3 +224,16 @@ def reference_responses(task: dict[str, Any]) -> dict[str, str]:
         if m["role"] == "tool":
             calls[by_id[m["tool_call_id"]]] = m["content"]
     return calls
+
+
+def demo_corpus(num_tasks: int = 48) -> list[str]:
+    """Texts the offline demo tokenizer is trained on when no tokenizer is given (training configs without
+    ``tokenizer.path``, ``random_tiny`` eval runs): the reference conversations of ``num_tasks`` demo tasks
+    of the train and validation splits, rendered with thinking on and off."""
+    texts = []
+    for split in ("train", "validation"):
+        for t in generate_tasks(num_tasks, 0, split):
+            system = [m for m in t["messages"] if m["role"] == "system"]
+            for thinking in (True, False):
+                texts.append(render_chat_text(system + t["reference_messages"], t["tools"], enable_thinking=thinking))
+    return texts

@@ -18,6 +18,7 @@ import typing
 
 from envace_jax.data.demo_tasks import SPLITS
 from envace_jax.eval.config import MEMORY_GATES
+from envace_jax.model_sizes import DEMO, MICRO
 
 DEFAULT_BASE_DIR = "assets/demo_base"
 # rl_replay_roles -> the roles of the corpus rows RL's replay batches are drawn from
@@ -51,12 +52,12 @@ class DemoConfig:
     rl_silent_odds: str = "share"
     # ---- tokenizer / model
     vocab_size: int = 2048           # lines_digits BPE: prompts ~110 tokens, digits single tokens
-    hidden_size: int = 128
-    intermediate_size: int = 256
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 32
+    hidden_size: int = DEMO.hidden_size  # model_sizes.DEMO
+    intermediate_size: int = DEMO.intermediate_size
+    num_layers: int = DEMO.num_layers
+    num_heads: int = DEMO.num_heads
+    num_kv_heads: int = DEMO.num_kv_heads
+    head_dim: int = DEMO.head_dim
     # ---- SFT warm start
     sft_steps: int = 450
     sft_batch_rows: int = 32         # half ACT, half REHEARSE rows
@@ -186,8 +187,7 @@ def legacy() -> DemoConfig:
 def reduced() -> DemoConfig:
     """A minutes-long end-to-end run for CI: tiny model from scratch, few tasks, few steps."""
     return DemoConfig(sft_tasks=8, rl_tasks=16, world_model_rows=8, validation_tasks=8, test_tasks=8,
-                      vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
-                      num_kv_heads=1, head_dim=16, sft_steps=3, sft_batch_rows=8, sft_warmup=0, micro_batch_size=8,
+                      vocab_size=512, **MICRO.fields(), sft_steps=3, sft_batch_rows=8, sft_warmup=0, micro_batch_size=8,
                       rl_steps=2, rl_replay_batches=1, prompts_per_step=2, n_rollouts=2, act_max_new_tokens=16,
                       rehearse_max_new_tokens=16, max_model_len=1024, max_steps=4, eval_batch=8, fidelity_tasks=4,
                       rl_push_back_share=0.5, eval_push_back_share=0.5)

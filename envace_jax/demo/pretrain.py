@@ -50,6 +50,7 @@ from envace_jax.config import SCHEDULES
 from envace_jax.data.demo_tasks import BRANCHES, generate_tasks
 from envace_jax.demo import data as demo_data
 from envace_jax.eval.results import is_success
+from envace_jax.model_sizes import DEMO, MICRO
 from envace_jax.rl.types import ACT, REHEARSE, Generation
 
 # Pretraining tasks come from their own seed stream of the train split (the demo's RL prompts come from
@@ -76,12 +77,12 @@ class PretrainConfig:
     tokenizer_tasks: int = 2048
     vocab_size: int = 2048
     # ---- model (a tiny Qwen3)
-    hidden_size: int = 128
-    intermediate_size: int = 256
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 32
+    hidden_size: int = DEMO.hidden_size  # model_sizes.DEMO
+    intermediate_size: int = DEMO.intermediate_size
+    num_layers: int = DEMO.num_layers
+    num_heads: int = DEMO.num_heads
+    num_kv_heads: int = DEMO.num_kv_heads
+    head_dim: int = DEMO.head_dim
     # ---- optimisation
     steps: int = 6000
     batch_rows: int = 32              # half ACT, half REHEARSE
@@ -146,8 +147,7 @@ def default() -> PretrainConfig:
 def tiny() -> PretrainConfig:
     """Seconds-long, for tests and CI."""
     return PretrainConfig(demonstrations=24, push_back_share=0.25, world_model_rows=16, tokenizer_tasks=24,
-                          vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
-                          num_kv_heads=1, head_dim=16, steps=6, batch_rows=8, micro_batch_size=8, warmup=0,
+                          vocab_size=512, **MICRO.fields(), steps=6, batch_rows=8, micro_batch_size=8, warmup=0,
                           memory_from=0.5, memory_share=0.5, memory_tasks=4, memory_max_chars=300,
                           eval_every=0, validation_tasks=8, checkpoint_every=2)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from envace_jax.config import RoleSampling, load_section
 from envace_jax.envs import bfcl, tau2
+from envace_jax.model_sizes import TINY
 
 SUITES = ("bfcl", "tau2", "demo", "rehearsal_sweep", "fidelity")
 POLICIES = ("oracle", "model")
@@ -42,11 +43,11 @@ def _at_least(cfg: Any, section: str, names: tuple[str, ...], low: int) -> None:
 class TinySpec:
     """``model.random_tiny``: a random Qwen3 of these sizes and the offline demo tokenizer."""
 
-    hidden: int = 64
-    layers: int = 2
-    heads: int = 4
-    kv_heads: int = 2
-    head_dim: int = 16
+    hidden: int = TINY.hidden_size  # model_sizes.TINY (the MLP width is Qwen3Config.tiny's, 2 * hidden)
+    layers: int = TINY.num_layers
+    heads: int = TINY.num_heads
+    kv_heads: int = TINY.num_kv_heads
+    head_dim: int = TINY.head_dim
     vocab_size: int = 480
     # "demo+bfcl" also trains the demo tokenizer on BFCL's multi-turn tool schemas and questions.
     # BFCL prompts (~17k characters, ~30 tool schemas) are ~10k tokens with the "demo" corpus and

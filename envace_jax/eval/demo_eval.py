@@ -18,8 +18,6 @@ from envace_jax.eval.config import DemoSuiteConfig
 from envace_jax.eval.results import CategoryResult, EntryResult, is_success
 from envace_jax.eval.rehearsal import RehearsalConfig, RehearsalRun, TestTimeRehearsal, rehearsal_sweep
 
-DemoConfig = DemoSuiteConfig  # the earlier name (not the demo pipeline's envace_jax.demo.config.DemoConfig)
-
 
 def load_tasks(cfg: DemoSuiteConfig) -> list[dict[str, Any]]:
     from envace_jax.data.demo_tasks import generate_tasks

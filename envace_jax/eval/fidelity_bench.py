@@ -24,7 +24,8 @@ from typing import Any
 
 from envace_jax.eval import fidelity as F
 from envace_jax.eval import progress
-from envace_jax.eval.config import REHEARSERS, FidelityBenchConfig  # noqa: F401  (knobs live with every eval knob)
+from envace_jax.eval.config import (REHEARSERS, DemoSuiteConfig,  # noqa: F401  (knobs live with every eval knob)
+                                    FidelityBenchConfig)
 from envace_jax.eval.results import CategoryResult, EntryResult
 
 def benchmark_cases(cfg: FidelityBenchConfig) -> list[F.FidelityCase]:
@@ -43,8 +44,8 @@ def benchmark_cases(cfg: FidelityBenchConfig) -> list[F.FidelityCase]:
             cases += F.tau2_cases(dom, tasks[:cfg.limit] if cfg.limit else tasks, with_reference=cfg.with_reference)
     if cfg.demo_tasks:
         from envace_jax.eval import demo_eval
-        cases += F.demo_cases(demo_eval.load_tasks(demo_eval.DemoConfig(num_tasks=cfg.demo_tasks, seed=cfg.seed,
-                                                                        split=cfg.demo_split)))
+        suite = DemoSuiteConfig(num_tasks=cfg.demo_tasks, seed=cfg.seed, split=cfg.demo_split)
+        cases += F.demo_cases(demo_eval.load_tasks(suite))
     return cases
 
 

@@ -18,8 +18,8 @@ import json
 import os
 from typing import Any, Mapping, Protocol, Sequence
 
-from envace_jax.chat.tokenizer import demo_corpus  # noqa: F401  (harness.demo_corpus still resolves)
 from envace_jax.chat.tool_parser import make_assistant_message
+from envace_jax.data.demo_tasks import demo_corpus
 from envace_jax.eval.config import PRE_SPLITS, TOKENIZER_CORPORA, ModelSpec, SamplerShapes  # noqa: F401
 from envace_jax.rl.policy_client import GenRequest
 from envace_jax.rl.rollout import RoleSampling

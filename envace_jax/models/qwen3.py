@@ -39,7 +39,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from envace_jax import sharding as shd
-from envace_jax.models import vjp_ops
+from envace_jax.model_sizes import TINY
+from envace_jax.models import hf_config, vjp_ops
 # Re-exported: outside code reaches the cache and dtype helpers through ``qwen3``.
 from envace_jax.models.kv_cache import (CACHE_K_AXES, CACHE_K_SLOT_AXIS, CACHE_V_AXES,  # noqa: F401
                                         CACHE_V_SLOT_AXIS, KVCache, cached_attention, visible_slots,
@@ -124,11 +125,12 @@ class Qwen3Config:
 
     # ---- the tiny random model (tests, the demo, CI smoke runs): the one recipe every caller sizes ----
     @classmethod
-    def tiny(cls, vocab_size: int, *, hidden_size: int = 64, intermediate_size: int | None = None,
-             num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
-             **kw) -> "Qwen3Config":
+    def tiny(cls, vocab_size: int, *, hidden_size: int = TINY.hidden_size, intermediate_size: int | None = None,
+             num_layers: int = TINY.num_layers, num_heads: int = TINY.num_heads,
+             num_kv_heads: int = TINY.num_kv_heads, head_dim: int = TINY.head_dim, **kw) -> "Qwen3Config":
         """A small Qwen3 for random init: float32, rope_theta 1e4 (short contexts), 128k positions
-        (metadata only); ``intermediate_size`` defaults to ``2 * hidden_size``."""
+        (metadata only). The sizes default to ``model_sizes.TINY``; ``intermediate_size`` defaults to
+        ``2 * hidden_size`` (TINY's own width at its hidden size)."""
         base = dict(vocab_size=vocab_size, hidden_size=hidden_size,
                     intermediate_size=2 * hidden_size if intermediate_size is None else intermediate_size,
                     num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
@@ -176,12 +178,10 @@ class Qwen3Config:
     def qwen3_32b(cls, **kw):
         return cls._preset(5120, 25600, 64, 64, 8, False, **kw)
 
-    # ---- Hugging Face config.json (the key mapping lives in hf_io, with the tensor mapping) ----
+    # ---- Hugging Face config.json (the key table is hf_config.CONFIG_KEYS) ----
     @classmethod
     def from_hf(cls, path_or_dict: str | os.PathLike | Mapping[str, Any], **overrides) -> "Qwen3Config":
         """Reads a transformers Qwen3 config (4.x or 5.x spelling) from a dir, a config.json or a dict."""
-        from envace_jax.models import hf_io
-
         if isinstance(path_or_dict, Mapping):
             d = dict(path_or_dict)
         elif hasattr(path_or_dict, "to_dict"):
@@ -192,13 +192,15 @@ class Qwen3Config:
                 p = os.path.join(p, "config.json")
             with open(p) as f:
                 d = json.load(f)
-        return hf_io.config_from_hf(d, **overrides)
+        kw = hf_config.fields_from_hf(d)
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown Qwen3Config override(s): {sorted(unknown)}")
+        return cls(**{**kw, **overrides})
 
     def to_hf(self) -> dict[str, Any]:
         """A transformers-5 style config.json dict (also readable by transformers 4.51+)."""
-        from envace_jax.models import hf_io
-
-        return hf_io.config_to_hf(self)
+        return hf_config.config_to_hf(self)
 
 
 # ------------------------------------------------------------------------------------------

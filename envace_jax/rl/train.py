@@ -57,7 +57,7 @@ def init_distributed(coordinator: str | None, num_processes: int | None, process
 def build_tokenizer(cfg: config_lib.ExperimentConfig):
     """The configured tokenizer; without a path, the offline demo tokenizer (built once per run dir)."""
     from envace_jax.chat import build_demo_tokenizer, load_tokenizer
-    from envace_jax.chat.tokenizer import demo_corpus
+    from envace_jax.data.demo_tasks import demo_corpus
 
     if cfg.tokenizer.path:
         return load_tokenizer(cfg.tokenizer.path)
@@ -97,9 +97,6 @@ def model_config(m: config_lib.ModelSection, vocab: int) -> qwen3.Qwen3Config:
         raise config_lib.ConfigError(f"config.model.preset={m.preset!r} has {cfg.vocab_size} embeddings, fewer "
                                      f"than the tokenizer's {vocab} tokens")
     return cfg
-
-
-tiny_model_config = model_config  # the earlier name (launch/train_lib re-exports it)
 
 
 def build_model(m: config_lib.ModelSection, vocab: int, mesh, path: str | None = None) -> qwen3.Qwen3:
