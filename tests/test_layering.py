@@ -5,7 +5,7 @@ The layers, lowest first (a module may import from its own layer and from any la
     host      chat/, envs/, data/, config.py, metrics.py,  plain Python: never jax, flax, optax or orbax
               host_memory.py
     models    models/, sharding.py, checkpoint.py
-    sampling  sampling.py, sampling_ops.py, sampling_plan.py, sampling_records.py
+    sampling  sampling/
     rl        rl/
     eval      eval/                                          eval and demo are one tier of the design;
     demo      demo/                                          the demo uses eval's harnesses, never the reverse
@@ -27,8 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("host", ("envace_jax.chat", "envace_jax.envs", "envace_jax.data", "envace_jax.config", "envace_jax.metrics",
               "envace_jax.host_memory", "envace_jax.__init__")),
     ("models", ("envace_jax.models", "envace_jax.sharding", "envace_jax.checkpoint")),
-    ("sampling", ("envace_jax.sampling", "envace_jax.sampling_ops", "envace_jax.sampling_plan",
-                  "envace_jax.sampling_records")),
+    ("sampling", ("envace_jax.sampling",)),
     ("rl", ("envace_jax.rl",)),
     ("eval", ("envace_jax.eval",)),
     ("demo", ("envace_jax.demo",)),
