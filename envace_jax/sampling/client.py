@@ -175,7 +175,7 @@ class Sampler:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
                  *, return_state: bool = False, min_done: int | None = None) -> SamplerOutput:
-        """Samples a continuation of every prompt (see the module docstring for the outputs).
+        """Samples a continuation of every prompt (outputs: see the package docstring, ``envace_jax.sampling``).
 
         ``min_done``: return as soon as this many rows have finished; the others report
         ``"running"`` (continue them with ``continue_``, nothing appended, the rest of their budget).
