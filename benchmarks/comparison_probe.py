@@ -77,7 +77,7 @@ def comparison_tasks(n: int, seed: int) -> list[dict]:
 def question_scores(model, codec, tasks) -> dict:
     """Greedy answers to held-out comparison questions: exact, the yes/no decision, the larger number named."""
     from envace_jax.sampling import Sampler
-    from envace_jax.sampling_records import SamplingParams
+    from envace_jax.sampling import SamplingParams
 
     prompts = [codec.caller_prompt([dict(m) for m in t["messages"]], []) for t in tasks]
     params = SamplingParams(temperature=0.0, max_new_tokens=24, stop_token_ids=codec.renderer.stop_token_ids)
@@ -106,7 +106,7 @@ def tank_scores(model, codec, n: int = 300) -> dict:
     from envace_jax.data.tank_tasks import tank_tasks
     from envace_jax.demo import data as demo_data
     from envace_jax.sampling import Sampler
-    from envace_jax.sampling_records import SamplingParams
+    from envace_jax.sampling import SamplingParams
 
     held_out = tank_tasks(8 * n, 99)
     cond = [t for t in held_out if t["messages"][1]["content"].startswith("If")][:n]

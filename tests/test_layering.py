@@ -8,7 +8,7 @@ The layers, lowest first (a module may import from its own layer and from any la
     envs      envs/                                          envs execute tools (their schemas use chat's types),
     data      data/                                          data builds tasks and records from both
     models    models/, sharding.py, checkpoint.py
-    sampling  sampling.py, sampling_ops.py, sampling_plan.py, sampling_records.py
+    sampling  sampling/
     rl        rl/
     eval      eval/                                          eval and demo are one tier of the design;
     demo      demo/                                          the demo uses eval's harnesses, never the reverse
@@ -34,8 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("envs", ("envace_jax.envs",)),
     ("data", ("envace_jax.data",)),
     ("models", ("envace_jax.models", "envace_jax.sharding", "envace_jax.checkpoint")),
-    ("sampling", ("envace_jax.sampling", "envace_jax.sampling_ops", "envace_jax.sampling_plan",
-                  "envace_jax.sampling_records")),
+    ("sampling", ("envace_jax.sampling",)),
     ("rl", ("envace_jax.rl",)),
     ("eval", ("envace_jax.eval",)),
     ("demo", ("envace_jax.demo",)),

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from envace_jax.sampling_ops import inverse_cdf, sample_tokens
+from envace_jax.sampling.ops import inverse_cdf, sample_tokens
 from helpers_sampling import chi_square_z, reference_distribution
 
 V = 256

@@ -1,4 +1,4 @@
-"""The sampler's host-side plan (``sampling_plan``), without a model: row resume, room and budget,
+"""The sampler's host-side plan (``sampling.plan``), without a model: row resume, room and budget,
 prefill chunking and the next state's bookkeeping, each against a hand-computed example."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from envace_jax.sampling import SamplingParams
-from envace_jax.sampling_plan import CACHE_FULL, LENGTH, PrevRows, plan_batch
+from envace_jax.sampling.plan import CACHE_FULL, LENGTH, PrevRows, plan_batch
 
 
 def _prev(ends, pending, rows):
@@ -81,7 +81,7 @@ def test_fresh_rows_get_distinct_streams_and_bad_sizes_are_named():
 
 
 def test_split_rows_by_hand():
-    from envace_jax.sampling_plan import split_rows
+    from envace_jax.sampling.plan import split_rows
 
     # A rolling call: six resumed rows write their pending token, one joining row a 90-token
     # prompt, one row writes nothing. One call would compute 8 rows x 128 columns = 1,024 slots; two

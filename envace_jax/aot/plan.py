@@ -26,7 +26,7 @@ from envace_jax.config import ExperimentConfig
 from envace_jax.models import qwen3
 from envace_jax.rl.batch import row_width
 from envace_jax.rl.placement import process_micro_batch_rows
-from envace_jax.sampling import pow2_bucket, quarter_octave_bucket
+from envace_jax.sampling.plan import pow2_bucket, quarter_octave_bucket
 
 # Sampler options the training loop (rl.train.make_client) leaves at their defaults (Sampler(model, mesh=...)).
 SAMPLER_MAX_CHUNK = 512

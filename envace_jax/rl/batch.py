@@ -102,7 +102,7 @@ def build_batch(
     """Pads rows to a bucketed length; prompts longer than fit are left-truncated (as the reference).
 
     Each row is scored at its own sampling temperature (``Generation.temperature``); a greedy row
-    (temperature 0) is scored at 1, the temperature its sampler log-probs were taken at (``sampling_ops``).
+    (temperature 0) is scored at 1, the temperature its sampler log-probs were taken at (``sampling.ops``).
     Padding rows added to reach ``batch_multiple`` carry zero loss weight. ``trained`` (one bool per
     generation, default all True): rows marked False stay in the batch with zero loss weight on every
     token (the RL step's rows of episodes that lost their judge).

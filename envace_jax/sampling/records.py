@@ -1,5 +1,5 @@
 """The sampler's records: per-row ``SamplingParams``, the ``SamplerState`` a call hands to the next,
-a call's ``SamplerOutput`` and the running ``SamplerStats`` (``envace_jax.sampling`` re-exports them)."""
+a call's ``SamplerOutput`` and the running ``SamplerStats`` (the package ``envace_jax.sampling`` exports them)."""
 
 from __future__ import annotations
 

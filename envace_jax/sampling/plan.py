@@ -5,7 +5,7 @@ starts (a fresh prompt, or a kept row of the previous state with its cache end, 
 pending token), whether its new tokens fit, how many tokens it may generate and why it would stop,
 how its tokens are split into prefill chunks, how large the device cache window must be, and the
 decode budget. ``BatchPlan.next_state`` turns the decode results back into the host bookkeeping of
-the next ``SamplerState``. The jitted programs that carry the plan out live in ``sampling``.
+the next ``SamplerState``. The jitted programs that carry the plan out live in ``sampling.loop``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from envace_jax.sampling_records import SamplingParams
+    from envace_jax.sampling.records import SamplingParams
 
 RUNNING, STOP, LENGTH, CACHE_FULL = 0, 1, 2, 3
 # "running": still generating when the call returned early (``min_done``); continue it with nothing

@@ -1,0 +1,420 @@
+"""The sampler's host side: ``Sampler`` checks a call's inputs, has ``sampling.plan`` plan it, places
+the arrays on the devices, runs ``sampling.loop``'s programs and reads the results back.
+
+One call (``Sampler._run``) goes through these steps, one method each: plan the call on the host,
+take the cache it starts from, find the kept rows that decode from carried logits, write the new
+tokens (prefill), choose the logits each row decodes from, decode, count the work, and read the
+outputs and the next state back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from envace_jax import sharding as shd
+from envace_jax.models import qwen3
+from envace_jax.sampling.loop import SamplerPrograms, unusable_donations_ok
+from envace_jax.sampling.plan import REASONS, RUNNING, BatchPlan, PrefillChunk, PrevRows, bucket, plan_batch
+from envace_jax.sampling.records import SamplerOutput, SamplerState, SamplerStats, SamplingParams
+
+
+class Sampler:
+    """Batched sampler over a live ``qwen3.Qwen3`` model (reads its current parameters each call).
+
+    Keyword options:
+      cache_size: tokens a row may hold (prompt + generated + appended); default per ``generate``
+        call: bucketed prompt length + largest ``max_new_tokens``.
+      max_chunk: longest chunk written by one prefill call (longer inputs are split); also the
+        cache headroom (see ``sampling.loop``).
+      length_buckets / batch_buckets: sorted sizes to round chunk lengths / batch sizes up to
+        (default powers of two, chunks at least 16).
+      window_buckets: sorted device-cache sizes to round a call's need up to (default four per
+        power of two, at least 64); the size never exceeds ``capacity + headroom``.
+      k_max: candidate count of the fast sampling path (see ``sampling.ops``).
+      split_prefill: a prefill chunk whose rows write very different lengths (a rolling batch: resumed
+        rows write a pending token and a short suffix, joining rows a whole prompt) runs as up to two sub-batch
+        calls on the rows that write, instead of padding every row to the longest
+        (``sampling.plan.split_rows``); same tokens, fewer computed slots. ``split_min_rows``: the
+        smallest sub-batch (powers of two from it: fewer shapes to compile).
+      mesh, rules: sample under this mesh; parameters are resharded to ``rules`` (default
+        ``SAMPLE_RULES``) only if they are not already laid out that way.
+      compiler_options: XLA options of the sampler's programs (``jax.jit(compiler_options=...)``), e.g.
+        to time a scheduler setting against the default (``benchmarks/sampler.py --compare-options``).
+    """
+
+    def __init__(self, model: qwen3.Qwen3, *, cache_size: int | None = None, max_chunk: int = 512,
+                 length_buckets: Sequence[int] | None = None, batch_buckets: Sequence[int] | None = None,
+                 window_buckets: Sequence[int] | None = None, k_max: int = 64, mesh: jax.sharding.Mesh | None = None, rules: shd.Rules | None = None,
+                 seed: int = 0, split_prefill: bool = True, split_min_rows: int = 8,
+                 compiler_options: Mapping[str, Any] | None = None):
+        if not isinstance(model, qwen3.Qwen3):
+            raise TypeError(f"Sampler(model): expected a qwen3.Qwen3, got {type(model).__name__}")
+        if cache_size is not None and cache_size < 1:
+            raise ValueError(f"Sampler(cache_size={cache_size}) must be >= 1")
+        if max_chunk < 1:
+            raise ValueError(f"Sampler(max_chunk={max_chunk}) must be >= 1")
+        self.model = model
+        self.cfg = model.config
+        self.cache_size = cache_size
+        self.max_chunk = int(max_chunk)
+        self.length_buckets = tuple(length_buckets) if length_buckets else None
+        self.batch_buckets = tuple(batch_buckets) if batch_buckets else None
+        self.window_buckets = tuple(window_buckets) if window_buckets else None
+        self.k_max = int(k_max)
+        self.split_prefill, self.split_min_rows = bool(split_prefill), int(split_min_rows)
+        self.mesh = mesh if mesh is not None else model.mesh
+        self.rules = dict(rules if rules is not None else shd.SAMPLE_RULES) if self.mesh is not None else None
+        self._seed_rng = np.random.default_rng(seed)
+        self.stats = SamplerStats()
+        self.timed = False
+        self._spare: tuple[jax.Array, jax.Array] | None = None
+        # A second module object sharing the live arrays, carrying the sampling rules for activation
+        # constraints; only its graphdef is used, the parameters come from `model` at every call.
+        graphdef, state = nnx.split(model)
+        shadow = nnx.merge(graphdef, state)
+        shadow.set_sharding(self.mesh, self.rules)
+        self._param_shardings = (qwen3.param_shardings(model, self.mesh, self.rules)
+                                 if self.mesh is not None else None)
+        devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()
+        self.compiler_options = dict(compiler_options) if compiler_options else None
+        self._programs = SamplerPrograms(nnx.graphdef(shadow), mesh=self.mesh, rules=self.rules, k_max=self.k_max,
+                                         cpu=all(d.platform == "cpu" for d in devices),
+                                         compiler_options=self.compiler_options)
+        # The calls `_run` makes (attributes, so a test can wrap them and see the arguments of a real call).
+        self._prefill, self._prepare = self._programs.prefill, self._programs.prepare
+        self._prefill_rows, self._decode = self._programs.prefill_rows, self._programs.decode
+
+    @property
+    def num_compilations(self) -> int:
+        """Traces of the sampler's programs so far (one per new shape bucket)."""
+        return self._programs.num_compilations
+
+    # ---------------------------------------------------------------- ahead-of-time compilation
+    def program_specs(self, batch: int, chunk: int, window: int, budget: int, stop_width: int = 4):
+        """The two compiled programs at one shape bucket, with abstract arguments (``envace_jax.aot``).
+
+        ``"prefill"``: ``batch`` rows gathered from an earlier ``window``-slot cache (as ``continue_``
+        does) and a ``chunk``-token chunk written into it; ``"decode"``: the on-device loop of
+        ``budget`` steps over that cache; ``"decode_setup"``: decode's work before its loop, for
+        costing (see ``SamplerPrograms.decode_setup``). Returns ``{name: (jitted fn, args, static kwargs)}``; the
+        arguments are ShapeDtypeStructs laid out as ``_run`` places them (parameters in ``rules``).
+        """
+        leaves, treedef = jax.tree.flatten(nnx.state(self.model))
+        targets = ([None] * len(leaves) if self._param_shardings is None
+                   else jax.tree.leaves(self._param_shardings))
+        params = treedef.unflatten([jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+                                    for x, s in zip(leaves, targets)])
+
+        def arg(shape, dtype, logical):
+            sharding = None if self.mesh is None else shd.named_sharding(self.mesh, logical, self.rules, shape)
+            return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
+
+        k_shape, v_shape = qwen3.KVCache.shapes(self.cfg, batch, window)
+        dt = qwen3.as_dtype(self.cfg.dtype)
+        # Per-layer buffers, as _starting_cache allocates them.
+        L = self.cfg.num_layers
+        k = tuple(arg(k_shape, dt, qwen3.CACHE_K_AXES) for _ in range(L))
+        v = tuple(arg(v_shape, dt, qwen3.CACHE_V_AXES) for _ in range(L))
+        row = lambda dtype: arg((batch,), dtype, ("batch",))
+        prefill = (params, k, v, row(np.int32), row(np.int32), arg((batch, chunk), np.int32, ("batch", None)),
+                   row(np.int32))
+        decode = (params, k, v, row(np.int32), arg((batch, self.cfg.vocab_size), np.float32, ("batch", None)),
+                  arg((batch, 2), np.uint32, ("batch", None)), row(np.int32), row(np.float32), row(np.float32),
+                  row(np.int32), row(np.int32), row(np.int32), arg((batch, stop_width), np.int32, ("batch", None)),
+                  arg((), np.int32, ()))
+        return {"prefill": (self._prefill, prefill, {"size": window, "gather": True}),
+                "decode": (self._decode, decode, {"budget": budget}),
+                "decode_setup": (jax.jit(self._programs.decode_setup), (params,), {})}
+
+    # ---------------------------------------------------------------- host side
+    def _params(self):
+        state = nnx.state(self.model)
+        if self._param_shardings is None:
+            return state
+        leaves = jax.tree.leaves(state)
+        targets = jax.tree.leaves(self._param_shardings)
+        if all(getattr(a, "sharding", None) == s for a, s in zip(leaves, targets)):
+            return state
+        return jax.device_put(state, self._param_shardings)
+
+    def _put(self, x: np.ndarray, logical: tuple):
+        if self.mesh is None:
+            return jnp.asarray(x)
+        return jax.device_put(x, shd.named_sharding(self.mesh, logical, self.rules, x.shape))
+
+    def _norm_params(self, params, n: int) -> list[SamplingParams]:
+        if isinstance(params, SamplingParams):
+            return [params] * n
+        params = list(params)
+        if len(params) != n:
+            raise ValueError(f"params: got {len(params)} SamplingParams for {n} rows")
+        for i, p in enumerate(params):
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"params[{i}] is a {type(p).__name__}, not SamplingParams")
+        return params
+
+    def _check_tokens(self, seqs, name: str, allow_empty: bool):
+        V = self.cfg.vocab_size
+        out = []
+        for i, s in enumerate(seqs):
+            a = np.asarray(list(s), dtype=np.int64)
+            if a.ndim != 1:
+                raise ValueError(f"{name}[{i}] must be a flat list of token ids")
+            if not allow_empty and a.size == 0:
+                raise ValueError(f"{name}[{i}] is empty")
+            if a.size and (a.min() < 0 or a.max() >= V):
+                raise ValueError(f"{name}[{i}] has token ids outside [0, {V})")
+            out.append(a.astype(np.int32))
+        return out
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
+                 *, return_state: bool = False, min_done: int | None = None) -> SamplerOutput:
+        """Samples a continuation of every prompt (outputs: see the package docstring, ``envace_jax.sampling``).
+
+        ``min_done``: return as soon as this many rows have finished; the others report
+        ``"running"`` (continue them with ``continue_``, nothing appended, the rest of their budget).
+        """
+        if len(prompts) == 0:
+            raise ValueError("prompts is empty")
+        chunks = self._check_tokens(prompts, "prompts", allow_empty=False)
+        ps = self._norm_params(params, len(chunks))
+        if self.cache_size is not None:
+            capacity = self.cache_size
+        else:
+            longest = max(len(c) for c in chunks)
+            capacity = bucket(longest, self.length_buckets, 16) + max(p.max_new_tokens for p in ps)
+        return self._run(None, chunks, ps, capacity, return_state, min_done)
+
+    def continue_(self, state: SamplerState, appended: Sequence[Sequence[int]],
+                  params: SamplingParams | Sequence[SamplingParams], *, rows: Sequence[int] | None = None,
+                  return_state: bool = False, min_done: int | None = None) -> SamplerOutput:
+        """Appends ``appended[i]`` to row ``rows[i]`` of ``state`` and decodes on.
+
+        ``rows`` (default: all rows in order) picks and orders the rows to keep; ``-1`` starts a
+        fresh prompt (``appended[i]`` is then the whole prompt). ``state`` is consumed.
+        """
+        if not isinstance(state, SamplerState):
+            raise TypeError(f"state must be a SamplerState, got {type(state).__name__}")
+        if state.consumed:
+            raise ValueError("state was already consumed by an earlier continue_ call")
+        rows = list(range(state.batch_size)) if rows is None else [int(r) for r in rows]
+        if len(rows) != len(appended):
+            raise ValueError(f"rows has {len(rows)} entries but appended has {len(appended)}")
+        if not rows:
+            raise ValueError("appended is empty")
+        for i, r in enumerate(rows):
+            if r < -1 or r >= state.batch_size:
+                raise ValueError(f"rows[{i}]={r} is not a row of the state (size {state.batch_size}) or -1")
+        chunks = self._check_tokens(appended, "appended", allow_empty=True)
+        for i, (r, c) in enumerate(zip(rows, chunks)):
+            if r < 0 and c.size == 0:
+                raise ValueError(f"appended[{i}] is empty but rows[{i}] = -1 asks for a fresh prompt")
+        ps = self._norm_params(params, len(chunks))
+        return self._run((state, np.asarray(rows, np.int64)), chunks, ps, state.capacity, return_state, min_done)
+
+    def batch_bucket(self, n: int) -> int:
+        """The padded batch size of a call with ``n`` rows."""
+        return bucket(n, self.batch_buckets, 1)
+
+    def _run(self, prev, chunks, ps, capacity: int, return_state: bool, min_done: int | None) -> SamplerOutput:
+        """One call of ``generate`` (``prev`` None) or ``continue_`` (``prev``: the state and, per call row,
+        the row of it that the call row continues, -1 for a fresh prompt); ``chunks[i]`` the checked tokens
+        row ``i`` appends, ``ps[i]`` its params. The steps are the methods below, in this order."""
+        if min_done is not None and min_done < 1:
+            raise ValueError(f"min_done={min_done} must be >= 1 (or None: decode until every row is done)")
+        t0 = time.perf_counter()
+        state, rows = prev if prev is not None else (None, None)
+        plan = self._plan_call(state, rows, chunks, ps, capacity)
+        params = self._params()
+        if state is not None:
+            state.consumed = True   # its cache goes to this call's programs, which donate it
+        carry = self._carried_rows(state, plan)
+        k, v, gather = self._starting_cache(state, plan)
+        logits, k, v, end = self._write_inputs(params, k, v, gather, plan)
+        logits = self._decode_start_logits(logits, state, plan, carry)
+        if self.timed:
+            logits.block_until_ready()
+        t1 = time.perf_counter()
+        tokens, lps, n_gen, reason, k, v, _, last_logits = self._run_decode(params, k, v, end, logits, plan, min_done)
+        tokens, lps, n_gen, reason = jax.device_get((tokens, lps, n_gen, reason))
+        self._count(plan, n_gen, t0, t1)
+        out = self._output(plan, tokens, lps, n_gen, reason, logits)
+        if return_state:
+            out.state = self._next_state(plan, tokens, n_gen, reason, carry, k, v, last_logits)
+        else:
+            self._spare = (k, v)
+        return out
+
+    def _plan_call(self, state: SamplerState | None, rows: np.ndarray | None, chunks, ps, capacity: int) -> BatchPlan:
+        """Everything the call decides before touching the device (row resume, room, prefill chunks, cache
+        window, decode budget), in numpy, by ``plan.plan_batch``: one place, testable without a model.
+        Rows without a seed draw one here, in row order, from the sampler's own seed stream."""
+        seeds = [p.seed if p.seed is not None else int(self._seed_rng.integers(2**31)) for p in ps]
+        prev_rows = None
+        if state is not None:
+            prev_rows = PrevRows(ends=state.ends, pending=state.pending, keys=state.keys, draws=state.draws, rows=rows)
+        return plan_batch(chunks, ps, seeds, capacity, batch=self.batch_bucket(len(chunks)), max_chunk=self.max_chunk,
+                          prev=prev_rows, length_buckets=self.length_buckets, window_buckets=self.window_buckets,
+                          split_prefill=self.split_prefill, split_min_rows=self.split_min_rows)
+
+    def _carried_rows(self, state: SamplerState | None, plan: BatchPlan) -> np.ndarray:
+        """bool ``[batch]``: kept rows that write nothing and were still generating when the last call
+        returned (``min_done``); they decode on from the logits the state carries, not from a prefill.
+
+        A kept row that writes nothing, holds no pending token and carries no logits has nothing to
+        decode from: refused here rather than decoded from zero logits."""
+        carry = np.zeros((plan.batch,), bool)
+        if state is None:
+            return carry
+        n = plan.n
+        kept_idle = (plan.src[:n] >= 0) & (plan.lens[:n] == 0)
+        if state.carried is not None:
+            carry[:n] = kept_idle & state.carried[np.maximum(plan.src[:n], 0)]
+        lost = np.flatnonzero(kept_idle & ~carry[:n] & (plan.n_max[:n] > 0))
+        if lost.size:
+            raise ValueError(f"continue_: rows {lost.tolist()} append nothing to a row that holds no pending "
+                             f"token or carried logits, so they have nothing to decode from; append tokens "
+                             f"or ask for max_new_tokens=0")
+        return carry
+
+    def _starting_cache(self, state: SamplerState | None, plan: BatchPlan):
+        """(k, v, gather): the cache the call starts from, before any gather or resize.
+
+        A continuation starts from the state's cache (``gather``: its rows are picked by ``plan.src``); a
+        fresh call reuses the cache the previous call without ``return_state`` left behind when the batch
+        size matches (no new allocation: the first program resizes it), else allocates zeros. The spare
+        is dropped either way, so at most one cache outlives its call."""
+        if state is not None:
+            k, v, gather = state.k, state.v, True
+        elif self._spare is not None and self._spare[0][0].shape[0] == plan.batch:
+            (k, v), gather = self._spare, False
+        else:
+            k_shape, v_shape = qwen3.KVCache.shapes(self.cfg, plan.batch, plan.window)
+            dt = qwen3.as_dtype(self.cfg.dtype)
+            k = tuple(self._put(np.zeros(k_shape, dt), qwen3.CACHE_K_AXES) for _ in range(self.cfg.num_layers))
+            v = tuple(self._put(np.zeros(v_shape, dt), qwen3.CACHE_V_AXES) for _ in range(self.cfg.num_layers))
+            gather = False
+        self._spare = None
+        return k, v, gather
+
+    def _write_inputs(self, params, k, v, gather: bool, plan: BatchPlan):
+        """The prefill: every row's new tokens written into the cache, in chunks of at most ``max_chunk``
+        tokens (``plan.prefill``). Returns (next-token logits ``[B, V]`` of the rows that wrote, None if
+        none did; k, v; each row's cache end ``[B]`` on device).
+
+        A one-call chunk gathers and resizes the cache inside its program; sub-batch chunks
+        (``split_prefill``) and a call that writes nothing work on the call's cache as it is, so it is
+        gathered and resized first, by a program of its own."""
+        row = ("batch",)
+        logits = None
+        if not plan.prefill or plan.prefill[0].groups is not None:
+            if gather or k[0].shape[qwen3.CACHE_K_SLOT_AXIS] != plan.window:
+                with unusable_donations_ok():
+                    k, v = self._prepare(k, v, self._put(plan.gather_rows, row), size=plan.window, gather=gather)
+            gather = False
+        if not plan.prefill:
+            end = self._put(plan.end_after.astype(np.int32), row)
+        for chunk in plan.prefill:
+            if chunk.groups is not None:
+                logits, k, v = self._write_chunk_by_rows(params, k, v, logits, plan, chunk)
+                end = self._put((chunk.end + chunk.take).astype(np.int32), row)
+                continue
+            with unusable_donations_ok():
+                lg, k, v, end = self._prefill(
+                    params, k, v, self._put(plan.gather_rows, row), self._put(chunk.end.astype(np.int32), row),
+                    self._put(plan.chunk_tokens(chunk), ("batch", None)),
+                    self._put(chunk.take.astype(np.int32), row), size=plan.window, gather=gather)
+            gather = False
+            last_here = chunk.last_for(plan.lens)
+            logits = lg if logits is None else jnp.where(self._put(last_here, row)[:, None], lg, logits)
+        return logits, k, v, end
+
+    def _write_chunk_by_rows(self, params, k, v, logits, plan: BatchPlan, chunk: PrefillChunk):
+        """One split chunk: a call per sub-batch on the rows that write (``plan.split_rows``), so short
+        rows are not padded to the longest. Rows whose last input token is in the chunk take its logits."""
+        if logits is None:
+            logits = self._put(np.zeros((plan.batch, self.cfg.vocab_size), np.float32), ("batch", None))
+        last = chunk.last_for(plan.lens)
+        for g in chunk.groups:
+            is_last = np.zeros(g.rows.shape, bool)
+            is_last[:g.n_real] = last[g.rows[:g.n_real]]
+            with unusable_donations_ok():
+                # a sub-batch is not split over the mesh's batch axis (its size is any bucket)
+                logits, k, v = self._prefill_rows(
+                    params, k, v, logits, self._put(g.rows, (None,)),
+                    self._put(g.end.astype(np.int32), (None,)),
+                    self._put(plan.group_tokens(chunk, g), (None, None)),
+                    self._put(g.take.astype(np.int32), (None,)), self._put(is_last, (None,)))
+        return logits, k, v
+
+    def _decode_start_logits(self, logits, state: SamplerState | None, plan: BatchPlan, carry: np.ndarray):
+        """float32 ``[B, V]``: the logits each row's first sampled token comes from: the prefill's, or,
+        for ``carry`` rows, the ones the state carried; zeros when no row writes or carries anything
+        (then no row decodes)."""
+        row = ("batch",)
+        if carry.any():
+            held = shd.constrain(jnp.take(state.logits, self._put(plan.gather_rows, row), axis=0),
+                                 ("batch", None), self.mesh, self.rules)
+            logits = held if logits is None else jnp.where(self._put(carry, row)[:, None], held, logits)
+        if logits is None:
+            logits = self._put(np.zeros((plan.batch, self.cfg.vocab_size), np.float32), ("batch", None))
+        return logits
+
+    def _run_decode(self, params, k, v, end, logits, plan: BatchPlan, min_done: int | None):
+        """The on-device decode loop over the plan's per-row values (device arrays: tokens, logprobs,
+        generated counts, reasons, k, v, end, last logits; see ``SamplerPrograms._decode_impl``).
+        Without ``min_done`` the loop's early stop is set past the batch (``batch + 1`` rows), so it runs
+        until every row is done or the budget is spent."""
+        row = ("batch",)
+        return self._decode(
+            params, k, v, end, logits, self._put(plan.keys, ("batch", None)), self._put(plan.draws, row),
+            self._put(plan.temperature, row), self._put(plan.top_p, row), self._put(plan.top_k, row),
+            self._put(plan.n_max.astype(np.int32), row), self._put(plan.cap_reason.astype(np.int32), row),
+            self._put(plan.stop_ids, ("batch", None)), jnp.int32(plan.batch + 1 if min_done is None else min_done),
+            budget=plan.budget)
+
+    def _count(self, plan: BatchPlan, n_gen: np.ndarray, t0: float, t1: float) -> None:
+        """Adds the call's work to ``self.stats`` (rows, padded slots, decode steps, prefill tokens and
+        slots; wall seconds only when ``timed``), so callers can account utilisation and padding."""
+        st = self.stats
+        st.calls += 1
+        st.rows += plan.n
+        st.batch_rows += plan.batch
+        steps = int(n_gen.max()) if n_gen.size else 0
+        st.decode_steps += steps
+        st.slot_steps += plan.batch * steps
+        st.generated_tokens += int(n_gen.sum())
+        st.prefill_tokens += int(plan.lens.sum())
+        st.prefill_slots += sum(c.slots for c in plan.prefill)
+        if self.timed:
+            st.prefill_s += t1 - t0
+            st.decode_s += time.perf_counter() - t1
+
+    def _output(self, plan: BatchPlan, tokens, lps, n_gen, reason, logits) -> SamplerOutput:
+        """The call's rows (batch padding dropped), each cut to the tokens it generated."""
+        n = plan.n
+        return SamplerOutput(
+            tokens=[tokens[i, : n_gen[i]].tolist() for i in range(n)],
+            logprobs=[lps[i, : n_gen[i]].tolist() for i in range(n)],
+            finish_reasons=[REASONS[int(reason[i])] for i in range(n)],
+            lengths=[int(n_gen[i]) for i in range(n)],
+            prefill_logits=logits[:n],
+        )
+
+    def _next_state(self, plan: BatchPlan, tokens, n_gen, reason, carry, k, v, last_logits) -> SamplerState:
+        """What ``continue_`` needs of this call: the cache, and per row its end, pending token and PRNG
+        draws (``BatchPlan.next_state``); rows still running, and carried rows that sat this call out,
+        carry their next-token logits."""
+        n = plan.n
+        running = (reason[:n] == RUNNING) & (n_gen[:n] > 0)
+        ends, pending, draws = plan.next_state(tokens, n_gen, running)
+        carried = running | (carry[:n] & (n_gen[:n] == 0))
+        # float32 [B, V] kept only when a row needs it (at Qwen3's vocabulary, ~600 KB a row)
+        return SamplerState(k=k, v=v, ends=ends, pending=pending, keys=plan.keys[:n].copy(), draws=draws,
+                            capacity=plan.capacity, logits=last_logits if carried.any() else None, carried=carried)

@@ -1,0 +1,192 @@
+"""The sampler's compiled programs: prefill (write a chunk of tokens into the KV cache) and decode (the
+on-device loop that samples, records and feeds one token per step).
+
+They carry out what ``sampling.plan`` decided on the host; ``sampling.client.Sampler`` places the
+arrays and calls them. Every program is jitted once per shape bucket (batch, chunk length, cache
+length, token budget); per-row sampling values are arrays, so changing them never recompiles.
+``SamplerPrograms.num_compilations`` counts the traces of all of them.
+
+Cache sizing (why the cache has ``headroom``): the model writes a padded chunk at ``end[b] + t``
+and drops slots past the cache (see ``qwen3``). A row may hold at most ``capacity`` tokens; the
+device cache may grow to ``capacity + headroom`` slots and every chunk is at most ``headroom`` long,
+so every valid token of a chunk has a slot, even in the largest window; rows that are full or
+finished write padding past ``end``, which is never read.
+The device cache itself is sized per call to the bucket of what the batch needs, so attention in the
+decode loop runs over the live window rather than the whole capacity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from envace_jax import sharding as shd
+from envace_jax.models import qwen3
+from envace_jax.sampling.ops import sample_tokens
+from envace_jax.sampling.plan import STOP
+
+
+def _resize(x: jax.Array, axis: int, size: int) -> jax.Array:
+    """Truncates or zero-pads ``x`` along ``axis`` to ``size``."""
+    n = x.shape[axis]
+    if size < n:
+        return jax.lax.slice_in_dim(x, 0, size, axis=axis)
+    if size > n:
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, size - n)
+        return jnp.pad(x, pad)
+    return x
+
+
+@contextlib.contextmanager
+def unusable_donations_ok():
+    """Prefill donates the cache; XLA warns when it cannot reuse a buffer (e.g. a resize), which is fine."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        yield
+
+
+class SamplerPrograms:
+    """The jitted programs of one sampler, over one model graph and one layout.
+
+    ``graphdef``: the model's graph (parameters are passed to every call, so the programs always read
+    the live ones); ``mesh``/``rules``: the layout activations and the cache are constrained to (no
+    mesh: single device); ``k_max``: candidate count of the fast sampling path (``sampling.ops``);
+    ``cpu``: the devices are CPUs (the decode loop then keeps the output head transposed, see
+    ``qwen3.Qwen3.decode_weights``); ``compiler_options``: XLA options of every program.
+
+    The jitted callables: ``prefill`` (gather, resize, write one chunk), ``prepare`` (gather and
+    resize only), ``prefill_rows`` (write one chunk on a sub-batch) and ``decode``.
+    """
+
+    def __init__(self, graphdef: nnx.GraphDef, *, mesh: jax.sharding.Mesh | None, rules: shd.Rules | None,
+                 k_max: int, cpu: bool, compiler_options: Mapping[str, Any] | None = None):
+        self._graphdef = graphdef
+        self.mesh, self.rules = mesh, rules
+        self.k_max, self._cpu = int(k_max), bool(cpu)
+        self.num_compilations = 0
+        jit = functools.partial(jax.jit, compiler_options=dict(compiler_options) if compiler_options else None)
+        self.prefill = jit(self._prefill_impl, static_argnames=("size", "gather"), donate_argnums=(1, 2))
+        self.prepare = jit(self._prepare_impl, static_argnames=("size", "gather"), donate_argnums=(0, 1))
+        self.prefill_rows = jit(self._prefill_rows_impl, donate_argnums=(1, 2, 3))
+        self.decode = jit(self._decode_impl, static_argnames=("budget",), donate_argnums=(1, 2))
+
+    def _cache_constrain(self, k, v):
+        return (tuple(shd.constrain(a, qwen3.CACHE_K_AXES, self.mesh, self.rules) for a in k),
+                tuple(shd.constrain(a, qwen3.CACHE_V_AXES, self.mesh, self.rules) for a in v))
+
+    def _prefill_impl(self, params, k, v, src, end, tokens, lens, *, size: int, gather: bool):
+        """Writes one chunk per row into the (gathered, resized) cache.
+
+        Shapes: params: model state; k, v: per-layer tuples of ``[B_old, K, H, S_old]`` and
+        ``[B_old, K, S_old, H]`` (see ``qwen3.KVCache``); src int32 ``[B]`` rows of the old cache to
+        keep (only if ``gather``); end int32 ``[B]`` tokens already held; tokens int32 ``[B, T]``
+        right-padded; lens int32 ``[B]`` valid tokens (0 = write nothing).
+        Returns (logits float32 ``[B, V]`` at each row's last valid token, k, v with ``size`` slots,
+        new end ``[B]``).
+        """
+        self.num_compilations += 1
+        k, v = self._gather_resize(k, v, src, size, gather)
+        model = nnx.merge(self._graphdef, params)
+        logits, cache = model(tokens, cache=qwen3.KVCache(k, v, end), chunk_lengths=lens,
+                              logits_at=jnp.maximum(lens - 1, 0))
+        return logits, *self._cache_constrain(cache.k, cache.v), cache.end
+
+    def _gather_resize(self, k, v, src, size: int, gather: bool):
+        """The call's cache: rows gathered from the previous state (if ``gather``), resized to ``size``."""
+        if gather:
+            k, v = tuple(a[src] for a in k), tuple(a[src] for a in v)
+        k = tuple(_resize(a, qwen3.CACHE_K_SLOT_AXIS, size) for a in k)
+        v = tuple(_resize(a, qwen3.CACHE_V_SLOT_AXIS, size) for a in v)
+        return self._cache_constrain(k, v)
+
+    def _prepare_impl(self, k, v, src, *, size: int, gather: bool):
+        """The cache of the call before its first sub-batch prefill (what ``_prefill_impl`` does first)."""
+        self.num_compilations += 1
+        return self._gather_resize(k, v, src, size, gather)
+
+    def _prefill_rows_impl(self, params, k, v, logits, rows, end, tokens, lens, is_last):
+        """``_prefill_impl`` on the sub-batch ``rows`` (int32 ``[b]``, distinct) of the cache: their
+        cache rows are gathered, written at ``end`` (``[b]``) with ``tokens`` ``[b, T]`` / ``lens``
+        ``[b]``, and scattered back; ``logits`` ``[B, V]`` takes the new logits where ``is_last``."""
+        self.num_compilations += 1
+        model = nnx.merge(self._graphdef, params)
+        sub = qwen3.KVCache(tuple(a[rows] for a in k), tuple(a[rows] for a in v), end)
+        lg, cache = model(tokens, cache=sub, chunk_lengths=lens, logits_at=jnp.maximum(lens - 1, 0))
+        k = tuple(a.at[rows].set(n) for a, n in zip(k, cache.k))
+        v = tuple(a.at[rows].set(n) for a, n in zip(v, cache.v))
+        logits = logits.at[rows].set(jnp.where(is_last[:, None], lg.astype(logits.dtype), logits[rows]))
+        return logits, *self._cache_constrain(k, v)
+
+    def _decode_impl(self, params, k, v, end, logits, keys, draws, temperature, top_p, top_k, n_max,
+                     cap_reason, stop_ids, min_done, *, budget: int):
+        """On-device decode loop.
+
+        Shapes: k, v per-layer tuples (see ``qwen3.KVCache``); end int32 ``[B]``; logits float32 ``[B, V]`` (next-token
+        logits after the prefill, or carried from the previous call); keys uint32 ``[B, 2]``; draws int32 ``[B]`` draws already made by
+        each row; temperature/top_p float32 ``[B]``; top_k, n_max (tokens this row may generate),
+        cap_reason (reason when n_max is reached) int32 ``[B]``; stop_ids int32 ``[B, S_max]``
+        padded with -1; min_done int32 scalar: stop once this many rows that started live are done
+        (the rest report ``RUNNING``). Returns tokens int32 ``[B, budget]``, logprobs float32
+        ``[B, budget]``, n int32 ``[B]`` generated, reason int32 ``[B]``, k, v, end, and the logits
+        after each row's last fed token (see ``SamplerState.carried``).
+        """
+        self.num_compilations += 1
+        B = logits.shape[0]
+        model = nnx.merge(self._graphdef, params)
+        # Sliced once, outside the loop: the body then reads each layer's weights where they lie.
+        weights = model.decode_weights(transpose_head=self._cpu)
+
+        def emit(i, logits, c):
+            tokens, lps, n, done, reason = c
+            tok, lp = sample_tokens(logits, keys, draws + i, temperature, top_p, top_k, k_max=self.k_max)
+            live = ~done
+            tokens = tokens.at[:, i].set(jnp.where(live, tok, 0))
+            lps = lps.at[:, i].set(jnp.where(live, lp, 0.0))
+            n = jnp.where(live, i + 1, n)
+            is_stop = jnp.any(tok[:, None] == stop_ids, axis=-1)
+            hit = live & (is_stop | (n >= n_max))
+            reason = jnp.where(hit, jnp.where(is_stop, STOP, cap_reason), reason)
+            return tok, (tokens, lps, n, done | hit, reason)
+
+        start = n_max <= 0
+        c0 = (jnp.zeros((B, budget), jnp.int32), jnp.zeros((B, budget), jnp.float32),
+              jnp.zeros((B,), jnp.int32), start, jnp.where(start, cap_reason, 0))
+
+        def cond(carry):
+            i, *_, c = carry
+            finished = jnp.sum((c[3] & ~start).astype(jnp.int32))
+            return (i < budget) & ~jnp.all(c[3]) & (finished < min_done)
+
+        def body(carry):
+            i, k, v, end, logits, c = carry
+            tok, c = emit(i, logits, c)
+            live = ~c[3]
+
+            # Finished rows feed nothing (chunk length 0); their write lands at `end`, past what they
+            # hold, and a later chunk overwrites it before any valid query can see it.
+            # The step that finishes the last row does one forward nobody reads: cheaper than a
+            # lax.cond, whose branches may copy the whole cache on CPU.
+            logits, cache = model(tok[:, None], cache=qwen3.KVCache(k, v, end), chunk_lengths=live.astype(jnp.int32),
+                                  logits_at=jnp.zeros((B,), jnp.int32), decode_weights=weights)
+            return i + 1, cache.k, cache.v, cache.end, logits, c
+
+        _, k, v, end, last, c = jax.lax.while_loop(cond, body, (jnp.int32(0), k, v, end, logits, c0))
+        tokens, lps, n, _, reason = c
+        # Rows still running fed their last token: `last` holds their next-token logits. Rows that never
+        # decoded keep the logits they came with (a carried row may sit out a call).
+        last = shd.constrain(jnp.where(start[:, None], logits, last), ("batch", None), self.mesh, self.rules)
+        return tokens, lps, n, reason, *self._cache_constrain(k, v), end, last
+
+    def decode_setup(self, params):
+        """What ``decode`` does once per call before its loop (the weights it prepares), as a
+        function of its own: XLA's cost analysis counts a loop body once, so a decode step's cost is the
+        decode program's cost less this one's (``envace_jax.aot``)."""
+        w = nnx.merge(self._graphdef, params).decode_weights(transpose_head=self._cpu)
+        return w.layers, w.head
