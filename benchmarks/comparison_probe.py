@@ -42,10 +42,7 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 COMPARISON_TYPES = ("bank/compare", "bank/conditional", "shop/order_if")
 
@@ -134,7 +131,7 @@ def task_scores(model, codec, tasks, demo_cfg) -> dict:
     from envace_jax.eval.results import is_success
 
     res = stages.evaluate_real(demo_cfg, model, codec, tasks)
-    rate = lambda v: round(float(np.mean([is_success(s) for s in v])), 3)  # noqa: E731
+    rate = lambda v: round(float(np.mean([is_success(s) for s in v])), 3)
     return {"success": rate(res.scores), "by_type": {k: (rate(v), len(v)) for k, v in sorted(res.by_type.items())},
             "by_branch": {k: rate(v) for k, v in sorted(res.by_branch.items())}}
 

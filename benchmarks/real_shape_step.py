@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             table.add("sampler prefill", st.prefill_s, 2, note=f"{st.prefill_tokens} tokens, {st.calls} calls")
             table.add("sampler decode", st.decode_s, 2, note=f"{st.generated_tokens} tokens, {st.decode_steps} steps")
             own_rollout = step.rollout
-            step.rollout = lambda *_: episodes   # the rest of RLStep.__call__ on these episodes
+            step.rollout = lambda *_, done=episodes: done   # the rest of RLStep.__call__ on these episodes
             try:
                 with table.measure("advantages, batch, old log-probs, update"):
                     result = step(records, 0)

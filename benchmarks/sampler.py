@@ -20,18 +20,15 @@ Usage: ``python benchmarks/sampler.py [--quick] [--batches 8,32] [--greedy-only]
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+# common (a sibling: the script's folder is on sys.path) sets JAX_PLATFORMS before it loads jax.
+from common import build_models, cache_read_floor_s, decode_matmul_floor_s, matmul_peak_gflops
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import build_models, cache_read_floor_s, decode_matmul_floor_s, matmul_peak_gflops  # noqa: E402
-from envace_jax.sampling import Sampler, SamplingParams  # noqa: E402
+from envace_jax.sampling import Sampler, SamplingParams
 
 PROMPT, NEW = 128, 128
 
