@@ -20,7 +20,8 @@ Modes:
   conditional pumps ("If north holds at least 40, pump 40 from north to east. Otherwise tell me north's
   level."): read a level from a JSON tool response, compare it with the user's number, then pump or send
   nothing; half compare two tanks' levels ("Which tank holds more, north or east?"). It asks whether
-  comparison in the form the tool tasks need, but not on their tools, carries over. ``--arms compare`` skips the control arm (its figures are in docs/results.md).
+  comparison in the form the tool tasks need, but not on their tools, carries over. ``--arms compare`` skips
+  the control arm (its figures are in docs/results.md).
 - ``--grow K`` (``mixed`` only): train a K times deeper copy of the base (``models/grow.py``), which computes the
   base's function at step 0, to ask whether depth is what the comparison lacks.
 

@@ -103,7 +103,8 @@ def decode_step_vs_floor(model, batch: int, reps: int, rng, compare: dict | None
     for (label, name), r in rows.items():
         step, mm, read = (float(np.median([x[j] for x in r])) for j in range(3))
         ratio = float(np.median([s / (m + d) for s, m, d in r]))
-        print(f"batch {batch:2d} decode step ({name:4s}, {label}) {1e3 * step:6.1f} ms; floor {1e3 * (mm + read):6.1f} ms "
+        print(f"batch {batch:2d} decode step ({name:4s}, {label}) {1e3 * step:6.1f} ms; "
+              f"floor {1e3 * (mm + read):6.1f} ms "
               f"(weight matmuls {1e3 * mm:.1f} + one read of the {window}-slot k/v cache {1e3 * read:.1f}); "
               f"step / floor {ratio:.2f}x (median of {len(r)} alternations; goal <= 1.3x)")
     if compare is not None:

@@ -201,7 +201,8 @@ def main() -> None:
     print(f"speed ratio torch/jax time: {med['torch'] / med['jax']:.2f}x of medians, {paired:.2f}x median of the "
           f"{args.reps} alternations (cpu-s {paired_cpu:.2f}x)  (>1 means ours is faster)")
     if args.compare_gather:
-        print(f"vocabulary head at the trained positions: jax all positions / jax {med['jax all positions'] / med['jax']:.2f}x; "
+        print("vocabulary head at the trained positions: "
+              f"jax all positions / jax {med['jax all positions'] / med['jax']:.2f}x; "
               f"torch gathered / jax {med['torch gathered'] / med['jax']:.2f}x; "
               f"torch / torch gathered {med['torch'] / med['torch gathered']:.2f}x")
     if args.bf16:
