@@ -8,7 +8,7 @@ CONFIG ?= configs/envace_qwen3_8b.py
 TOPOLOGY ?= v5p:4x4x4
 AOT_STAMP := $(VENV)/.aot-installed
 
-.PHONY: venv test qwen3-files demo demo-compare pretrain pretrain-deep eval-deps aot-deps aot real-shape-step clean
+.PHONY: venv test lint qwen3-files demo demo-compare pretrain pretrain-deep eval-deps aot-deps aot real-shape-step clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PYBIN) || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -26,6 +26,10 @@ qwen3-files: $(STAMP)
 # ENVACE_REQUIRE_OFFICIAL=1: a test that needs the official files fails instead of skipping.
 test: $(STAMP) qwen3-files
 	ENVACE_REQUIRE_OFFICIAL=1 $(PYBIN) -m pytest -q tests
+
+# Static checks (pyflakes and pycodestyle rules; settings in pyproject.toml [tool.ruff]). ruff comes with the test extra.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 demo: $(STAMP)
 	$(PYBIN) launch/demo.py --run_dir=$(RUN_DIR)

@@ -4,18 +4,17 @@ peak they report against, and building the transformers model and ours from the 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 
+from envace_jax.model_sizes import BENCH  # plain Python: does not load jax
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
-from envace_jax.model_sizes import BENCH  # noqa: E402
-from envace_jax.models import hf_io  # noqa: E402
+from envace_jax.models import hf_io
 
 # transformers' Qwen3Config fields: hidden 512, 8 layers, 8 heads, 4 kv heads, head_dim 64, vocab 32000,
 # mlp 1536, tied embeddings (41.6M parameters).

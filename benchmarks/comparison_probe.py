@@ -20,7 +20,8 @@ Modes:
   conditional pumps ("If north holds at least 40, pump 40 from north to east. Otherwise tell me north's
   level."): read a level from a JSON tool response, compare it with the user's number, then pump or send
   nothing; half compare two tanks' levels ("Which tank holds more, north or east?"). It asks whether
-  comparison in the form the tool tasks need, but not on their tools, carries over. ``--arms compare`` skips the control arm (its figures are in docs/results.md).
+  comparison in the form the tool tasks need, but not on their tools, carries over. ``--arms compare`` skips
+  the control arm (its figures are in docs/results.md).
 - ``--grow K`` (``mixed`` only): train a K times deeper copy of the base (``models/grow.py``), which computes the
   base's function at step 0, to ask whether depth is what the comparison lacks.
 
@@ -42,10 +43,7 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 COMPARISON_TYPES = ("bank/compare", "bank/conditional", "shop/order_if")
 
@@ -134,7 +132,7 @@ def task_scores(model, codec, tasks, demo_cfg) -> dict:
     from envace_jax.eval.results import is_success
 
     res = stages.evaluate_real(demo_cfg, model, codec, tasks)
-    rate = lambda v: round(float(np.mean([is_success(s) for s in v])), 3)  # noqa: E731
+    rate = lambda v: round(float(np.mean([is_success(s) for s in v])), 3)
     return {"success": rate(res.scores), "by_type": {k: (rate(v), len(v)) for k, v in sorted(res.by_type.items())},
             "by_branch": {k: rate(v) for k, v in sorted(res.by_branch.items())}}
 

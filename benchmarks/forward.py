@@ -13,16 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# common (a sibling: the script's folder is on sys.path) sets JAX_PLATFORMS before it loads jax.
+from common import CONFIG, add_size_args, build_models, forward_flops, matmul_peak_gflops, timed
 
-from common import CONFIG, add_size_args, build_models, forward_flops, matmul_peak_gflops, timed  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ import numpy as np
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # this process only reads manifests
 
-from envace_jax.checkpoint import check_manifest  # noqa: E402
+from envace_jax.checkpoint import check_manifest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             table.add("sampler prefill", st.prefill_s, 2, note=f"{st.prefill_tokens} tokens, {st.calls} calls")
             table.add("sampler decode", st.decode_s, 2, note=f"{st.generated_tokens} tokens, {st.decode_steps} steps")
             own_rollout = step.rollout
-            step.rollout = lambda *_: episodes   # the rest of RLStep.__call__ on these episodes
+            step.rollout = lambda *_, done=episodes: done   # the rest of RLStep.__call__ on these episodes
             try:
                 with table.measure("advantages, batch, old log-probs, update"):
                     result = step(records, 0)
@@ -513,7 +513,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"(largest |logit| {parity['logit_scale']:.2f}); official chat template kept: {parity['official_template']}; "
           f"first prompt re-rendered by transformers equals the sampled prompt ids: {parity['prompt_ids_match']}")
     print(f"the update moved the weights (export vs bfloat16 checkpoint) by at most {parity['max_abs_change']:.3e}, "
-          f"{100 * parity['changed_frac']:.2f}% of values changed; grad norm {m.get('update/grad_norm', float('nan')):.3e}, "
+          f"{100 * parity['changed_frac']:.2f}% of values changed; "
+          f"grad norm {m.get('update/grad_norm', float('nan')):.3e}, "
           f"advantages nonzero on {100 * m.get('adv/act/nonzero_frac', 0):.0f}% of ACT rows")
     print("\n" + table.markdown(), flush=True)
     with open(os.path.join(out, "summary.json"), "w") as f:

@@ -20,18 +20,15 @@ Usage: ``python benchmarks/sampler.py [--quick] [--batches 8,32] [--greedy-only]
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+# common (a sibling: the script's folder is on sys.path) sets JAX_PLATFORMS before it loads jax.
+from common import build_models, cache_read_floor_s, decode_matmul_floor_s, matmul_peak_gflops
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import build_models, cache_read_floor_s, decode_matmul_floor_s, matmul_peak_gflops  # noqa: E402
-from envace_jax.sampling import Sampler, SamplingParams  # noqa: E402
+from envace_jax.sampling import Sampler, SamplingParams
 
 PROMPT, NEW = 128, 128
 
@@ -106,7 +103,8 @@ def decode_step_vs_floor(model, batch: int, reps: int, rng, compare: dict | None
     for (label, name), r in rows.items():
         step, mm, read = (float(np.median([x[j] for x in r])) for j in range(3))
         ratio = float(np.median([s / (m + d) for s, m, d in r]))
-        print(f"batch {batch:2d} decode step ({name:4s}, {label}) {1e3 * step:6.1f} ms; floor {1e3 * (mm + read):6.1f} ms "
+        print(f"batch {batch:2d} decode step ({name:4s}, {label}) {1e3 * step:6.1f} ms; "
+              f"floor {1e3 * (mm + read):6.1f} ms "
               f"(weight matmuls {1e3 * mm:.1f} + one read of the {window}-slot k/v cache {1e3 * read:.1f}); "
               f"step / floor {ratio:.2f}x (median of {len(r)} alternations; goal <= 1.3x)")
     if compare is not None:

@@ -39,23 +39,20 @@ Usage: python benchmarks/train_step.py [--preset default|demo] [--reps 3] [--thr
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# common (a sibling: the script's folder is on sys.path) sets JAX_PLATFORMS before it loads jax.
+from common import CONFIG, build_models, forward_flops, matmul_peak_gflops
 
-from common import CONFIG, build_models, forward_flops, matmul_peak_gflops  # noqa: E402
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from envace_jax import host_memory  # noqa: E402
-from envace_jax.model_sizes import DEMO  # noqa: E402
-from envace_jax.rl.batch import build_batch  # noqa: E402
-from envace_jax.rl.trainer import OptimConfig, Trainer  # noqa: E402
-from envace_jax.rl.types import ACT, Generation  # noqa: E402
+from envace_jax import host_memory
+from envace_jax.model_sizes import DEMO
+from envace_jax.rl.batch import build_batch
+from envace_jax.rl.trainer import OptimConfig, Trainer
+from envace_jax.rl.types import ACT, Generation
 
 # transformers Qwen3Config fields of the demo's model (envace_jax/demo/config.py, demo/stages.build_model).
 DEMO_CONFIG = dict(vocab_size=2048, **DEMO.hf_fields(), tie_word_embeddings=True, max_position_embeddings=4096,
@@ -193,7 +190,7 @@ def main() -> None:
     print(f"jax {jax.__version__} torch {torch.__version__}  preset {args.preset}: {B} rows x {T} tokens "
           f"({int(tb.loss_weights.sum())} trained), micro-batch {micro}, {args.threads} threads")
     print(host_memory.describe())
-    print(f"first step (compile / optimizer state): " + ", ".join(f"{k} {v:.1f} s" for k, v in first.items()))
+    print("first step (compile / optimizer state): " + ", ".join(f"{k} {v:.1f} s" for k, v in first.items()))
     for k in names:
         print(f"{k:10s} step s: {[round(x, 3) for x in wall[k]]} median {med[k]:.3f}  cpu-s median "
               f"{statistics.median(cpu[k]):.2f}  -> {flops / med[k] / 1e9:.1f} GFLOP/s "
@@ -204,7 +201,8 @@ def main() -> None:
     print(f"speed ratio torch/jax time: {med['torch'] / med['jax']:.2f}x of medians, {paired:.2f}x median of the "
           f"{args.reps} alternations (cpu-s {paired_cpu:.2f}x)  (>1 means ours is faster)")
     if args.compare_gather:
-        print(f"vocabulary head at the trained positions: jax all positions / jax {med['jax all positions'] / med['jax']:.2f}x; "
+        print("vocabulary head at the trained positions: "
+              f"jax all positions / jax {med['jax all positions'] / med['jax']:.2f}x; "
               f"torch gathered / jax {med['torch gathered'] / med['jax']:.2f}x; "
               f"torch / torch gathered {med['torch'] / med['torch gathered']:.2f}x")
     if args.bf16:

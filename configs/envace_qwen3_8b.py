@@ -1,13 +1,12 @@
 """EnvACE on Qwen3-8B with the reference's hyperparameters (spec section 1.2).
 
-16 prompts x n=4 rollouts per step (1 prompt per host on v5p-64's 16 hosts, see below); AdamW lr 1e-6 constant, betas (0.9, 0.999), weight decay 0.01,
-global-norm clip 1.0; PPO clip 0.2/0.2 with dual clip 3.0; KL off (k3 with coefficient 1e-4 when
-turned on); no entropy bonus; seq-mean-token-mean aggregation (what micro-batch 1 token-mean does);
-train sampling T=1.0/top_p=1.0 (the reference validates at T=0.6/top_p=0.95: set that in the eval
-configs' ``sampling``); 8000 new tokens per generation;
-20000-token context budget; 30 assistant and 30 user turns; 200 micro-steps; an HTTP judge
-serving Qwen3-30B-A3B (T=0.6, top_p=0.8, 6000 tokens, 5 attempts, 120 s timeout); bf16 compute
-over fp32 parameters; thinking on for both roles.
+16 prompts x n=4 rollouts per step (1 prompt per host on v5p-64's 16 hosts, see below); AdamW lr 1e-6 constant,
+betas (0.9, 0.999), weight decay 0.01, global-norm clip 1.0; PPO clip 0.2/0.2 with dual clip 3.0; KL off (k3 with
+coefficient 1e-4 when turned on); no entropy bonus; seq-mean-token-mean aggregation (what micro-batch 1 token-mean
+does); train sampling T=1.0/top_p=1.0 (the reference validates at T=0.6/top_p=0.95: set that in the eval configs'
+``sampling``); 8000 new tokens per generation; 20000-token context budget; 30 assistant and 30 user turns; 200
+micro-steps; an HTTP judge serving Qwen3-30B-A3B (T=0.6, top_p=0.8, 6000 tokens, 5 attempts, 120 s timeout); bf16
+compute over fp32 parameters; thinking on for both roles.
 
 Sized for a **TPU v5p-64 slice (topology 4x4x4: 64 chips on 16 hosts)**, where every program fits in
 HBM (``make aot`` compiles them for it on any CPU host; figures in docs/aot.md):

@@ -6,15 +6,11 @@ python single-turn AST categories (BFCL's ast_checker).
         --config.model.model_path=/ckpt/qwen3-8b --config.output_dir=/tmp/bfcl_qwen3
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from eval_common import base_eval_config  # noqa: E402
+from envace_jax.eval.config import eval_config_dict
 
 
 def get_config():
-    c = base_eval_config("bfcl")
+    c = eval_config_dict("bfcl")
     c.bfcl.categories = ("multi_turn_base,multi_turn_miss_func,multi_turn_miss_param,multi_turn_long_context,"
                          "simple_python,multiple,parallel,parallel_multiple,live_simple,live_multiple,"
                          "live_parallel,live_parallel_multiple")

@@ -4,14 +4,12 @@ Scores are expected near zero; the run must finish and write results.json.
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from eval_bfcl import get_config as bfcl_config  # noqa: E402
+from envace_jax.config import config_from_file
 
 
 def get_config():
-    c = bfcl_config()
+    c = config_from_file(os.path.join(os.path.dirname(__file__), "eval_bfcl.py"))
     c.policy = "model"
     c.model.random_tiny = True
     # BFCL prompts are ~17k characters (~30 tool schemas): 7k-11k tokens with the demo tokenizer, ~4k

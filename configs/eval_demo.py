@@ -4,15 +4,11 @@
         --config.model.model_path=runs/demo/model --config.rehearsal.n=2
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from eval_common import base_eval_config  # noqa: E402
+from envace_jax.eval.config import eval_config_dict
 
 
 def get_config():
-    c = base_eval_config("demo")
+    c = eval_config_dict("demo")
     c.demo.update(dict(num_tasks=40, seed=0, split="test", max_steps=24, max_assistant_turns=8, max_user_turns=4))
     c.sampling.max_new_tokens = 256
     c.max_model_len = 4096

@@ -9,15 +9,11 @@ error responses, with the optimistic and pessimistic hallucination rates (envace
         --config.model.model_path=/ckpt/qwen3-8b --config.output_dir=/tmp/fid_qwen3
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from eval_common import base_eval_config  # noqa: E402
+from envace_jax.eval.config import eval_config_dict
 
 
 def get_config():
-    c = base_eval_config("fidelity")
+    c = eval_config_dict("fidelity")
     c.fidelity.update(dict(
         rehearser="oracle",              # oracle | constant | model
         bfcl_categories="multi_turn_base,multi_turn_miss_func,multi_turn_miss_param,multi_turn_long_context",

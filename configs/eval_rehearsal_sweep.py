@@ -5,14 +5,12 @@ intervals versus N and extra tokens).
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from eval_demo import get_config as demo_config  # noqa: E402
+from envace_jax.config import config_from_file
 
 
 def get_config():
-    c = demo_config()
+    c = config_from_file(os.path.join(os.path.dirname(__file__), "eval_demo.py"))
     c.suite = "rehearsal_sweep"
     c.policy = "model"
     return c

@@ -14,15 +14,15 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# Compile-only TPU devices need libtpu but no TPU backend: keep JAX itself on the CPU.
+from absl import app, flags
+from ml_collections import config_flags
+
+# Set before jax loads (main imports it; absl and ml_collections do not). Compile-only TPU devices need
+# libtpu but no TPU backend: keep JAX itself on the CPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) so that two processes never drive one TPU;
 # compiling for a described topology drives none, so a second compile (or the test suite) may run beside.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file", lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, e.g. v5p:4x4x4, v5e:16x16, v6e:4x4")

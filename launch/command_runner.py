@@ -3,6 +3,8 @@ commands are printed and nothing runs."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shlex
 import subprocess
 import sys
@@ -39,12 +41,22 @@ def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return own, extra
 
 
+def _entrypoint():
+    """launch/entrypoint.py: imported as a sibling when launch/ is on sys.path (a launch/*.py script), else
+    loaded by its path (the cluster scripts in launch/gpu and launch/tpu_vm load this module by path)."""
+    if "entrypoint" not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "entrypoint.py")
+        spec = importlib.util.spec_from_file_location("entrypoint", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["entrypoint"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["entrypoint"]
+
+
 def main(commands: Callable[[], tuple[list[list[str]], bool]]) -> None:
     """A cluster script's ``__main__``: build the commands, print (and unless dry-run, run) them; a missing
     executable (no ``gcloud`` on PATH) or another expected failure is a short message (launch/entrypoint.py)."""
-    from entrypoint import guard
-
-    with guard():
+    with _entrypoint().guard():
         cmds, dry = commands()
         rc = execute(cmds, dry)
     sys.exit(rc)

@@ -224,6 +224,10 @@ def describe(exc: BaseException) -> tuple[str, str, int] | None:
         return f"permission denied: {exc.filename or _text(exc)}", "check the path's owner and mode", 1
     if isinstance(exc, OSError):
         return f"I/O error: {_text(exc)}", "check the path and the disk", 1
+    if isinstance(exc, ImportError) and (exc.name or "").split(".")[0] == "envace_jax":
+        # The scripts import the package, not a path next to them: it must be installed (editable).
+        return (f"missing package: {_text(exc)}",
+                "install the project (make venv, or pip install -e .) and run with its python (.venv/bin/python)", 2)
     if isinstance(exc, ImportError):
         return f"missing package: {_text(exc)}", "install the extra it belongs to (make eval-deps, make aot-deps)", 2
     if isinstance(exc, ValueError):     # bad input, found by our checks: nothing to retry
@@ -254,7 +258,7 @@ def guard(argv: Sequence[str] | None = None, prog: str | None = None) -> Iterato
         yield
     except SystemExit:
         raise
-    except BaseException as e:  # noqa: BLE001 (KeyboardInterrupt too: a short line, not a traceback)
+    except BaseException as e:  # KeyboardInterrupt too: a short line, not a traceback
         if debug_requested(argv):
             raise
         code = report(e, prog)

@@ -18,10 +18,8 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app
+from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "eval config file (configs/eval_*.py)", lock_config=True)
 

@@ -15,10 +15,8 @@ import os
 import shutil
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags
+from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "the run's ml-collections config file", lock_config=True)
 _CKPT = flags.DEFINE_string("checkpoint_dir", None, "default: <run_dir>/checkpoints")

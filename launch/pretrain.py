@@ -18,8 +18,6 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 DEFAULT_OUT = "assets/demo_base"
 
 

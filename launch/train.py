@@ -17,13 +17,10 @@ one line and exit 3; a rerun resumes from the last checkpoint.
 
 from __future__ import annotations
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags
+from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file", lock_config=True)
 _COORD = flags.DEFINE_string("coordinator", None, "host:port of process 0 (multi-process runs)")

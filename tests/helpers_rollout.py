@@ -21,7 +21,7 @@ def demo_tasks(n: int = 16, seed: int = 3) -> tuple[dict, ...]:
 
 
 def _corpus() -> list[str]:
-    from envace_jax.chat import Qwen3ChatCodec, render_chat_text  # noqa: F401
+    from envace_jax.chat import render_chat_text
 
     texts = []
     for t in demo_tasks():

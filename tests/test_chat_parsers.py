@@ -98,7 +98,7 @@ def test_parse_tool_calls_table(case_id, text, syntax, calls, code):
 
 @pytest.mark.parametrize("syntax", ["qwen3", "reference"])
 def test_ignore_think_skips_calls_written_while_reasoning(syntax):
-    parse = lambda t: parse_tool_calls(t, ignore_think=True, syntax=syntax)  # noqa: E731
+    parse = lambda t: parse_tool_calls(t, ignore_think=True, syntax=syntax)
     text = "<think>\nlike" + block("{oops") + "\n</think>\n\nAnswer."
     assert parse(text) == ([], None)
     assert split_assistant_text(text, True, syntax=syntax) == text

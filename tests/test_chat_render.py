@@ -27,7 +27,7 @@ def _play(renderer: ChatRenderer, steps, *, sampled_of=None):
     first_user = {"role": "user", "content": steps[0][1]}
     messages = [SYSTEM, first_user]
     t = renderer.start(messages, TOOLS)
-    full = lambda gp: renderer.encode(tok.apply_chat_template(  # noqa: E731
+    full = lambda gp: renderer.encode(tok.apply_chat_template(
         messages, tools=TOOLS, tokenize=False, add_generation_prompt=gp, enable_thinking=renderer.enable_thinking))
     assert t.ids == full(True)
     sampled_turns = []
@@ -169,7 +169,7 @@ def test_matches_real_qwen3_template_where_formats_agree():
             msgs.extend(_tool_messages(payload))
     # Up to the last user query: the real template drops past thinking; ours does with drop_past_thinking.
     # Everything after the system block must then be identical (our tools instruction is worded differently).
-    body = lambda s: s.split("<|im_end|>\n", 1)[1]  # noqa: E731
+    body = lambda s: s.split("<|im_end|>\n", 1)[1]
     for n in range(2, len(msgs) + 1):
         ours = render_chat_text(msgs[:n], TOOLS, add_generation_prompt=True, drop_past_thinking=True)
         theirs = render_chat_text(msgs[:n], TOOLS, add_generation_prompt=True, chat_template=real)

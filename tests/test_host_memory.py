@@ -19,18 +19,19 @@ pytestmark = pytest.mark.skipif(not host_memory.applies(), reason="glibc setting
 
 _REPORT = textwrap.dedent("""
     import json, os, sys
-    sys.path.insert(0, {root!r})
     from envace_jax import host_memory
     print("start", flush=True)
     host_memory.retain_freed_memory()
-    print(json.dumps({{"env": {{k: os.environ.get(k) for k in [*host_memory.RETAIN_ENV, "ENVACE_GLIBC_HEAP"]}},
+    print(json.dumps({"env": {k: os.environ.get(k) for k in [*host_memory.RETAIN_ENV, "ENVACE_GLIBC_HEAP"]},
                       "argv": sys.argv[1:], "optimize": sys.flags.optimize,
-                      "retaining": host_memory.retaining()}}))
+                      "retaining": host_memory.retaining()}))
 """)
 
 
 def _run(script: str, *args: str, env: dict | None = None) -> tuple[list[str], dict]:
     base = {k: v for k, v in os.environ.items() if k not in host_memory.RETAIN_ENV and k != "ENVACE_GLIBC_HEAP"}
+    # This checkout's package first (the re-executed process inherits the environment, so it imports the same).
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-O", "-c", script, *args], env={**base, **(env or {})},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -39,25 +40,24 @@ def _run(script: str, *args: str, env: dict | None = None) -> tuple[list[str], d
 
 
 def test_reexecutes_once_with_the_settings_and_the_same_command_line():
-    lines, rep = _run(_REPORT.format(root=ROOT), "a", "--b=1")
+    lines, rep = _run(_REPORT, "a", "--b=1")
     assert lines.count("start") == 2  # the original process, then the re-executed one, which does not loop
     assert rep["env"] == {**host_memory.RETAIN_ENV, "ENVACE_GLIBC_HEAP": "retained"}
     assert rep["argv"] == ["a", "--b=1"] and rep["optimize"] == 1 and rep["retaining"]
 
 
 def test_opt_out_and_user_values_are_respected():
-    lines, rep = _run(_REPORT.format(root=ROOT), env={"ENVACE_GLIBC_HEAP": "default"})
+    lines, rep = _run(_REPORT, env={"ENVACE_GLIBC_HEAP": "default"})
     assert lines.count("start") == 1 and not rep["retaining"]
     assert all(rep["env"][k] is None for k in host_memory.RETAIN_ENV)
     # A value the user chose stays; the missing ones are added.
-    _, rep = _run(_REPORT.format(root=ROOT), env={"MALLOC_ARENA_MAX": "4"})
+    _, rep = _run(_REPORT, env={"MALLOC_ARENA_MAX": "4"})
     assert rep["env"]["MALLOC_ARENA_MAX"] == "4"
     assert rep["env"]["MALLOC_MMAP_THRESHOLD_"] == host_memory.RETAIN_ENV["MALLOC_MMAP_THRESHOLD_"]
 
 
 _FAULTS = textwrap.dedent("""
     import hashlib, json, os, sys
-    sys.path.insert(0, {root!r})
     from envace_jax import host_memory
     if sys.argv[1] == "retain":
         host_memory.retain_freed_memory()
@@ -87,7 +87,7 @@ _FAULTS = textwrap.dedent("""
 def test_a_repeated_step_stops_faulting_its_buffer_in_and_computes_the_same():
     n = 4096
     mb = n * n * 4 // 2**20
-    script = _FAULTS.format(root=ROOT, n=n, mb=mb)
+    script = _FAULTS.format(n=n, mb=mb)
     _, plain = _run(script, "plain")
     _, kept = _run(script, "retain")
     assert kept["retaining"] and not plain["retaining"]

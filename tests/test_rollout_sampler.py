@@ -110,7 +110,7 @@ def _fresh(sampler, contexts, new=NEW):
 def test_client_rows_appear_park_and_disappear(sampler):
     rng = np.random.RandomState(0)
     V = sampler.cfg.vocab_size
-    tok = lambda n: rng.randint(10, V, n).tolist()  # noqa: E731
+    tok = lambda n: rng.randint(10, V, n).tolist()
     client = SamplerClient(sampler, codec().stop_token_ids)
     p = {k: tok(n) for k, n in [("a", 30), ("b", 12), ("c", 50)]}
     sim = tok(40)

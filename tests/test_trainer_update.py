@@ -128,7 +128,6 @@ _SHARDED = textwrap.dedent("""
     import os, sys, json
     import numpy as np, jax, optax
     from flax import nnx
-    sys.path.insert(0, os.environ["TESTS_DIR"])
     from test_trainer_update import CFG, _batch
     from envace_jax import sharding as shd
     from envace_jax.models import qwen3
@@ -195,7 +194,7 @@ _SHARDED = textwrap.dedent("""
 
 def test_sharded_update_equals_single_device(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               TESTS_DIR=os.path.dirname(__file__))
+               PYTHONPATH=os.pathsep.join(p for p in (os.path.dirname(__file__), os.environ.get("PYTHONPATH")) if p))
     out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     diff = float(out.stdout.split("MAXDIFF")[1].split()[0])

@@ -109,7 +109,7 @@ def compiled_cost(p: Program) -> tuple[float, float] | None:
     try:
         with captured_stderr():
             compiled = p.fn.lower(*p.args, **p.kwargs).compile()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # any compile failure: an out-of-memory is a result, the rest re-raise
         if _is_oom(str(e)):
             return None
         raise
@@ -136,7 +136,7 @@ def analyze(p: Program, chip: ChipSpec, cost: tuple[float, float] | None = None)
         try:
             compiled = lowered.compile()
             error = ""
-        except Exception as e:  # noqa: BLE001 - only memory errors are a result; others re-raise
+        except Exception as e:  # only memory errors are a result; others re-raise
             if not _is_oom(str(e)):
                 raise
             compiled, error = None, str(e).strip()

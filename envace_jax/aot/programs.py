@@ -153,13 +153,13 @@ def build_programs(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: in
         return params, opt_state, gnorm, sums
 
     grad_sum = _abstract_like(params, jax.tree.map(lambda x: x.sharding, params))
-    P, O, R = per_chip_bytes(params), per_chip_bytes(trainer.opt_state), per_chip_bytes(ref)
+    params_b, opt_b, ref_b = per_chip_bytes(params), per_chip_bytes(trainer.opt_state), per_chip_bytes(ref)
     rows = f"{shapes.train_rows} rows x {shapes.train_width} tokens"
-    train_state = f"params {_gb(P)} + optimizer {_gb(O)}" + (f" + reference {_gb(R)}" if R else "")
+    train_state = f"params {_gb(params_b)} + optimizer {_gb(opt_b)}" + (f" + reference {_gb(ref_b)}" if ref_b else "")
     copy_note = f"rollout weight copy {_gb(rollout_copy)}" if rollout_copy else ""
-    sample_resident = P + O + R + rollout_copy
+    sample_resident = params_b + opt_b + ref_b + rollout_copy
     if not copies:  # the sampler reads its source weights in place: they are its argument
-        sample_resident -= rollout_copy if shapes.processes > 1 else P
+        sample_resident -= rollout_copy if shapes.processes > 1 else params_b
     sample_note = ", ".join(x for x in (train_state, copy_note) if x)
     cache = f"window {shapes.cache_window}"
     programs = [
@@ -167,7 +167,7 @@ def build_programs(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: in
                 (params, trainer.opt_state, grad_sum, mb, ref), {}, mesh, rows,
                 rollout_copy, copy_note),
         Program("logprobs", trainer.program("logprobs"), (params, mb), {}, mesh, rows,
-                O + R + rollout_copy, ", ".join(x for x in (f"optimizer {_gb(O)}", copy_note) if x)),
+                opt_b + ref_b + rollout_copy, ", ".join(x for x in (f"optimizer {_gb(opt_b)}", copy_note) if x)),
         Program("prefill", specs["prefill"][0], specs["prefill"][1], specs["prefill"][2], local_mesh,
                 f"{shapes.sample_batch} rows x {shapes.prefill_chunk} tokens, {cache}", sample_resident, sample_note),
         Program("decode", specs["decode"][0], specs["decode"][1], specs["decode"][2], local_mesh,

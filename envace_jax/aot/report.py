@@ -67,7 +67,7 @@ def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
         kw["num_slices"] = num_slices
     try:
         desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, **kw)
-    except Exception as e:  # noqa: BLE001 - libtpu missing or topology unknown: say which
+    except Exception as e:  # libtpu missing or topology unknown: say which
         raise RuntimeError(f"cannot describe TPU topology {topology!r} (is libtpu installed? "
                            f"`pip install -e '.[aot]'`): {e}") from e
     return list(desc.devices)

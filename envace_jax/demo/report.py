@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any, Mapping, Sequence
 
-from envace_jax.eval.results import is_success, mean_ci, nan_to_none, wilson_ci  # noqa: F401  (report.mean_ci / wilson_ci still resolve)
+from envace_jax.eval.results import is_success, mean_ci, nan_to_none, wilson_ci  # report.mean_ci / wilson_ci still resolve
 
 REQUIRED_KEYS = ("real_success_before", "real_success_after", "real_success_ci_before", "real_success_ci_after",
                  "fidelity_before", "fidelity_after", "test_episodes", "more_sft_success", "more_sft_success_ci",

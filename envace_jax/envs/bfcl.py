@@ -48,7 +48,7 @@ def _require_bfcl() -> None:
     if "BFCL_PROJECT_ROOT" not in os.environ:
         os.environ["BFCL_PROJECT_ROOT"] = tempfile.mkdtemp(prefix="envace_bfcl_")
     try:
-        import bfcl_eval  # noqa: F401
+        import bfcl_eval  # noqa: F401 (imported only to check that it is installed)
     except ImportError as e:
         raise ImportError(_INSTALL_HINT) from e
 
@@ -186,9 +186,9 @@ def format_call(name: str, kwargs: Mapping[str, Any]) -> str:
 def result_to_string(result: Any) -> str:
     """BFCL's rule for turning an execution result into the text the model reads."""
     # Exact type checks on purpose: BFCL uses type(x) == str / dict, so subclasses go to str().
-    if type(result) == str:  # noqa: E721
+    if type(result) is str:
         return result
-    if type(result) == dict:  # noqa: E721
+    if type(result) is dict:
         try:
             return json.dumps(result)
         except Exception:
@@ -288,7 +288,7 @@ class BfclMultiTurnEnv(ToolEnvironment):
             result = self._methods[name](**dict(arguments))
         except Exception as e:  # the tool's own failure is the response, as in BFCL
             return ToolResult(f"Error during execution: {e}", error=True)
-        error = type(result) == dict and "error" in result  # noqa: E721
+        error = type(result) is dict and "error" in result
         return ToolResult(result_to_string(result), error=bool(error))
 
     def state(self) -> dict[str, dict[str, Any]]:

@@ -33,7 +33,7 @@ def _require_tau2() -> None:
     # Without a local cost map, litellm spends seconds at import retrying a network fetch.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     try:
-        import tau2  # noqa: F401
+        import tau2  # noqa: F401 (imported only to check that it is installed)
         from loguru import logger
     except ImportError as e:
         raise ImportError(_INSTALL_HINT) from e

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 from envace_jax.envs import bfcl
 from envace_jax.eval import progress
-from envace_jax.eval.config import BfclConfig  # noqa: F401  (the suite's knobs live with every eval knob)
+from envace_jax.eval.config import BfclConfig  # the suite's knobs live with every eval knob
 from envace_jax.eval.harness import LENGTH_BUDGET, Agent, AgentTurn, Conversation, number_calls, parse_turn, \
     tool_call_text
 from envace_jax.eval.results import CategoryResult, EntryResult

@@ -3,7 +3,7 @@
 ``launch/eval.py`` reads a config file into a ``ConfigDict``; ``load_eval_config`` turns it into an
 ``EvalConfig`` through the same converter as training configs (``envace_jax.config.load_section``): every
 field is type- and range-checked and an unknown field is an error naming it. The defaults here are the
-only defaults: ``configs/eval_common.py`` starts from them. List-valued fields may be written as
+only defaults: every ``configs/eval_*.py`` starts from ``eval_config_dict``. List-valued fields may be written as
 comma-separated strings, so they override cleanly from the command line
 (``--config.bfcl.categories=multi_turn_base,simple_python``).
 
@@ -282,7 +282,7 @@ class EvalConfig:
 
 def eval_config_dict(suite: str):
     """A ConfigDict of every eval field at its default (list fields as comma-separated strings, so that
-    ``--config.bfcl.categories=a,b`` overrides them); ``configs/eval_common.py`` starts from it."""
+    ``--config.bfcl.categories=a,b`` overrides them); every ``configs/eval_*.py`` starts from it."""
     from envace_jax.config import to_config_dict
 
     d = to_config_dict(EvalConfig(suite=suite))

@@ -45,8 +45,8 @@ from typing import Any, Callable, Mapping, Sequence
 from envace_jax.chat.simulator import is_failed_result, parse_simulator_output
 from envace_jax.chat.tool_parser import CALL_SEPARATOR
 from envace_jax.eval import progress
-from envace_jax.eval.fidelity_report import (MEASURES, CallScore, FidelityReport, hallucination_counts,  # noqa: F401
-                                             kind_headline)
+from envace_jax.eval.fidelity_report import CallScore, FidelityReport
+from envace_jax.eval.fidelity_report import MEASURES, hallucination_counts, kind_headline  # noqa: F401 (re-exported)
 from envace_jax.eval.state_change import logged_calls, replay_state_changes, state_fingerprint, tau2_tool_labels
 from envace_jax.rl.policy_client import GenRequest
 from envace_jax.rl.rollout import RoleSampling

@@ -24,7 +24,7 @@ from typing import Any
 
 from envace_jax.eval import fidelity as F
 from envace_jax.eval import progress
-from envace_jax.eval.config import (REHEARSERS, DemoSuiteConfig,  # noqa: F401  (knobs live with every eval knob)
+from envace_jax.eval.config import (REHEARSERS, DemoSuiteConfig,  # knobs live with every eval knob
                                     FidelityBenchConfig)
 from envace_jax.eval.results import CategoryResult, EntryResult
 

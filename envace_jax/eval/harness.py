@@ -20,7 +20,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from envace_jax.chat.tool_parser import make_assistant_message
 from envace_jax.data.demo_tasks import demo_corpus
-from envace_jax.eval.config import PRE_SPLITS, TOKENIZER_CORPORA, ModelSpec, SamplerShapes  # noqa: F401
+from envace_jax.eval.config import PRE_SPLITS, TOKENIZER_CORPORA, ModelSpec, SamplerShapes  # noqa: F401 (re-exported)
 from envace_jax.rl.policy_client import GenRequest
 from envace_jax.rl.rollout import RoleSampling
 from envace_jax.rl.types import ACT

@@ -63,7 +63,7 @@ from envace_jax.chat.simulator import is_failed_result
 from envace_jax.chat.tool_parser import split_assistant_text, strip_think
 from envace_jax.envs.base import NoToolEnvironment
 from envace_jax.eval import progress
-from envace_jax.eval.config import MEMORY_GATES, MEMORY_KINDS, PLACEMENTS, RehearsalConfig  # noqa: F401
+from envace_jax.eval.config import MEMORY_GATES, MEMORY_KINDS, PLACEMENTS, RehearsalConfig  # noqa: F401 (re-exported)
 from envace_jax.eval.config import REHEARSAL_MODES as MODES
 from envace_jax.eval.results import is_success, mean_ci, wilson_ci
 from envace_jax.rl.policy_client import GenRequest

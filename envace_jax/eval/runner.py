@@ -16,7 +16,7 @@ from typing import Any
 
 from envace_jax.eval import progress
 from envace_jax.eval import results as R
-from envace_jax.eval.config import POLICIES, SUITES, EvalConfig, load_eval_config  # noqa: F401
+from envace_jax.eval.config import POLICIES, SUITES, EvalConfig, load_eval_config
 from envace_jax.eval.harness import build_model_agent
 
 

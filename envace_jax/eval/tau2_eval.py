@@ -27,8 +27,7 @@ from typing import Any, Sequence
 from envace_jax.chat.tool_parser import strip_think
 from envace_jax.envs import tau2 as T
 from envace_jax.eval import progress
-from envace_jax.eval.config import TAU2_USERS as USERS  # noqa: F401
-from envace_jax.eval.config import Tau2Config  # noqa: F401  (the suite's knobs live with every eval knob)
+from envace_jax.eval.config import Tau2Config  # the suite's knobs live with every eval knob
 from envace_jax.eval.harness import LENGTH_BUDGET, Agent, AgentTurn, Conversation, number_calls, parse_turn
 from envace_jax.eval.results import CategoryResult, EntryResult, is_success
 

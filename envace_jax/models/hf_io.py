@@ -557,7 +557,7 @@ def save_hf(model: qwen3.Qwen3, out_dir: str | os.PathLike, max_shard_size: int 
             weight_map[m.name(i)] = fname
             total += hf.nbytes
         if writer:  # a single file's rename is the switch; a shard's name is one nothing reads yet
-            _write_atomic(out_dir, fname, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+            _write_atomic(out_dir, fname, lambda tmp, shard=tensors: save_file(shard, tmp, metadata={"format": "pt"}))
         del tensors
     if not writer:
         return names

@@ -41,11 +41,10 @@ from jax.sharding import Mesh
 from envace_jax import sharding as shd
 from envace_jax.model_sizes import TINY
 from envace_jax.models import hf_config, vjp_ops
-# Re-exported: outside code reaches the cache and dtype helpers through ``qwen3``.
-from envace_jax.models.kv_cache import (CACHE_K_AXES, CACHE_K_SLOT_AXIS, CACHE_V_AXES,  # noqa: F401
-                                        CACHE_V_SLOT_AXIS, KVCache, cached_attention, visible_slots,
-                                        write_chunk)
-from envace_jax.models.numerics import DTYPES as _DTYPES, MASK_VALUE as _MASK_VALUE, as_dtype  # noqa: F401
+from envace_jax.models.kv_cache import KVCache, cached_attention, visible_slots, write_chunk
+# Re-exported: outside code reaches the cache's axes through ``qwen3``.
+from envace_jax.models.kv_cache import CACHE_K_AXES, CACHE_K_SLOT_AXIS, CACHE_V_AXES, CACHE_V_SLOT_AXIS  # noqa: F401
+from envace_jax.models.numerics import as_dtype
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 # Deepest layer stack whose cache-free pass is unrolled when Qwen3Config.scan_layers is None.

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envace_jax.config import BASELINES  # noqa: F401  (the knob's choices are listed with the knob)
+from envace_jax.config import BASELINES  # the knob's choices are listed with the knob
 
 
 def _dense_ids(*keys: jax.Array) -> jax.Array:

@@ -11,7 +11,6 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
-from envace_jax.data.records import FOCUS_ON as FOCUS_ON_VALUES  # one list of the item field's values
 
 VERDICT_STRING_FIELDS = (
     "high_level_understanding_of_the_question",

@@ -26,7 +26,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
-from envace_jax.config import HttpJudgeConfig  # noqa: F401  (defined with every other knob)
+from envace_jax.config import HttpJudgeConfig  # defined with every other knob
 from envace_jax.data.records import validate_rule
 from envace_jax.rl.judge_prompt import (VERDICT_RESPONSE_FORMAT, MalformedVerdict,
                                         build_judge_prompt, parse_verdict_text, user_visible_reply)

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envace_jax.config import AGG_MODES, KL_TYPES  # noqa: F401  (the knobs' choices are listed with the knobs)
+from envace_jax.config import AGG_MODES, KL_TYPES  # the knobs' choices are listed with the knobs
 from envace_jax.models.qwen3 import as_dtype, rms_norm
 
 Pair = tuple[jax.Array, jax.Array]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from envace_jax.chat.simulator import ERROR_KEY as ERROR_TOOL_CALL  # noqa: F401
 from envace_jax.chat.simulator import is_error_tool_message
 from envace_jax.data.records import validate_checklist_list
 from envace_jax.rl.judges import Judge, JudgeRequest, Verdict

@@ -49,7 +49,7 @@ from typing import Any, Callable, Protocol, Sequence
 from envace_jax.chat.simulator import is_error_result
 from envace_jax.chat.tool_parser import make_assistant_message
 from envace_jax.config import MODES, RoleSampling, RolloutConfig  # noqa: F401  (defined with every other knob)
-from envace_jax.rl.policy_client import GenOutput, GenRequest, PolicyClient  # noqa: F401  (re-exported)
+from envace_jax.rl.policy_client import GenOutput, GenRequest, PolicyClient  # re-exported
 from envace_jax.rl.types import ACT, REHEARSE, ROLES, Episode, Generation, State
 
 # mode -> {role: which client's model the trainer updates with that role's rows}

@@ -29,12 +29,12 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from envace_jax import sharding as shd
-from envace_jax.config import LossConfig, OptimConfig  # noqa: F401  (defined with every other knob)
+from envace_jax.config import LossConfig, OptimConfig  # defined with every other knob
 from envace_jax.rl import loss as loss_lib
 from envace_jax.rl import placement
 from envace_jax.rl.batch import TrainBatch
 from envace_jax.rl.head_logprobs import fused_token_logprobs, gathered_token_logprobs
-from envace_jax.rl.optim import make_optimizer, make_schedule  # noqa: F401  (re-exported)
+from envace_jax.rl.optim import make_optimizer, make_schedule  # re-exported
 from envace_jax.rl.placement import opt_state_shardings, process_micro_batch_rows  # noqa: F401  (re-exported)
 from envace_jax.rl.types import ROLE_ID
 

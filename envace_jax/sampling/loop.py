@@ -128,14 +128,14 @@ class SamplerPrograms:
                      cap_reason, stop_ids, min_done, *, budget: int):
         """On-device decode loop.
 
-        Shapes: k, v per-layer tuples (see ``qwen3.KVCache``); end int32 ``[B]``; logits float32 ``[B, V]`` (next-token
-        logits after the prefill, or carried from the previous call); keys uint32 ``[B, 2]``; draws int32 ``[B]`` draws already made by
-        each row; temperature/top_p float32 ``[B]``; top_k, n_max (tokens this row may generate),
-        cap_reason (reason when n_max is reached) int32 ``[B]``; stop_ids int32 ``[B, S_max]``
-        padded with -1; min_done int32 scalar: stop once this many rows that started live are done
-        (the rest report ``RUNNING``). Returns tokens int32 ``[B, budget]``, logprobs float32
-        ``[B, budget]``, n int32 ``[B]`` generated, reason int32 ``[B]``, k, v, end, and the logits
-        after each row's last fed token (see ``SamplerState.carried``).
+        Shapes: k, v per-layer tuples (see ``qwen3.KVCache``); end int32 ``[B]``; logits float32 ``[B, V]``
+        (next-token logits after the prefill, or carried from the previous call); keys uint32 ``[B, 2]``; draws
+        int32 ``[B]`` draws already made by each row; temperature/top_p float32 ``[B]``; top_k, n_max (tokens this
+        row may generate), cap_reason (reason when n_max is reached) int32 ``[B]``; stop_ids int32 ``[B, S_max]``
+        padded with -1; min_done int32 scalar: stop once this many rows that started live are done (the rest
+        report ``RUNNING``). Returns tokens int32 ``[B, budget]``, logprobs float32 ``[B, budget]``, n int32
+        ``[B]`` generated, reason int32 ``[B]``, k, v, end, and the logits after each row's last fed token (see
+        ``SamplerState.carried``).
         """
         self.num_compilations += 1
         B = logits.shape[0]

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
-import sys
 
-# One print-then-run helper serves the TPU and GPU scripts; it lives in launch/.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from command_runner import execute, main, split_passthrough  # noqa: E402,F401  (re-exported to the scripts)
+
+def _load_command_runner():
+    """launch/command_runner.py, loaded by its path: this script runs as ``python launch/gpu/<name>.py``, so
+    only launch/gpu/ is on sys.path, and the helper is shared with launch/tpu_vm/."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "command_runner.py")
+    spec = importlib.util.spec_from_file_location("command_runner", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# One print-then-run helper serves the TPU and GPU scripts; the scripts import these three from here.
+_runner = _load_command_runner()
+execute, main, split_passthrough = _runner.execute, _runner.main, _runner.split_passthrough
 
 REPO_DIR = "~/envace-jax"
 LOCAL = ("localhost", "127.0.0.1")

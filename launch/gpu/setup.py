@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 from hosts import LOCAL, REPO_DIR, host_list, main, on_host, parser
 

@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from _common import gcloud, main, parser
 
 

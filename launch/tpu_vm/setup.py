@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 from _common import REPO_DIR, gcloud, main, parser, ssh_all
 
