@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from envace_jax.checkpoint import Checkpointer, PreemptionGuard, RestoreResult
 
