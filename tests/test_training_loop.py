@@ -230,3 +230,12 @@ def test_sigterm_saves_the_step_it_finished_and_exits_zero(tmp_path):
     res = run(acc, ckdir, total=saved + 3, every=1000, lines=[])
     assert res == LoopResult(step=saved + 3, resumed_from=saved, preempted=False)
     np.testing.assert_array_equal(acc.w, expected_w(saved + 3))
+
+
+def test_a_bar_shows_the_postfix_and_replaces_the_checkpoint_lines(tmp_path, capsys):
+    lines: list[str] = []
+    run(Accumulator(), tmp_path, total=4, every=2, lines=lines,
+        progress=Progress("demo-bar", postfix=lambda out: {"w0": f"{out['w0']:.2f}"}, line=lambda k, out: "no"))
+    err = capsys.readouterr().err
+    assert "demo-bar" in err and "4/4" in err and f"w0={float(expected_w(4)[0]):.2f}" in err, err
+    assert lines == []                                       # the bar shows progress; no checkpoint lines
