@@ -424,16 +424,78 @@ def validate(model, codec, tasks, demo_cfg) -> dict[str, Any]:
     return out
 
 
+class _Batches:
+    """Step ``k``'s rows: the plain groups before ``cfg.memory_step``, from it on with rehearsal-memory rows, built
+    once at that step from the model as it is then and kept in ``memories.json`` for a resumed run."""
+
+    def __init__(self, cfg: PretrainConfig, groups: dict[str, list[Generation]], model, codec,
+                 demos: Sequence[Mapping[str, Any]], demo_cfg, out_dir: str, log: Callable[[str], None]):
+        self.cfg, self.groups, self.model, self.codec, self.demo_cfg = cfg, groups, model, codec, demo_cfg
+        self.log = log
+        self.tasks = demos[:cfg.memory_tasks]
+        self.path = os.path.join(out_dir, "memories.json")
+        self.before, self.after = split_shares(cfg.batch_rows, cfg.memory_share, cfg.tank_share)
+        self._batches: IndexedBatches | None = None
+        self._phase: bool | None = None
+
+    def reload(self) -> None:
+        """A resumed run: the memory rows of the memories its earlier part built (if it got that far)."""
+        if not os.path.exists(self.path):
+            return
+        with open(self.path) as f:
+            memories = json.load(f)
+        if memories:
+            self.groups[MEMORY_GROUP] = memory_rows(self.tasks, memories, self.codec)
+
+    def __call__(self, k: int) -> list[Generation]:
+        in_memory_phase = self.cfg.memory_step is not None and k >= self.cfg.memory_step
+        if in_memory_phase and not self.groups[MEMORY_GROUP]:
+            t0 = time.perf_counter()
+            memories = rehearsal_memories(self.model, self.codec, self.tasks, self.cfg, self.demo_cfg)
+            with open(self.path, "w") as f:
+                json.dump(memories, f)
+            self.groups[MEMORY_GROUP] = memory_rows(self.tasks, memories, self.codec)
+            self.log(f"pretrain: {len(self.groups[MEMORY_GROUP])} rehearsal-memory ACT rows from {len(memories)} "
+                     f"tasks at step {k} ({time.perf_counter() - t0:.0f} s)")
+        if self._phase != in_memory_phase:
+            use = self.after if in_memory_phase and self.groups[MEMORY_GROUP] else self.before
+            self._batches, self._phase = IndexedBatches(self.groups, use, self.cfg.seed), in_memory_phase
+        return self._batches.batch(k)
+
+
+class _Curve:
+    """The validation curve: its points, each also a line of ``curve.jsonl`` written as it is measured."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.points: list[dict[str, Any]] = []
+
+    def reload(self, step: int) -> None:
+        """A resumed run: the points up to ``step``; those past the checkpoint are measured again."""
+        if os.path.exists(self.path):
+            with open(self.path) as f:
+                points = [json.loads(line) for line in f if line.strip()]
+            self.points = [p for p in points if p["step"] <= step]
+            with open(self.path, "w") as f:
+                f.writelines(json.dumps(p) + "\n" for p in self.points)
+
+    def add(self, point: dict[str, Any]) -> None:
+        self.points.append(point)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(point) + "\n")
+
+
 def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
                  log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict[str, Any]:
-    """Trains the base and writes ``out_dir``; rerunning resumes from ``out_dir/checkpoints``."""
+    """Trains the base and writes ``out_dir``; rerunning resumes from ``out_dir/checkpoints``. A SIGTERM saves the
+    step it finished and exits 0 (``SystemExit``)."""
     import jax
-    from tqdm.auto import tqdm
 
-    from envace_jax.checkpoint import Checkpointer, PreemptionGuard
+    from envace_jax.checkpoint import Checkpointer
     from envace_jax.demo import stages
     from envace_jax.models import hf_io
     from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
+    from envace_jax.rl.training_loop import Hook, Progress, run_loop
 
     os.makedirs(out_dir, exist_ok=True)
     t_start = time.perf_counter()
@@ -445,7 +507,6 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
     groups: dict[str, list[Generation]] = {ACT: [r for r in rows if r.role == ACT],
                                            REHEARSE: [r for r in rows if r.role == REHEARSE], MEMORY_GROUP: [],
                                            TANK_GROUP: tank_rows(cfg, codec)}
-    before, after = split_shares(cfg.batch_rows, cfg.memory_share, cfg.tank_share)
     val = [demo_data.normalize_task(t) for t in generate_tasks(cfg.validation_tasks, cfg.seed, "validation",
                                                                push_back_share=cfg.validation_push_back_share)]
     log(f"pretrain corpus: {len(demos)} demonstrations ({sum(t['branch'] != BRANCHES[0] for t in demos)} push-back), "
@@ -457,67 +518,38 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
                         weight_decay=0.0, grad_clip=1.0)
     trainer = Trainer(model, optim, LossConfig(), micro_batch_size=cfg.micro_batch_size, pad_micro_batches=True)
     ckpt_dir = os.path.abspath(os.path.join(out_dir, "checkpoints"))
-    mem_path = os.path.join(out_dir, "memories.json")
-    curve_path = os.path.join(out_dir, "curve.jsonl")
-    memories: dict[str, str] = {}
-    curve: list[dict[str, Any]] = []
-    start = 0
-    with Checkpointer(ckpt_dir, max_to_keep=2) as ckpt, PreemptionGuard() as guard:
-        restored = ckpt.restore_latest_good(trainer.state_dict())
-        if restored is not None:
-            trainer.load_state_dict(restored.state)
-            start = trainer.step
-            if os.path.exists(mem_path):
-                memories = json.load(open(mem_path))
-            if os.path.exists(curve_path):  # points past the checkpoint are measured again
-                curve = [p for p in (json.loads(line) for line in open(curve_path) if line.strip())
-                         if p["step"] <= start]
-                with open(curve_path, "w") as f:
-                    f.writelines(json.dumps(p) + "\n" for p in curve)
-            log(f"pretrain: resumed at step {start}")
-        mem_tasks = demos[:cfg.memory_tasks]
-        if memories:
-            groups[MEMORY_GROUP] = memory_rows(mem_tasks, memories, codec)
-        batches, phase = None, None
-        with tqdm(total=cfg.steps, initial=start, desc="pretrain", dynamic_ncols=True, disable=not progress,
-                  file=sys.stderr) as bar:
-            k = start
-            while k < cfg.steps:
-                in_memory_phase = cfg.memory_step is not None and k >= cfg.memory_step
-                if in_memory_phase and not groups[MEMORY_GROUP]:
-                    t0 = time.perf_counter()
-                    memories = rehearsal_memories(model, codec, mem_tasks, cfg, demo_cfg)
-                    with open(mem_path, "w") as f:
-                        json.dump(memories, f)
-                    groups[MEMORY_GROUP] = memory_rows(mem_tasks, memories, codec)
-                    log(f"pretrain: {len(groups[MEMORY_GROUP])} rehearsal-memory ACT rows from {len(memories)} tasks "
-                        f"at step {k} ({time.perf_counter() - t0:.0f} s)")
-                if phase != in_memory_phase:
-                    use = after if in_memory_phase and groups[MEMORY_GROUP] else before
-                    batches, phase = IndexedBatches(groups, use, cfg.seed), in_memory_phase
-                m = trainer.update(stages.sft_batch(batches.batch(k), MAX_LEN), kind="sft")
-                k += 1
-                bar.update(1)
-                bar.set_postfix(nll_act=f"{m.get('nll/act', 0):.3f}", nll_reh=f"{m.get('nll/rehearse', 0):.3f}")
-                if cfg.eval_every and k % cfg.eval_every == 0 and k < cfg.steps:
-                    point = {"step": k, **validate(model, codec, val, demo_cfg)}
-                    curve.append(point)
-                    with open(curve_path, "a") as f:
-                        f.write(json.dumps(point) + "\n")
-                    log(f"pretrain validation at step {k}: {json.dumps(point)}")
-                if guard.check() or k % cfg.checkpoint_every == 0 or k == cfg.steps:
-                    ckpt.save(k, trainer.state_dict())
-                    if not progress:
-                        log(f"pretrain step {k}/{cfg.steps}: nll act {m.get('nll/act', 0):.3f} rehearse "
-                            f"{m.get('nll/rehearse', 0):.3f}, {time.perf_counter() - t_start:.0f} s")
-                if guard.preempted:
-                    ckpt.close()
-                    log(f"pretrain: preempted at step {k}; rerun to resume")
-                    raise SystemExit(0)
-        ckpt.wait()
+    batches = _Batches(cfg, groups, model, codec, demos, demo_cfg, out_dir, log)
+    curve = _Curve(os.path.join(out_dir, "curve.jsonl"))
+
+    def load(restored) -> None:
+        trainer.load_state_dict(restored.state)
+        batches.reload()
+        curve.reload(trainer.step)
+
+    def validation(k: int, _) -> None:
+        point = {"step": k, **validate(model, codec, val, demo_cfg)}
+        curve.add(point)
+        log(f"pretrain validation at step {k}: {json.dumps(point)}")
+
+    def nll(m: Mapping[str, float], role: str) -> str:
+        return f"{m.get(f'nll/{role}', 0):.3f}"
+
+    done = run_loop(
+        total_steps=cfg.steps, checkpointer=Checkpointer(ckpt_dir, max_to_keep=2,
+                                                          save_interval_steps=cfg.checkpoint_every),
+        step_fn=lambda k: trainer.update(stages.sft_batch(batches(k), MAX_LEN), kind="sft"),
+        state=trainer.state_dict, load=load, hooks=[Hook(validation, every=cfg.eval_every, at_last=False)],
+        progress=Progress("pretrain" if progress else None,
+                          postfix=lambda m: {"nll_act": nll(m, "act"), "nll_reh": nll(m, "rehearse")},
+                          line=lambda k, m: f"pretrain step {k}/{cfg.steps}: nll act {nll(m, 'act')} rehearse "
+                                            f"{nll(m, 'rehearse')}, {time.perf_counter() - t_start:.0f} s"),
+        log=log, resumed_line="pretrain: resumed at step {step}",
+        preempted_line="pretrain: preempted at step {step}; rerun to resume")
+    if done.preempted:
+        raise SystemExit(0)
     final = {"step": cfg.steps, **validate(model, codec, val, demo_cfg)}
-    if not curve or curve[-1]["step"] != cfg.steps:
-        curve.append(final)
+    if not curve.points or curve.points[-1]["step"] != cfg.steps:
+        curve.points.append(final)
     hf_io.save_hf(model, os.path.join(out_dir, "model"), eos_token_ids=codec.stop_token_ids,
                   pad_token_id=tok.pad_token_id)
     manifest = {"config": dataclasses.asdict(cfg), "params": int(model.config.num_params()), "vocab": len(tok),
@@ -526,14 +558,14 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
                            "act_rows": len(groups[ACT]), "rehearse_rows": len(groups[REHEARSE]),
                            "memory_rows": len(groups[MEMORY_GROUP]), "tank_rows": len(groups[TANK_GROUP])},
                 "validation": {"tasks": len(val), "push_back_share": cfg.validation_push_back_share, **final},
-                "curve": curve, "wall_s_this_run": round(time.perf_counter() - t_start, 1),
+                "curve": curve.points, "wall_s_this_run": round(time.perf_counter() - t_start, 1),
                 "jax": jax.__version__}
     if base is not None:  # where it started: the base's own validation (the grown copy computes the same)
         manifest["init"] = {"from": cfg.init_from, "grow_factor": cfg.grow_factor,
                             "num_layers": base.config.num_layers, "validation": base.manifest.get("validation")}
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
-    plot_curve(curve, os.path.join(out_dir, "curve.png"))
+    plot_curve(curve.points, os.path.join(out_dir, "curve.png"))
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # the shipped base is model/ + tokenizer/ + manifest
     return manifest
 

@@ -1,8 +1,9 @@
-"""The training loop: builds a run from an ``ExperimentConfig`` and runs it to ``total_steps``.
+"""An RL training run: builds it from an ``ExperimentConfig`` and runs it to ``total_steps``.
 
 Used by ``launch/train.py`` (and ``launch/export_hf.py``). Everything here is host-side wiring: mesh,
 tokenizer, model(s), data iterator, judge, sampler client, rollout engine, trainer(s), checkpointer,
-metrics. One iteration of the loop is ``envace_jax.rl.step.RLStep``.
+metrics. One iteration of the loop is ``envace_jax.rl.step.RLStep``; the loop around it (resume, checkpoint
+cadence, preemption, progress) is ``envace_jax.rl.training_loop.run_loop``, shared with the demo's pretraining.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import time
 from typing import Any, Sequence
 
@@ -19,14 +19,15 @@ import numpy as np
 
 from envace_jax import config as config_lib
 from envace_jax import sharding as shd
-from envace_jax.checkpoint import Checkpointer, PreemptionGuard
+from envace_jax.checkpoint import Checkpointer, RestoreResult
 from envace_jax.metrics import MetricsWriter
 from envace_jax.models import hf_io, qwen3
 from envace_jax.rl import judge_outage
 from envace_jax.rl.plots import plot_run
 from envace_jax.rl.rollout import TRAINED_ROLES
-from envace_jax.rl.step import RLStep, build_rl_step
+from envace_jax.rl.step import RLStep, StepResult, build_rl_step
 from envace_jax.rl.trainer import Trainer
+from envace_jax.rl.training_loop import Hook, Progress, run_loop
 from envace_jax.rl.types import REHEARSE
 
 log = logging.getLogger("envace.train")
@@ -387,18 +388,11 @@ def global_metrics(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def resume(run: Run) -> int | None:
-    """Restores the newest good checkpoint (params, optimizer, step, rng, data position)."""
-    restored = run.ckpt.restore_latest_good(run.state())
-    if restored is None:
-        return None
-    for step, reason in restored.skipped:
-        print(f"checkpoint step {step} is unusable ({reason}); fell back to step {restored.step}",
-              file=sys.stderr, flush=True)
+def load_checkpoint(run: Run, restored: RestoreResult) -> None:
+    """Puts a restored checkpoint back into ``run``: params, optimizer, step, rng, data position."""
     run.load(restored.state)
     run.data.set_state(_own_data_state(restored.data_state))
     run.step_fn.weights_changed()
-    return restored.step
 
 
 def judge_monitor(cfg: config_lib.ExperimentConfig, run: Run) -> judge_outage.JudgeOutageMonitor:
@@ -418,47 +412,33 @@ def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -
             import json
 
             json.dump(config_lib.as_dict(cfg), f, indent=1, sort_keys=True, default=str)
-    resumed = resume(run)
-    if resumed is not None:
-        print(f"resumed from checkpoint step {resumed}", file=sys.stderr, flush=True)
-    bar = None
-    if cfg.log.progress_bar and jax.process_index() == 0:
-        from tqdm import tqdm
-
-        bar = tqdm(total=cfg.total_steps, initial=run.iteration, desc=cfg.name, dynamic_ncols=True)
-    preempted, outage = False, None
     monitor = judge_monitor(cfg, run)
-    with PreemptionGuard() as guard:
-        while run.iteration < cfg.total_steps:
-            records = next(run.data)
-            t0 = time.time()
-            result = run.step_fn(records, run.iteration)
-            run.iteration += 1
-            metrics = global_metrics(dict(result.metrics, **{"time/step_s": time.time() - t0}))
-            if run.iteration % cfg.log.every == 0 or run.iteration == cfg.total_steps:
-                run.writer.write(run.iteration, metrics)
-            # Counts are global (summed over processes), so every process stops at the same step.
-            outage = monitor.observe(run.iteration, metrics, judge_outage.example_error(result.episodes))
-            if outage is not None:
-                break   # no checkpoint of this step: a rerun resumes from the last one saved
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(act=f"{metrics.get('act/reward_mean', 0):.3f}",
-                                reh=f"{metrics.get('rehearse/reward_mean', 0):.3f}")
-            stop = guard.check()
-            last = run.iteration == cfg.total_steps
-            run.ckpt.maybe_save(run.iteration, run.state(), data_state(run), force=stop or last)
-            if stop:
-                preempted = True
-                print(f"preempted (signal {guard.signal_received}): saved step {run.iteration}",
-                      file=sys.stderr, flush=True)
-                break
-    run.ckpt.close()
-    run.writer.close()
-    if bar is not None:
-        bar.close()
-    if outage is not None:
-        raise outage
+
+    def step(k: int) -> StepResult:
+        records = next(run.data)
+        t0 = time.time()
+        result = run.step_fn(records, k)
+        run.iteration = k + 1
+        metrics = global_metrics(dict(result.metrics, **{"time/step_s": time.time() - t0}))
+        return dataclasses.replace(result, metrics=metrics)
+
+    def stop_on_outage(k: int, out: StepResult) -> None:
+        # Counts are global (summed over processes), so every process stops at the same step.
+        outage = monitor.observe(k, out.metrics, judge_outage.example_error(out.episodes))
+        if outage is not None:
+            raise outage   # no checkpoint of this step: a rerun resumes from the last one saved
+
+    bar = cfg.name if cfg.log.progress_bar and jax.process_index() == 0 else None
+    try:
+        done = run_loop(
+            total_steps=cfg.total_steps, step_fn=step, checkpointer=run.ckpt, state=run.state,
+            load=lambda restored: load_checkpoint(run, restored), data_state=lambda: data_state(run),
+            hooks=[Hook(lambda k, out: run.writer.write(k, out.metrics), every=cfg.log.every), Hook(stop_on_outage)],
+            progress=Progress(bar, postfix=lambda out: {"act": f"{out.metrics.get('act/reward_mean', 0):.3f}",
+                                                        "reh": f"{out.metrics.get('rehearse/reward_mean', 0):.3f}"}))
+    finally:
+        run.writer.close()
+    preempted = done.preempted
     if not preempted and cfg.log.plot and jax.process_index() == 0 and os.path.exists(run.writer.path):
         plot_run(cfg.run_dir, title=cfg.name)  # training.png (reward, success, loss, KL) and rewards.png
     if dump_params:
@@ -466,4 +446,4 @@ def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -
         # "{process}" in the path: every process writes its own copy (tests compare them).
         if "{process}" in dump_params or jax.process_index() == 0:
             np.savez(dump_params.replace("{process}", str(jax.process_index())), **params)
-    return {"iteration": run.iteration, "resumed_from": resumed, "preempted": preempted}
+    return {"iteration": run.iteration, "resumed_from": done.resumed_from, "preempted": preempted}
