@@ -200,7 +200,7 @@ def test_every_termination_reason_is_covered_here():
 
 def test_empty_output_is_recorded_with_the_episode_score_and_bad_input():
     # The engine records the empty answer and its score unchanged; the penalty is the RL step's
-    # (tests/test_loop_step.py runs the two together).
+    # (tests/rl/test_loop_step.py runs the two together).
     ep, _, _ = run(record(["a?"], [[[item({"type": "reply_contains", "values": [""]}, 1.0)]]]), [""])
     assert ep.score == 1.0 and ep.generations[0].text == "" and ep.generations[0].score == 1.0
     with pytest.raises(ValueError, match="rollout.mode"):
