@@ -33,10 +33,10 @@ compiled, or loaded from the persistent cache), which inflate the first steps.
 ``--compare update`` runs the rolling batch with the update's exact shortcuts off (old log-probs
 recomputed by a second pass, every row through the backward pass: the reference) and on (the demo's
 default: old log-probs from the update's own pass, rows without advantage left out); the two arms take
-the same optimizer steps (tests/test_update_shortcuts.py).
+the same optimizer steps (tests/rl/test_update_shortcuts.py).
 ``--compare gather`` runs the rolling batch with the update's vocabulary head at every position
 (``Trainer(gather_trained=False)``) and at the trained positions only (the default); the same
-optimizer steps up to float32 summation order (tests/test_gathered_head.py).
+optimizer steps up to float32 summation order (tests/rl/test_gathered_head.py).
 ``--compare prefill`` runs the rolling batch twice instead, with the sampler's split prefill
 (``Sampler(split_prefill=True)``, the default: a call whose rows write very different lengths prefills
 them in sub-batches) and with one-call prefill, and adds the prefill slot efficiency (tokens written /

@@ -39,7 +39,7 @@ TINY = ModelSize(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=
 MICRO = ModelSize(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16)
 # The embedded demo's model (``make demo``, ``make pretrain``; ``benchmarks/train_step.py --demo``).
 DEMO = ModelSize(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32)
-# The transformers-built checkpoint of the model tests (``tests/conftest.py``): head_dim 24 is not
+# The transformers-built checkpoint of the model tests (``tests/helpers_models.make_tiny_hf_qwen3``): head_dim 24 is not
 # hidden/heads and the MLP width 96 is no multiple of the hidden size, so a transposed or mis-split
 # tensor cannot pass on its shape.
 HF_TEST = ModelSize(hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=24)

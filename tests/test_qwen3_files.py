@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-import qwen3_official as Q
+from tests import qwen3_official as Q
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "qwen3_official.py")
 

@@ -21,7 +21,7 @@ import sys
 import numpy as np
 import pytest
 
-import helpers_loop as h
+from tests import helpers_loop as h
 
 README = os.path.join(h.ROOT, "README.md")
 

@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from envace_jax.models import hf_io
-from helpers_models import jit_forward, torch_forward
+from tests.helpers_models import jit_forward, torch_forward
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -77,7 +77,7 @@ class DemoConfig:
     # only: they keep REHEARSE faithful without pulling ACT back to the demonstrations' happy paths)
     rl_replay_roles: str = "act+rehearse"
     # the update's exact shortcuts (rl.old_logprobs_from_update, rl.skip_zero_advantage_rows): the same
-    # optimizer steps as the reference's two-pass update over every row (tests/test_update_shortcuts.py),
+    # optimizer steps as the reference's two-pass update over every row (tests/rl/test_update_shortcuts.py),
     # in less time (most groups' rollouts score alike: ~70% of the rows carry no advantage)
     rl_update_shortcuts: bool = True
     # every K RL steps, greedy real-tool success on the eval split (the learning curve: summary["rl"]["curve"],

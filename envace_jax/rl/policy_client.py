@@ -35,7 +35,7 @@ For continuation to pay off in a rollout, build the sampler with ``cache_size >=
 
 Randomness: a fresh row's stream is seeded by its request's ``seed``; a continued row keeps the stream
 it started with (the sampler tracks its draws), so the later requests' seeds are not used for it.
-Greedy rows are identical either way (``tests/test_rollout_sampler.py`` compares the two).
+Greedy rows are identical either way (``tests/rl/test_rollout_sampler.py`` compares the two).
 """
 
 from __future__ import annotations

@@ -1,0 +1,33 @@
+"""The shipped demo bases: each loads, its manifest describes its weights, and the deep one is what
+``make pretrain-deep`` (preset ``deep``) makes from the shipped 2-layer base."""
+
+from __future__ import annotations
+
+import dataclasses
+import filecmp
+import os
+
+import pytest
+
+from envace_jax.demo import pretrain as pt
+from tests.helpers_paths import ROOT
+
+
+@pytest.mark.parametrize("name,layers", [("demo_base", 2), ("demo_base_deep", 4)])
+def test_a_shipped_base_matches_its_manifest_in_transformers(name, layers):
+    from transformers import AutoConfig
+
+    base = pt.load_base(os.path.join(ROOT, "assets", name))
+    hf = AutoConfig.from_pretrained(os.path.join(base.directory, "model"))
+    assert base.config.num_layers == hf.num_hidden_layers == layers
+    assert (base.config.hidden_size, base.config.intermediate_size, len(base.tokenizer)) == (
+        hf.hidden_size, hf.intermediate_size, hf.vocab_size)
+
+
+def test_the_deep_base_is_the_deep_preset_continuing_the_shipped_base():
+    deep = pt.load_base(os.path.join(ROOT, "assets", "demo_base_deep"))
+    assert dataclasses.asdict(deep.config) == dataclasses.asdict(pt.deep())
+    assert deep.manifest["init"]["from"] == "assets/demo_base" and deep.manifest["init"]["grow_factor"] == 2
+    same_tokenizer = filecmp.dircmp(os.path.join(ROOT, "assets", "demo_base", "tokenizer"),
+                                    os.path.join(deep.directory, "tokenizer"))
+    assert not same_tokenizer.diff_files and not same_tokenizer.left_only
