@@ -18,8 +18,7 @@ import pytest
 
 from envace_jax.checkpoint import Checkpointer, check_manifest
 from envace_jax.rl.training_loop import Hook, LoopResult, Progress, run_loop
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers_paths import ROOT
 
 
 def expected_w(steps: int) -> np.ndarray:
