@@ -27,9 +27,10 @@ qwen3-files: $(STAMP)
 test: $(STAMP) qwen3-files
 	ENVACE_REQUIRE_OFFICIAL=1 $(PYBIN) -m pytest -q tests
 
-# Static checks (pyflakes and pycodestyle rules; settings in pyproject.toml [tool.ruff]). ruff comes with the test extra.
+# Static checks: ruff check (pyflakes and pycodestyle rules) and ruff format --check; settings in pyproject.toml [tool.ruff]. ruff comes with the test extra.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 demo: $(STAMP)
 	$(PYBIN) launch/demo.py --run_dir=$(RUN_DIR)

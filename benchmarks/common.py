@@ -18,15 +18,23 @@ from envace_jax.models import hf_io
 
 # transformers' Qwen3Config fields: hidden 512, 8 layers, 8 heads, 4 kv heads, head_dim 64, vocab 32000,
 # mlp 1536, tied embeddings (41.6M parameters).
-CONFIG = dict(vocab_size=32000, **BENCH.hf_fields(), tie_word_embeddings=True, max_position_embeddings=4096,
-              rope_theta=1e6)
+CONFIG = dict(
+    vocab_size=32000, **BENCH.hf_fields(), tie_word_embeddings=True, max_position_embeddings=4096, rope_theta=1e6
+)
 
 
 def forward_flops(c: dict, batch: int, length: int) -> float:
     """Matmul FLOPs of one forward pass (2 per multiply-add). Attention scores are counted over the
     full T x T square, since both implementations compute it before masking."""
-    d, f, n, k, h, v, L = (c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
-                           c["num_key_value_heads"], c["head_dim"], c["vocab_size"], c["num_hidden_layers"])
+    d, f, n, k, h, v, L = (
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+        c["vocab_size"],
+        c["num_hidden_layers"],
+    )
     tokens = batch * length
     dense = L * (2 * d * n * h + 2 * d * k * h + 3 * d * f) + d * v  # q,o + k,v + mlp, plus lm head
     attn = L * 2 * batch * length * length * n * h  # QK^T and PV
@@ -48,7 +56,7 @@ def matmul_peak_gflops(reps: int = 5) -> float:
     """Best-of-``reps`` GFLOP/s of a float32 2048 x 2048 jnp matmul (compiled before timing)."""
     a = jnp.ones((2048, 2048), jnp.float32)
     _MATMUL(a).block_until_ready()
-    return 2 * 2048 ** 3 / min(timed(lambda: _MATMUL(a).block_until_ready()) for _ in range(reps)) / 1e9
+    return 2 * 2048**3 / min(timed(lambda: _MATMUL(a).block_until_ready()) for _ in range(reps)) / 1e9
 
 
 def decode_matmul_floor_s(batch: int, reps: int = 7, clock=time.perf_counter) -> float:

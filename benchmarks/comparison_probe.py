@@ -65,10 +65,18 @@ def comparison_tasks(n: int, seed: int) -> list[dict]:
         else:
             q = f"I have {a} and need {b}. Is that enough?"
             r = f"Yes, {a} is enough for {b}." if a >= b else f"No, {a} is less than {b}."
-        msgs = [{"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
-                {"role": "user", "content": q}]
-        out.append({"uid": f"compare-{seed}-{i}", "messages": msgs, "tools": [],
-                    "reference_messages": [msgs[1], {"role": "assistant", "content": r}]})
+        msgs = [
+            {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
+            {"role": "user", "content": q},
+        ]
+        out.append(
+            {
+                "uid": f"compare-{seed}-{i}",
+                "messages": msgs,
+                "tools": [],
+                "reference_messages": [msgs[1], {"role": "assistant", "content": r}],
+            }
+        )
     return out
 
 
@@ -92,9 +100,12 @@ def question_scores(model, codec, tasks) -> dict:
         else:
             more_n += 1
             more += text.split(" ")[0] == ref.split(" ")[0]
-    return {"exact": round(exact / len(tasks), 3), "yes/no decision": round(yesno / max(yesno_n, 1), 3),
-            "larger number named": round(more / max(more_n, 1), 3),
-            "e.g.": [(t["messages"][1]["content"], x) for x, t in zip(texts[:2], tasks[:2])]}
+    return {
+        "exact": round(exact / len(tasks), 3),
+        "yes/no decision": round(yesno / max(yesno_n, 1), 3),
+        "larger number named": round(more / max(more_n, 1), 3),
+        "e.g.": [(t["messages"][1]["content"], x) for x, t in zip(texts[:2], tasks[:2])],
+    }
 
 
 def tank_scores(model, codec, n: int = 300) -> dict:
@@ -114,15 +125,19 @@ def tank_scores(model, codec, n: int = 300) -> dict:
 
     def replies(tasks):  # the second ACT row's context: the conversation up to the first tool response
         out = Sampler(model, cache_size=512).generate(
-            [list(demo_data.act_rows(t, codec, 0)[1].prompt_ids) for t in tasks], params)
+            [list(demo_data.act_rows(t, codec, 0)[1].prompt_ids) for t in tasks], params
+        )
         return [codec.renderer.decode([x for x in toks if x != end]).strip() for toks in out.tokens]
 
     holds = [sum(m["role"] == "assistant" for m in t["reference_messages"]) == 3 for t in cond]  # call, pump, reply
     pumped = ["<tool_call>" in x and '"pump"' in x for x in replies(cond)]
-    named = [x.split(" ")[0] == t["reference_messages"][-1]["content"].split(" ")[0]
-             for x, t in zip(replies(comp), comp)]
-    return {"tank conditional right": round(sum(p == h for p, h in zip(pumped, holds)) / len(cond), 3),
-            "tank comparison right": round(sum(named) / len(comp), 3)}
+    named = [
+        x.split(" ")[0] == t["reference_messages"][-1]["content"].split(" ")[0] for x, t in zip(replies(comp), comp)
+    ]
+    return {
+        "tank conditional right": round(sum(p == h for p, h in zip(pumped, holds)) / len(cond), 3),
+        "tank comparison right": round(sum(named) / len(comp), 3),
+    }
 
 
 def task_scores(model, codec, tasks, demo_cfg) -> dict:
@@ -133,8 +148,11 @@ def task_scores(model, codec, tasks, demo_cfg) -> dict:
 
     res = stages.evaluate_real(demo_cfg, model, codec, tasks)
     rate = lambda v: round(float(np.mean([is_success(s) for s in v])), 3)
-    return {"success": rate(res.scores), "by_type": {k: (rate(v), len(v)) for k, v in sorted(res.by_type.items())},
-            "by_branch": {k: rate(v) for k, v in sorted(res.by_branch.items())}}
+    return {
+        "success": rate(res.scores),
+        "by_type": {k: (rate(v), len(v)) for k, v in sorted(res.by_type.items())},
+        "by_branch": {k: rate(v) for k, v in sorted(res.by_branch.items())},
+    }
 
 
 def reply_binding(model, codec, tasks, demo_cfg) -> dict:
@@ -143,8 +161,9 @@ def reply_binding(model, codec, tasks, demo_cfg) -> dict:
 
     from envace_jax.demo import stages
 
-    engine = stages.make_engine(demo_cfg, "real", codec, stages.make_client(model, codec, demo_cfg, slots=128),
-                                greedy=True)
+    engine = stages.make_engine(
+        demo_cfg, "real", codec, stages.make_client(model, codec, demo_cfg, slots=128), greedy=True
+    )
     out = {"tasks": len(tasks), "other form": 0, "numbers right": 0, "name right": 0, "both right": 0}
     for e in engine.run(tasks, [t["uid"] for t in tasks]):
         reads = [json.loads(m["content"]) for m in e.messages if m["role"] == "tool"]
@@ -169,14 +188,26 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--rows", type=int, default=16384, help="comparison tasks to train on")
     ap.add_argument("--questions", type=int, default=300, help="held-out comparison questions to score")
-    ap.add_argument("--form", choices=("text", "tool"), default="text",
-                    help="comparison rows: questions without tools, or tool-shaped in the tank world")
+    ap.add_argument(
+        "--form",
+        choices=("text", "tool"),
+        default="text",
+        help="comparison rows: questions without tools, or tool-shaped in the tank world",
+    )
     ap.add_argument("--arms", default="control,compare", help="mixed: which training arms to run")
     ap.add_argument("--base", default="assets/demo_base")
-    ap.add_argument("--save", default="", help="mixed: write the compare arm's model as a base directory here "
-                                               "(the base's tokenizer and manifest; for --config.base_dir)")
-    ap.add_argument("--grow", type=int, default=1, help="mixed: train a GROW times deeper copy of the base "
-                                                         "(models/grow.py; the same function at step 0)")
+    ap.add_argument(
+        "--save",
+        default="",
+        help="mixed: write the compare arm's model as a base directory here "
+        "(the base's tokenizer and manifest; for --config.base_dir)",
+    )
+    ap.add_argument(
+        "--grow",
+        type=int,
+        default=1,
+        help="mixed: train a GROW times deeper copy of the base (models/grow.py; the same function at step 0)",
+    )
     ap.add_argument("--model", default="", help="replies: also score this exported model (a demo run's model/)")
     args = ap.parse_args()
     if not 0 < args.share <= 16 or args.steps < 4:
@@ -207,7 +238,7 @@ def main() -> None:
         from envace_jax.models import hf_io
 
         pool = generate_tasks(args.questions * 40, 5, "validation")
-        tasks = [demo_data.normalize_task(t) for t in pool if t["task_type"] == "bank/compare"][:args.questions]
+        tasks = [demo_data.normalize_task(t) for t in pool if t["task_type"] == "bank/compare"][: args.questions]
         demo_cfg = P._demo_cfg(base.config)
         arms = [("base", base.model())] + ([(args.model, hf_io.load_hf(args.model))] if args.model else [])
         for name, model in arms:
@@ -218,8 +249,9 @@ def main() -> None:
     make_rows = tank_tasks if args.form == "tool" else comparison_tasks
     rows = [r for e, t in enumerate(make_rows(args.rows, 11)) for r in demo_data.act_rows(t, codec, e)]
     questions = comparison_tasks(args.questions, 99)
-    optim = OptimConfig(lr=args.lr, schedule="constant", warmup_steps=0, total_steps=args.steps, weight_decay=0.0,
-                        grad_clip=1.0)
+    optim = OptimConfig(
+        lr=args.lr, schedule="constant", warmup_steps=0, total_steps=args.steps, weight_decay=0.0, grad_clip=1.0
+    )
 
     def train(model, groups, shares, seed, micro, every=None, on_eval=None):
         tr = Trainer(model, optim, LossConfig(), micro_batch_size=micro, pad_micro_batches=True)
@@ -234,24 +266,42 @@ def main() -> None:
     if args.mode == "only":
         model = base.model()
         print(json.dumps({"step": 0, **question_scores(model, codec, questions)}), flush=True)
-        train(model, {ACT: rows}, {ACT: 32}, 3, 32, every=args.steps // 4,
-              on_eval=lambda k: print(json.dumps({"step": k, **question_scores(model, codec, questions)}), flush=True))
+        train(
+            model,
+            {ACT: rows},
+            {ACT: 32},
+            3,
+            32,
+            every=args.steps // 4,
+            on_eval=lambda k: print(json.dumps({"step": k, **question_scores(model, codec, questions)}), flush=True),
+        )
         return
     demos = base.demonstrations()
     corpus = base.corpus_rows(demos, codec)
-    groups = {ACT: [r for r in corpus if r.role == ACT], REHEARSE: [r for r in corpus if r.role == REHEARSE],
-              "compare": rows}
-    pool = [demo_data.normalize_task(t) for t in generate_tasks(3000, base.config.seed, "validation",
-                                                                 push_back_share=0.5)]
+    groups = {
+        ACT: [r for r in corpus if r.role == ACT],
+        REHEARSE: [r for r in corpus if r.role == REHEARSE],
+        "compare": rows,
+    }
+    pool = [
+        demo_data.normalize_task(t) for t in generate_tasks(3000, base.config.seed, "validation", push_back_share=0.5)
+    ]
     val = [t for t in pool if t["task_type"] in COMPARISON_TYPES][:240]
     demo_cfg = P._demo_cfg(base.config)
-    print(f"setup {time.perf_counter() - t0:.0f} s: {len(rows)} comparison rows, {len(val)} validation tasks", flush=True)
+    print(
+        f"setup {time.perf_counter() - t0:.0f} s: {len(rows)} comparison rows, {len(val)} validation tasks", flush=True
+    )
 
     def report(arm, model):
-        held_out = ({"tank": tank_scores(model, codec)} if args.form == "tool" else
-                    {"questions": question_scores(model, codec, questions)})
-        print(json.dumps({"arm": arm, **held_out, "validation tasks": task_scores(model, codec, val, demo_cfg)}),
-              flush=True)
+        held_out = (
+            {"tank": tank_scores(model, codec)}
+            if args.form == "tool"
+            else {"questions": question_scores(model, codec, questions)}
+        )
+        print(
+            json.dumps({"arm": arm, **held_out, "validation tasks": task_scores(model, codec, val, demo_cfg)}),
+            flush=True,
+        )
 
     from envace_jax.models.grow import grow_depth
 
@@ -259,8 +309,9 @@ def main() -> None:
     report("base", start())
     for arm in [a for a in ("control", "compare") if a in arms]:
         model = start()
-        shares = {ACT: 16, REHEARSE: 16} if arm == "control" else {ACT: 16 - args.share, "compare": args.share,
-                                                                   REHEARSE: 16}
+        shares = (
+            {ACT: 16, REHEARSE: 16} if arm == "control" else {ACT: 16 - args.share, "compare": args.share, REHEARSE: 16}
+        )
         print(f"{arm}: {args.steps} steps, lr {args.lr}, rows per batch {shares}", flush=True)
         train(model, groups, shares, 1, 16)
         report(arm, model)

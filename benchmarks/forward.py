@@ -62,16 +62,20 @@ def main() -> None:
     flops = forward_flops(CONFIG, args.batch, args.length)
     peak = max(peaks)
     j, p = statistics.median(t_jax), statistics.median(t_pt)
-    print(f"model: {n_params / 1e6:.1f}M params, batch {args.batch} x {args.length}, float32, "
-          f"{jax.devices()[0].platform} ({os.cpu_count()} cpus), torch threads {args.threads}")
+    print(
+        f"model: {n_params / 1e6:.1f}M params, batch {args.batch} x {args.length}, float32, "
+        f"{jax.devices()[0].platform} ({os.cpu_count()} cpus), torch threads {args.threads}"
+    )
     print(f"max |logits diff| jax vs torch: {diff:.2e}   jax compile+first run: {compile_s:.1f}s")
     print(f"jax   forward: median {j:.3f}s  min {min(t_jax):.3f}s  all {[round(t, 3) for t in t_jax]}")
     print(f"torch forward: median {p:.3f}s  min {min(t_pt):.3f}s  all {[round(t, 3) for t in t_pt]}")
     print(f"speed ratio torch/jax (median): {p / j:.2f}x   (min/min: {min(t_pt) / min(t_jax):.2f}x)")
     print(f"analytic forward FLOPs: {flops / 1e9:.1f} GFLOP")
-    print(f"achieved: jax {flops / min(t_jax) / 1e9:.1f} GFLOP/s, torch {flops / min(t_pt) / 1e9:.1f} GFLOP/s; "
-          f"float32 2048^3 matmul peak {peak:.1f} GFLOP/s -> jax at {100 * flops / min(t_jax) / 1e9 / peak:.0f}% "
-          f"of peak")
+    print(
+        f"achieved: jax {flops / min(t_jax) / 1e9:.1f} GFLOP/s, torch {flops / min(t_pt) / 1e9:.1f} GFLOP/s; "
+        f"float32 2048^3 matmul peak {peak:.1f} GFLOP/s -> jax at {100 * flops / min(t_jax) / 1e9 / peak:.0f}% "
+        f"of peak"
+    )
 
 
 if __name__ == "__main__":

@@ -70,10 +70,12 @@ def on_disk(run_dir: str) -> dict:
     committed = sorted(int(n) for n in names if n.isdigit())
     reasons = {s: check_manifest(os.path.join(ck, str(s))) for s in committed}
     manifested = [s for s in committed if reasons[s] is None]
-    return {"committed": committed[-1] if committed else 0,
-            "manifested": manifested[-1] if manifested else 0,
-            "unmanifested": {s: r for s, r in reasons.items() if r is not None},
-            "in_flight": any(".orbax-checkpoint-tmp" in n for n in names)}
+    return {
+        "committed": committed[-1] if committed else 0,
+        "manifested": manifested[-1] if manifested else 0,
+        "unmanifested": {s: r for s, r in reasons.items() if r is not None},
+        "in_flight": any(".orbax-checkpoint-tmp" in n for n in names),
+    }
 
 
 def resumed_from(stderr: str) -> tuple[int, list[str]]:
@@ -88,8 +90,7 @@ def train_cmd(run_dir: str, steps: int, every: int, dump: str) -> list[str]:
 
 def start(cmd: list[str], err_path: str) -> subprocess.Popen:
     with open(err_path, "w") as err:  # the child keeps its own descriptor
-        return subprocess.Popen(cmd, env=h.env(),
-                                stdout=subprocess.DEVNULL, stderr=err, text=True)
+        return subprocess.Popen(cmd, env=h.env(), stdout=subprocess.DEVNULL, stderr=err, text=True)
 
 
 def params(path: str) -> dict[str, np.ndarray]:
@@ -115,8 +116,9 @@ def main() -> int:
     t0 = time.time()
 
     print(f"work dir {work}; {steps} steps, checkpoint every {a.every}, {a.kills} kills, seed {a.seed}", flush=True)
-    ref = subprocess.run(train_cmd(ref_dir, steps, a.every, f"{work}/ref.npz"), env=h.env(),
-                         capture_output=True, text=True)
+    ref = subprocess.run(
+        train_cmd(ref_dir, steps, a.every, f"{work}/ref.npz"), env=h.env(), capture_output=True, text=True
+    )
     if ref.returncode != 0:
         print(ref.stderr[-3000:], file=sys.stderr)
         return 2
@@ -164,17 +166,28 @@ def main() -> int:
             problems.append("; ".join(unusable))
         failures += bool(problems)
         r["result"] = "ok" if not problems else "FAIL: " + "; ".join(problems)
-        print(f"{r['kill']:>4} {r['delay_s']:>5.2f} {r['committed']:>9} {r['manifested']:>10} "
-              f"{'yes' if r['in_flight'] else 'no':>9} {r['resumed']:>7}  {r['result']}")
+        print(
+            f"{r['kill']:>4} {r['delay_s']:>5.2f} {r['committed']:>9} {r['manifested']:>10} "
+            f"{'yes' if r['in_flight'] else 'no':>9} {r['resumed']:>7}  {r['result']}"
+        )
 
     ref_p, got_p = params(f"{work}/ref.npz"), params(f"{work}/run.npz")
     same = sorted(ref_p) == sorted(got_p) and all(
-        ref_p[k].dtype == got_p[k].dtype and np.array_equal(ref_p[k], got_p[k]) for k in ref_p)
+        ref_p[k].dtype == got_p[k].dtype and np.array_equal(ref_p[k], got_p[k]) for k in ref_p
+    )
     print(f"final parameters ({len(ref_p)} arrays) bit-identical to the uninterrupted run: {same}")
     print(f"{failures} of {len(rows)} kills failed; {time.time() - t0:.0f} s in all", flush=True)
     with open(os.path.join(work, "kill_resume.json"), "w") as f:
-        json.dump({"rows": [{k: v for k, v in r.items() if k != "next_err"} for r in rows],
-                   "params_identical": same, "steps": steps, "seed": a.seed}, f, indent=1)
+        json.dump(
+            {
+                "rows": [{k: v for k, v in r.items() if k != "next_err"} for r in rows],
+                "params_identical": same,
+                "steps": steps,
+                "seed": a.seed,
+            },
+            f,
+            indent=1,
+        )
     return 0 if same and failures == 0 else 1
 
 

@@ -76,15 +76,40 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 TOKENIZER_PREFIXES = ("tokenizer", "special_tokens", "vocab", "merges", "chat_template")
 
 # transformers Qwen3Config fields. Qwen3-0.6B's are those of its released config.json.
-_QWEN3_COMMON = dict(vocab_size=151936, tie_word_embeddings=True, rope_theta=1_000_000.0,
-                     max_position_embeddings=40960, rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False,
-                     bos_token_id=151643, eos_token_id=151645, use_sliding_window=False)
+_QWEN3_COMMON = dict(
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    attention_bias=False,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    use_sliding_window=False,
+)
 HF_PRESETS: dict[str, dict[str, Any]] = {
-    "qwen3_0_6b": dict(_QWEN3_COMMON, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_window_layers=28),
+    "qwen3_0_6b": dict(
+        _QWEN3_COMMON,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_window_layers=28,
+    ),
     # Same vocabulary, tokenizer and config path; 2 small layers, for tests and development.
-    "tiny": dict(_QWEN3_COMMON, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_window_layers=2),
+    "tiny": dict(
+        _QWEN3_COMMON,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_window_layers=2,
+    ),
 }
 # Our preset of the same architecture: build_model checks the loaded checkpoint against it.
 MODEL_PRESET = {"qwen3_0_6b": "qwen3_0_6b", "tiny": "tiny"}
@@ -126,7 +151,7 @@ class RssWatch:
 
     def __init__(self, interval: float = 0.02):
         self.peak = rss_bytes()
-        self._lock = threading.Lock()   # a restart must not be overwritten by a sample taken before it
+        self._lock = threading.Lock()  # a restart must not be overwritten by a sample taken before it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, args=(interval,), daemon=True)
         self._thread.start()
@@ -149,10 +174,10 @@ class RssWatch:
 class Phase:
     name: str
     seconds: float
-    peak_gib: float | None         # this process; None: not measured (a split of its parent's time)
+    peak_gib: float | None  # this process; None: not measured (a split of its parent's time)
     depth: int
     note: str = ""
-    child_peak_gib: float | None = None   # a child process's own peak (``own_peak_gib``)
+    child_peak_gib: float | None = None  # a child process's own peak (``own_peak_gib``)
 
 
 class PhaseTable:
@@ -161,7 +186,7 @@ class PhaseTable:
 
     def __init__(self):
         self.rows: list[Phase] = []
-        self._stack: list[list[float]] = []   # running peak (bytes) of each open phase
+        self._stack: list[list[float]] = []  # running peak (bytes) of each open phase
         self.watch = RssWatch()
 
     @contextlib.contextmanager
@@ -188,9 +213,12 @@ class PhaseTable:
             row.peak_gib = peak / GIB
             if self._stack:
                 self._stack[-1][0] = max(self._stack[-1][0], peak)
-            if depth <= 1:   # progress for long runs
-                print(f"{'  ' * depth}done: {name}, {time.perf_counter() - t0:.1f} s, peak RSS {row.peak_gib:.2f} GiB",
-                      file=sys.stderr, flush=True)
+            if depth <= 1:  # progress for long runs
+                print(
+                    f"{'  ' * depth}done: {name}, {time.perf_counter() - t0:.1f} s, peak RSS {row.peak_gib:.2f} GiB",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def add(self, name: str, seconds: float, depth: int, *, note: str = "") -> None:
         self.rows.append(Phase(name, seconds, None, depth, note))
@@ -222,6 +250,7 @@ def wrapped(obj: Any, attr: str, table: PhaseTable, name: str) -> Iterator[None]
 
 
 # ----------------------------------------------------------------------------- children
+
 
 def _child_limits() -> None:
     import torch
@@ -273,8 +302,15 @@ def weight_change(before_dir: str, after_dir: str) -> dict[str, float]:
     return {"max_abs_change": biggest, "changed_frac": changed / max(1, total)}
 
 
-def transformers_parity(export_dir: str, tokenizer_dir: str, ours_npz: str, record: dict[str, Any],
-                        prompt_ids: list[int], enable_thinking: bool, checkpoint_dir: str) -> dict[str, Any]:
+def transformers_parity(
+    export_dir: str,
+    tokenizer_dir: str,
+    ours_npz: str,
+    record: dict[str, Any],
+    prompt_ids: list[int],
+    enable_thinking: bool,
+    checkpoint_dir: str,
+) -> dict[str, Any]:
     """(child) Loads ``export_dir`` in transformers; max |logits - ours| on the saved rows, whether its
     tokenizer (official template) renders ``record``'s prompt to ``prompt_ids``, and how far the update
     moved the weights from ``checkpoint_dir``'s."""
@@ -296,15 +332,27 @@ def transformers_parity(export_dir: str, tokenizer_dir: str, ours_npz: str, reco
     tok = AutoTokenizer.from_pretrained(export_dir, local_files_only=True)
     with open(os.path.join(tokenizer_dir, "tokenizer_config.json"), encoding="utf-8") as f:
         official_template = json.load(f)["chat_template"]
-    rendered = tok.apply_chat_template(record["messages"], tools=record["tools"] or None, tokenize=False,
-                                       add_generation_prompt=True, enable_thinking=enable_thinking)
+    rendered = tok.apply_chat_template(
+        record["messages"],
+        tools=record["tools"] or None,
+        tokenize=False,
+        add_generation_prompt=True,
+        enable_thinking=enable_thinking,
+    )
     architecture = type(model).__name__
     del model
-    return {**weight_change(checkpoint_dir, export_dir), "architecture": architecture, "load_s": load_s, "max_abs_diff_per_row": diffs,
-            "max_abs_diff": max(diffs), "logit_scale": float(np.abs(ours).max()),
-            "official_template": tok.chat_template == official_template,
-            "prompt_ids_match": tok.encode(rendered, add_special_tokens=False) == list(prompt_ids),
-            "seconds": time.perf_counter() - t0, "peak_gib": own_peak_gib()}
+    return {
+        **weight_change(checkpoint_dir, export_dir),
+        "architecture": architecture,
+        "load_s": load_s,
+        "max_abs_diff_per_row": diffs,
+        "max_abs_diff": max(diffs),
+        "logit_scale": float(np.abs(ours).max()),
+        "official_template": tok.chat_template == official_template,
+        "prompt_ids_match": tok.encode(rendered, add_special_tokens=False) == list(prompt_ids),
+        "seconds": time.perf_counter() - t0,
+        "peak_gib": own_peak_gib(),
+    }
 
 
 def in_child(fn, *args) -> Any:
@@ -315,13 +363,16 @@ def in_child(fn, *args) -> Any:
 
 # ----------------------------------------------------------------------------- the run
 
+
 def find_tokenizer_dir(arg: str | None) -> str:
     path = arg or os.environ.get(TOKENIZER_ENV) or DEFAULT_TOKENIZER_DIR
     missing = [f for f in TOKENIZER_FILES if not os.path.isfile(os.path.join(path, f))]
     if missing:
-        raise SystemExit(f"real_shape_step: the official Qwen3 tokenizer files {missing} are not in {path!r}. "
-                         f"Run `make qwen3-files` to fetch them into .cache/qwen3-official, or pass "
-                         f"--tokenizer_dir (or set {TOKENIZER_ENV}) to a folder holding {list(TOKENIZER_FILES)}.")
+        raise SystemExit(
+            f"real_shape_step: the official Qwen3 tokenizer files {missing} are not in {path!r}. "
+            f"Run `make qwen3-files` to fetch them into .cache/qwen3-official, or pass "
+            f"--tokenizer_dir (or set {TOKENIZER_ENV}) to a folder holding {list(TOKENIZER_FILES)}."
+        )
     return path
 
 
@@ -374,9 +425,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="qwen3_0_6b", choices=sorted(HF_PRESETS))
     ap.add_argument("--out", default="runs/real_shape_step", help="checkpoint, run dir, export and summary.json")
-    ap.add_argument("--tokenizer_dir", default=None,
-                    help=f"folder with the official {' and '.join(TOKENIZER_FILES)} (default: ${TOKENIZER_ENV}, "
-                         f"then .cache/qwen3-official, which `make qwen3-files` fills)")
+    ap.add_argument(
+        "--tokenizer_dir",
+        default=None,
+        help=f"folder with the official {' and '.join(TOKENIZER_FILES)} (default: ${TOKENIZER_ENV}, "
+        f"then .cache/qwen3-official, which `make qwen3-files` fills)",
+    )
     ap.add_argument("--prompts", type=int, default=4, help="prompts in the step (data.prompts_per_step)")
     ap.add_argument("--group", type=int, default=2, help="rollouts per prompt (rl.n_rollouts)")
     ap.add_argument("--max_new_tokens", type=int, default=64, help="per generation, both roles")
@@ -384,13 +438,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--max_turns", type=int, default=2, help="assistant and user turns per episode")
     ap.add_argument("--micro_batch", type=int, default=1, help="rows per micro-batch of the update")
     ap.add_argument("--tasks", type=int, default=16, help="demo tasks written to the data file")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="compute dtype (parameters stay float32)")
-    ap.add_argument("--lr", type=float, default=None,
-                    help="optim.lr (default: the reference config's 1e-6). With random weights the gradient is "
-                         "zero, so only AdamW's decoupled weight decay (lr x 0.01) moves the weights: at 1e-6 "
-                         "that is below float32 resolution; 1e-4 changes them, so the export check compares "
-                         "weights the update wrote")
+    ap.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype (parameters stay float32)"
+    )
+    ap.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="optim.lr (default: the reference config's 1e-6). With random weights the gradient is "
+        "zero, so only AdamW's decoupled weight decay (lr x 0.01) moves the weights: at 1e-6 "
+        "that is below float32 resolution; 1e-4 changes them, so the export check compares "
+        "weights the update wrote",
+    )
     ap.add_argument("--remat", default=None, help="model.remat_policy (default: the reference config's)")
     ap.add_argument("--compare_rows", type=int, default=3)
     ap.add_argument("--compare_tokens", type=int, default=128)
@@ -405,8 +464,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.makedirs(out, exist_ok=True)
     table = PhaseTable()
     summary: dict[str, Any] = {"preset": args.preset, "args": vars(args), "tokenizer_dir": tokenizer_dir}
-    print(f"real_shape_step: preset {args.preset}, {args.prompts} prompts x {args.group} rollouts, "
-          f"{args.max_new_tokens} new tokens, out {out}", flush=True)
+    print(
+        f"real_shape_step: preset {args.preset}, {args.prompts} prompts x {args.group} rollouts, "
+        f"{args.max_new_tokens} new tokens, out {out}",
+        flush=True,
+    )
 
     with table.measure("checkpoint (transformers, child process)") as row:
         child = in_child(build_checkpoint, HF_PRESETS[args.preset], tokenizer_dir, ckpt, args.seed)
@@ -448,7 +510,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             table.add("sampler prefill", st.prefill_s, 2, note=f"{st.prefill_tokens} tokens, {st.calls} calls")
             table.add("sampler decode", st.decode_s, 2, note=f"{st.generated_tokens} tokens, {st.decode_steps} steps")
             own_rollout = step.rollout
-            step.rollout = lambda *_, done=episodes: done   # the rest of RLStep.__call__ on these episodes
+            step.rollout = lambda *_, done=episodes: done  # the rest of RLStep.__call__ on these episodes
             try:
                 with table.measure("advantages, batch, old log-probs, update"):
                     result = step(records, 0)
@@ -457,11 +519,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gens = [g for e in episodes for g in e.generations]
     roll_row.note = f"{len(episodes)} episodes, {len(gens)} rows"
     m = result.metrics
-    step_row.note = (f"{result.rows} rows trained, width {m.get('update/seq_len', 0):.0f} tokens, "
-                     f"reward mean {m.get('act/reward_mean', 0):.3f}")
+    step_row.note = (
+        f"{result.rows} rows trained, width {m.get('update/seq_len', 0):.0f} tokens, "
+        f"reward mean {m.get('act/reward_mean', 0):.3f}"
+    )
     summary["metrics"] = m
-    summary["rows"] = [{"role": g.role, "prompt_tokens": len(g.prompt_ids), "generated_tokens": len(g.gen_ids),
-                        "finish_reason": g.finish_reason, "score": g.score} for g in gens]
+    summary["rows"] = [
+        {
+            "role": g.role,
+            "prompt_tokens": len(g.prompt_ids),
+            "generated_tokens": len(g.gen_ids),
+            "finish_reason": g.finish_reason,
+            "score": g.score,
+        }
+        for g in gens
+    ]
 
     with table.measure("export (hf_io.save_hf + tokenizer files)"):
         hf_io.save_hf(trainer.model, export_dir)
@@ -487,9 +559,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     jax.clear_caches()
 
     with table.measure("transformers loads the export (child process)") as row:
-        parity = in_child(transformers_parity, export_dir, tokenizer_dir, ours_npz,
-                          {"messages": record["messages"], "tools": record["tools"]}, first_prompt, enable_thinking,
-                          ckpt)
+        parity = in_child(
+            transformers_parity,
+            export_dir,
+            tokenizer_dir,
+            ours_npz,
+            {"messages": record["messages"], "tools": record["tools"]},
+            first_prompt,
+            enable_thinking,
+            ckpt,
+        )
         row.child_peak_gib = parity["peak_gib"]
         row.note = f"{ids.shape[0]} rows x {ids.shape[1]} tokens: max abs logit diff {parity['max_abs_diff']:.2e}"
     os.remove(ours_npz)
@@ -505,17 +584,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         peak = "" if r.peak_gib is None else f"  peak {r.peak_gib:6.2f} GiB"
         peak += "" if r.child_peak_gib is None else f" (child process {r.child_peak_gib:.2f} GiB)"
         print(f"{'  ' * r.depth}{r.name:<{56 - 2 * r.depth}} {r.seconds:8.1f} s{peak}  {r.note}")
-    print(f"\npeak host memory: this process {summary['ru_maxrss_gib']:.2f} GiB (resource.getrusage ru_maxrss; "
-          f"VmHWM {summary['own_peak_gib']:.2f} GiB: ru_maxrss also counts a larger parent's peak), "
-          f"largest child process {summary['child_peak_gib']:.2f} GiB (its VmHWM)")
-    print(f"exported folder: {parity['architecture']} in transformers; logits vs our updated model on "
-          f"{ids.shape[0]} rows x {ids.shape[1]} tokens: max abs diff {parity['max_abs_diff']:.3e} "
-          f"(largest |logit| {parity['logit_scale']:.2f}); official chat template kept: {parity['official_template']}; "
-          f"first prompt re-rendered by transformers equals the sampled prompt ids: {parity['prompt_ids_match']}")
-    print(f"the update moved the weights (export vs bfloat16 checkpoint) by at most {parity['max_abs_change']:.3e}, "
-          f"{100 * parity['changed_frac']:.2f}% of values changed; "
-          f"grad norm {m.get('update/grad_norm', float('nan')):.3e}, "
-          f"advantages nonzero on {100 * m.get('adv/act/nonzero_frac', 0):.0f}% of ACT rows")
+    print(
+        f"\npeak host memory: this process {summary['ru_maxrss_gib']:.2f} GiB (resource.getrusage ru_maxrss; "
+        f"VmHWM {summary['own_peak_gib']:.2f} GiB: ru_maxrss also counts a larger parent's peak), "
+        f"largest child process {summary['child_peak_gib']:.2f} GiB (its VmHWM)"
+    )
+    print(
+        f"exported folder: {parity['architecture']} in transformers; logits vs our updated model on "
+        f"{ids.shape[0]} rows x {ids.shape[1]} tokens: max abs diff {parity['max_abs_diff']:.3e} "
+        f"(largest |logit| {parity['logit_scale']:.2f}); official chat template kept: {parity['official_template']}; "
+        f"first prompt re-rendered by transformers equals the sampled prompt ids: {parity['prompt_ids_match']}"
+    )
+    print(
+        f"the update moved the weights (export vs bfloat16 checkpoint) by at most {parity['max_abs_change']:.3e}, "
+        f"{100 * parity['changed_frac']:.2f}% of values changed; "
+        f"grad norm {m.get('update/grad_norm', float('nan')):.3e}, "
+        f"advantages nonzero on {100 * m.get('adv/act/nonzero_frac', 0):.0f}% of ACT rows"
+    )
     print("\n" + table.markdown(), flush=True)
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)

@@ -156,24 +156,34 @@ class Arm:
     """One engine (lockstep or rolling) on one workload, built once so its programs compile once; every
     step starts from the same SFT parameters and a fresh optimizer state."""
 
-    def __init__(self, demo, cfg, rolling: bool, slots: int, split_prefill: bool = True, eager_refill: bool | None = None,
-                 batch_buckets: tuple[int, ...] | None = None, update_shortcuts: bool | None = None,
-                 gather_trained: bool = True):
+    def __init__(
+        self,
+        demo,
+        cfg,
+        rolling: bool,
+        slots: int,
+        split_prefill: bool = True,
+        eager_refill: bool | None = None,
+        batch_buckets: tuple[int, ...] | None = None,
+        update_shortcuts: bool | None = None,
+        gather_trained: bool = True,
+    ):
         from envace_jax.demo import stages
 
-        if update_shortcuts is not None:   # None: the demo's setting
+        if update_shortcuts is not None:  # None: the demo's setting
             cfg = cfg.replace(rl_update_shortcuts=update_shortcuts)
         self.demo, self.stages = demo, stages
         self.params = stages.snapshot(demo.model)
         self.trainer = stages.make_trainer(demo.model, cfg, cfg.rl_lr, 0)
         self.trainer.gather_trained = gather_trained
         self.opt0 = stages.host_copy(self.trainer.state_dict())
-        self.step, self.client = stages.make_rl_step(cfg.replace(rolling=rolling, rolling_slots=slots), cfg.rl_mode,
-                                                     demo.model, demo.codec, self.trainer)
+        self.step, self.client = stages.make_rl_step(
+            cfg.replace(rolling=rolling, rolling_slots=slots), cfg.rl_mode, demo.model, demo.codec, self.trainer
+        )
         self.client.sampler.split_prefill = split_prefill
         if batch_buckets:
             self.client.sampler.batch_buckets = batch_buckets
-        if rolling and eager_refill is not None:   # None: the demo's setting
+        if rolling and eager_refill is not None:  # None: the demo's setting
             self.client.eager_refill = eager_refill
         self.meter = Meter(self.client, self.step.engine, self.trainer)
         self._rollout = self.step.rollout
@@ -186,15 +196,16 @@ class Arm:
 
         st = self.stages
         st.restore(self.demo.model, self.params)
-        self.trainer.load_state_dict(jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x,
-                                                  self.opt0))
+        self.trainer.load_state_dict(
+            jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, self.opt0)
+        )
         self.client.reset()
         self.meter.reset()
         c0, n0 = self.client.sampler.num_compilations, len(self.client.calls)
         t0 = time.perf_counter()
         episodes = self._rollout(records, iteration)
         t_roll = time.perf_counter() - t0
-        self.step.rollout = lambda *_: episodes   # the rest of RLStep.__call__ on these episodes
+        self.step.rollout = lambda *_: episodes  # the rest of RLStep.__call__ on these episodes
         try:
             self.step(records, iteration)
         finally:
@@ -203,8 +214,18 @@ class Arm:
         ph = dict(self.meter.t)
         ph["host"] = total - sum(v for k, v in ph.items() if k != "host")
         lens = [len(g.gen_ids) for e in episodes for g in e.generations]
-        return (ph, t_roll, total, len(episodes), self.meter.utilisation(), lens, [e.steps for e in episodes],
-                self.meter.prefill_efficiency(), self.client.sampler.num_compilations - c0, len(self.client.calls) - n0)
+        return (
+            ph,
+            t_roll,
+            total,
+            len(episodes),
+            self.meter.utilisation(),
+            lens,
+            [e.steps for e in episodes],
+            self.meter.prefill_efficiency(),
+            self.client.sampler.num_compilations - c0,
+            len(self.client.calls) - n0,
+        )
 
 
 def main():
@@ -213,16 +234,25 @@ def main():
     ap.add_argument("--workload", default="both", choices=["demo", "long_tail", "both"])
     ap.add_argument("--slots", type=int, default=32, help="rows of the rolling batch")
     ap.add_argument("--cache_dir", default="runs/bench_rl")
-    ap.add_argument("--compare", default="engines", choices=["engines", "prefill", "refill", "update", "gather"],
-                    help="engines: lockstep vs rolling batch; prefill: rolling batch, one-call vs split prefill; "
-                         "refill: rolling batch, refill only for waiting requests vs eager refill; "
-                         "update: rolling batch, the update's exact shortcuts off vs on; "
-                         "gather: rolling batch, vocabulary head at every position vs trained positions only")
-    ap.add_argument("--batch_buckets", default="",
-                    help="comma-separated batch sizes the sampler rounds a call up to (default: the demo's)")
-    ap.add_argument("--retain-freed-memory", action="store_true",
-                    help="rerun this process with glibc keeping freed memory, as `make demo` runs "
-                         "(envace_jax/host_memory.py)")
+    ap.add_argument(
+        "--compare",
+        default="engines",
+        choices=["engines", "prefill", "refill", "update", "gather"],
+        help="engines: lockstep vs rolling batch; prefill: rolling batch, one-call vs split prefill; "
+        "refill: rolling batch, refill only for waiting requests vs eager refill; "
+        "update: rolling batch, the update's exact shortcuts off vs on; "
+        "gather: rolling batch, vocabulary head at every position vs trained positions only",
+    )
+    ap.add_argument(
+        "--batch_buckets",
+        default="",
+        help="comma-separated batch sizes the sampler rounds a call up to (default: the demo's)",
+    )
+    ap.add_argument(
+        "--retain-freed-memory",
+        action="store_true",
+        help="rerun this process with glibc keeping freed memory, as `make demo` runs (envace_jax/host_memory.py)",
+    )
     args = ap.parse_args()
     from envace_jax import host_memory
 
@@ -233,7 +263,9 @@ def main():
 
     import jax
 
-    jax.config.update("jax_compilation_cache_dir", os.environ.get("ENVACE_JAX_CACHE", os.path.abspath("runs/.jax_cache")))
+    jax.config.update(
+        "jax_compilation_cache_dir", os.environ.get("ENVACE_JAX_CACHE", os.path.abspath("runs/.jax_cache"))
+    )
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     import tensorflow_datasets as tfds
 
@@ -242,18 +274,21 @@ def main():
 
     base = default()
     demo = build(base, args.cache_dir)
-    workloads = {"demo": base,
-                 "long_tail": base.replace(temperature=1.0, act_max_new_tokens=160, rehearse_max_new_tokens=160,
-                                           max_steps=16)}
+    workloads = {
+        "demo": base,
+        "long_tail": base.replace(temperature=1.0, act_max_new_tokens=160, rehearse_max_new_tokens=160, max_steps=16),
+    }
     if args.workload != "both":
         workloads = {args.workload: workloads[args.workload]}
     tasks = demo.rl_tasks
     for name, cfg in workloads.items():
-        print(f"\n== workload {name}: {cfg.prompts_per_step} prompts x {cfg.n_rollouts} rollouts, T={cfg.temperature}, "
-              f"max_new_tokens {cfg.act_max_new_tokens}, max_steps {cfg.max_steps}, rolling slots {args.slots}",
-              flush=True)
+        print(
+            f"\n== workload {name}: {cfg.prompts_per_step} prompts x {cfg.n_rollouts} rollouts, T={cfg.temperature}, "
+            f"max_new_tokens {cfg.act_max_new_tokens}, max_steps {cfg.max_steps}, rolling slots {args.slots}",
+            flush=True,
+        )
         rows = {False: [], True: []}
-        if args.compare == "prefill":   # False: one-call prefill, True: split prefill (both rolling)
+        if args.compare == "prefill":  # False: one-call prefill, True: split prefill (both rolling)
             arms = {r: Arm(demo, cfg, True, args.slots, split_prefill=r, batch_buckets=bb) for r in (False, True)}
             names = {False: "one-call prefill", True: "split prefill"}
         elif args.compare == "refill":
@@ -272,15 +307,18 @@ def main():
             records = [tasks[(it * cfg.prompts_per_step + i) % len(tasks)] for i in range(cfg.prompts_per_step)]
             # The arm that meets a step's new shapes first compiles them (the other may load them from the
             # persistent cache), so the order alternates step by step.
-            for rolling in ((False, True) if it % 2 == 0 else (True, False)):
+            for rolling in (False, True) if it % 2 == 0 else (True, False):
                 ph, t_roll, total, n, util, lens, steps, pre, compiles, calls = arms[rolling].run(records, it)
                 tag = names[rolling]
-                print(f"{'(compile) ' if it == 0 else ''}step {it} {tag}: total {total:6.1f}s, rollout {t_roll:6.1f}s "
-                      f"({n / t_roll:5.2f} episodes/s), slot utilisation {100 * util:4.1f}%, prefill slot "
-                      f"efficiency {100 * pre:4.1f}%, {calls} sampler calls, {compiles} programs traced | "
-                      + " ".join(f"{k} {v:5.1f}" for k, v in ph.items())
-                      + f" | gen len p50 {np.median(lens):.0f} p90 {np.percentile(lens, 90):.0f} max {max(lens)}, "
-                      f"micro-steps p50 {np.median(steps):.0f} max {max(steps)}", flush=True)
+                print(
+                    f"{'(compile) ' if it == 0 else ''}step {it} {tag}: total {total:6.1f}s, rollout {t_roll:6.1f}s "
+                    f"({n / t_roll:5.2f} episodes/s), slot utilisation {100 * util:4.1f}%, prefill slot "
+                    f"efficiency {100 * pre:4.1f}%, {calls} sampler calls, {compiles} programs traced | "
+                    + " ".join(f"{k} {v:5.1f}" for k, v in ph.items())
+                    + f" | gen len p50 {np.median(lens):.0f} p90 {np.percentile(lens, 90):.0f} max {max(lens)}, "
+                    f"micro-steps p50 {np.median(steps):.0f} max {max(steps)}",
+                    flush=True,
+                )
                 if it > 0:
                     rows[rolling].append((n / t_roll, util, total, ph, pre))
         if not rows[False]:
@@ -290,14 +328,19 @@ def main():
         pre = {r: float(np.median([x[4] for x in v])) for r, v in rows.items()}
         gain = float(np.median([b[0] / a[0] for a, b in zip(rows[False], rows[True])]))
         step_gain = float(np.median([a[2] / b[2] for a, b in zip(rows[False], rows[True])]))
-        print(f"{name}: episodes/s {names[False]} {eps[False]:.2f}, {names[True]} {eps[True]:.2f} (median per-step "
-              f"ratio {gain:.2f}x; whole step {step_gain:.2f}x); slot utilisation {100 * util[False]:.1f}% / "
-              f"{100 * util[True]:.1f}%; prefill slot efficiency {100 * pre[False]:.1f}% / {100 * pre[True]:.1f}%")
+        print(
+            f"{name}: episodes/s {names[False]} {eps[False]:.2f}, {names[True]} {eps[True]:.2f} (median per-step "
+            f"ratio {gain:.2f}x; whole step {step_gain:.2f}x); slot utilisation {100 * util[False]:.1f}% / "
+            f"{100 * util[True]:.1f}%; prefill slot efficiency {100 * pre[False]:.1f}% / {100 * pre[True]:.1f}%"
+        )
         for r, v in rows.items():
             mean = {k: float(np.median([x[3][k] for x in v])) for k in PHASES}
             tot = float(np.median([x[2] for x in v]))
-            print(f"  {names[r]} phase medians (s): " + ", ".join(f"{k} {x:.1f}" for k, x in mean.items())
-                  + f"; step {tot:.1f}")
+            print(
+                f"  {names[r]} phase medians (s): "
+                + ", ".join(f"{k} {x:.1f}" for k, x in mean.items())
+                + f"; step {tot:.1f}"
+            )
 
 
 if __name__ == "__main__":

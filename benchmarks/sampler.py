@@ -58,8 +58,9 @@ def time_hf(hf, prompts, sample: bool) -> float:
     kw = dict(do_sample=True, temperature=1.0, top_p=0.95, top_k=0) if sample else dict(do_sample=False)
     t = time.perf_counter()
     with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW,
-                          pad_token_id=0, **kw)
+        out = hf.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW, pad_token_id=0, **kw
+        )
     dt = time.perf_counter() - t
     assert out.shape[1] == PROMPT + NEW
     return dt
@@ -75,7 +76,8 @@ def decode_step_vs_floor(model, batch: int, reps: int, rng, compare: dict | None
     samplers = {"ours": Sampler(model, cache_size=window, window_buckets=(window,))}
     if compare is not None:
         samplers["with " + ",".join(f"{k}={v}" for k, v in compare.items())] = Sampler(
-            model, cache_size=window, window_buckets=(window,), compiler_options=compare)
+            model, cache_size=window, window_buckets=(window,), compiler_options=compare
+        )
     prompts = [rng.randint(3, 32000, PROMPT).tolist() for _ in range(batch)]
 
     def call(sampler, n: int) -> tuple[float, float]:
@@ -103,16 +105,20 @@ def decode_step_vs_floor(model, batch: int, reps: int, rng, compare: dict | None
     for (label, name), r in rows.items():
         step, mm, read = (float(np.median([x[j] for x in r])) for j in range(3))
         ratio = float(np.median([s / (m + d) for s, m, d in r]))
-        print(f"batch {batch:2d} decode step ({name:4s}, {label}) {1e3 * step:6.1f} ms; "
-              f"floor {1e3 * (mm + read):6.1f} ms "
-              f"(weight matmuls {1e3 * mm:.1f} + one read of the {window}-slot k/v cache {1e3 * read:.1f}); "
-              f"step / floor {ratio:.2f}x (median of {len(r)} alternations; goal <= 1.3x)")
+        print(
+            f"batch {batch:2d} decode step ({name:4s}, {label}) {1e3 * step:6.1f} ms; "
+            f"floor {1e3 * (mm + read):6.1f} ms "
+            f"(weight matmuls {1e3 * mm:.1f} + one read of the {window}-slot k/v cache {1e3 * read:.1f}); "
+            f"step / floor {ratio:.2f}x (median of {len(r)} alternations; goal <= 1.3x)"
+        )
     if compare is not None:
         (base, other) = samplers
         for name in ("wall", "cpu"):
             paired = [x[0] / y[0] for x, y in zip(rows[(base, name)], rows[(other, name)])]
-            print(f"decode step ({name}), default options / {other}: {float(np.median(paired)):.2f}x "
-                  f"(median of {len(paired)} paired alternations)")
+            print(
+                f"decode step ({name}), default options / {other}: {float(np.median(paired)):.2f}x "
+                f"(median of {len(paired)} paired alternations)"
+            )
 
 
 def parse_options(text: str) -> dict:
@@ -147,8 +153,11 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one repetition, batch 8 and 32 greedy, 4 turns")
     ap.add_argument("--floor-batch", type=int, default=32, help="batch of the step-versus-floor line")
     ap.add_argument("--only-floor", action="store_true", help="print only the step-versus-floor line")
-    ap.add_argument("--compare-options", default=None,
-                    help="XLA options (k=v,...) of a second sampler timed against the default in the floor line")
+    ap.add_argument(
+        "--compare-options",
+        default=None,
+        help="XLA options (k=v,...) of a second sampler timed against the default in the floor line",
+    )
     ap.add_argument("--batches", default="8,32", help="comma-separated batch sizes of the tok/s lines")
     ap.add_argument("--greedy-only", action="store_true", help="skip the top-p lines")
     ap.add_argument("--no-episode", action="store_true", help="skip the multi-turn episode line")
@@ -169,8 +178,11 @@ def main():
     for batch in batches:
         prompts = [rng.randint(3, 32000, PROMPT).tolist() for _ in range(batch)]
         for name, sample in modes:
-            params = (SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=NEW, seed=1) if sample
-                      else SamplingParams(temperature=0.0, max_new_tokens=NEW))
+            params = (
+                SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=NEW, seed=1)
+                if sample
+                else SamplingParams(temperature=0.0, max_new_tokens=NEW)
+            )
             time_ours(sampler, prompts, params)  # compile
             ours, theirs = [], []
             for _ in range(reps):
@@ -181,20 +193,26 @@ def main():
             frac = batch * NEW * flops_per_token(PROMPT + NEW / 2) / o / 1e9 / peak
             results[(batch, name)] = tps_o
             paired = float(np.median([b / a for a, b in zip(ours, theirs)]))
-            print(f"batch {batch:2d} {name:6s}: ours {tps_o:8.1f} tok/s  HF {tps_h:8.1f} tok/s  "
-                  f"ratio {tps_o / tps_h:5.2f}x best-of-{reps}, {paired:.2f}x median of alternations  "
-                  f"({100 * frac:4.1f}% of matmul peak)")
+            print(
+                f"batch {batch:2d} {name:6s}: ours {tps_o:8.1f} tok/s  HF {tps_h:8.1f} tok/s  "
+                f"ratio {tps_o / tps_h:5.2f}x best-of-{reps}, {paired:.2f}x median of alternations  "
+                f"({100 * frac:4.1f}% of matmul peak)"
+            )
             if not sample:
                 floor = decode_matmul_floor_s(batch)
-                print(f"batch {batch:2d} ceiling: the weight matmuls of one decode step alone take "
-                      f"{1e3 * floor:.1f} ms; HF spends {1e3 * h / NEW:.1f} ms per step (prefill included), "
-                      f"so no decoder can run faster than {h / NEW / floor:.2f}x HF here")
+                print(
+                    f"batch {batch:2d} ceiling: the weight matmuls of one decode step alone take "
+                    f"{1e3 * floor:.1f} ms; HF spends {1e3 * h / NEW:.1f} ms per step (prefill included), "
+                    f"so no decoder can run faster than {h / NEW / floor:.2f}x HF here"
+                )
                 if batch == args.floor_batch:
                     decode_step_vs_floor(model, batch, reps, rng, compare)
     for batch in batches:
         if (batch, "top_p") in results:
-            print(f"batch {batch:2d} top-p / greedy throughput: "
-                  f"{results[(batch, 'top_p')] / results[(batch, 'greedy')]:.2f}")
+            print(
+                f"batch {batch:2d} top-p / greedy throughput: "
+                f"{results[(batch, 'top_p')] / results[(batch, 'greedy')]:.2f}"
+            )
 
     if args.no_episode:
         return
@@ -206,8 +224,10 @@ def main():
     episode(ep, prompts, turns, 64, 48, False, 1)
     cont = min(episode(ep, prompts, turns, 64, 48, True, 2 + r) for r in range(reps))
     full = min(episode(ep, prompts, turns, 64, 48, False, 2 + r) for r in range(reps))
-    print(f"{turns}-turn episode, batch {eb}: continuation {cont:.2f}s  re-prefill {full:.2f}s  "
-          f"speed-up {full / cont:.2f}x")
+    print(
+        f"{turns}-turn episode, batch {eb}: continuation {cont:.2f}s  re-prefill {full:.2f}s  "
+        f"speed-up {full / cont:.2f}x"
+    )
 
 
 if __name__ == "__main__":

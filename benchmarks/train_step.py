@@ -55,8 +55,9 @@ from envace_jax.rl.trainer import OptimConfig, Trainer
 from envace_jax.rl.types import ACT, Generation
 
 # transformers Qwen3Config fields of the demo's model (envace_jax/demo/config.py, demo/stages.build_model).
-DEMO_CONFIG = dict(vocab_size=2048, **DEMO.hf_fields(), tie_word_embeddings=True, max_position_embeddings=4096,
-                   rope_theta=1e4)
+DEMO_CONFIG = dict(
+    vocab_size=2048, **DEMO.hf_fields(), tie_word_embeddings=True, max_position_embeddings=4096, rope_theta=1e4
+)
 
 
 def make_rows(preset: str, vocab: int, batch: int, length: int):
@@ -69,7 +70,7 @@ def make_rows(preset: str, vocab: int, batch: int, length: int):
             n = int(rng.randint(100, 251))
             n_gen = int(rng.randint(int(0.25 * n), int(0.55 * n)))
             ids = rng.randint(3, vocab, n)
-            prompt, gen = ids[:n - n_gen], ids[n - n_gen:]
+            prompt, gen = ids[: n - n_gen], ids[n - n_gen :]
         else:
             ids = rng.randint(0, vocab, length)
             prompt, gen = ids[:1], ids[1:]
@@ -93,11 +94,15 @@ def torch_step_fn(tm, tb, micro: int, bf16: bool, gathered: bool = False):
     parts = []
     for s in range(0, tb.size, micro):
         sl = slice(s, s + micro)
-        parts.append(dict(ids=torch.tensor(tb.tokens[sl], dtype=torch.long),
-                          pos=torch.tensor(tb.positions[sl], dtype=torch.long),
-                          mask=(seg[sl] != 0).long(),
-                          tgt=torch.tensor(tb.targets[sl], dtype=torch.long),
-                          w=torch.tensor(tb.loss_weights[sl])))
+        parts.append(
+            dict(
+                ids=torch.tensor(tb.tokens[sl], dtype=torch.long),
+                pos=torch.tensor(tb.positions[sl], dtype=torch.long),
+                mask=(seg[sl] != 0).long(),
+                tgt=torch.tensor(tb.targets[sl], dtype=torch.long),
+                w=torch.tensor(tb.loss_weights[sl]),
+            )
+        )
     total = float(tb.loss_weights.sum())
 
     def step():
@@ -135,12 +140,18 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=512, help="row length of the default preset")
     ap.add_argument("--micro", type=int, default=None, help="micro-batch rows (default: all; demo 16)")
     ap.add_argument("--bf16", action="store_true", help="also time bfloat16 compute on both sides")
-    ap.add_argument("--compare-gather", action="store_true",
-                    help="also time our step with the vocabulary head at every position (Trainer(gather_trained="
-                         "False)) and a PyTorch step with the head at the trained positions only")
-    ap.add_argument("--retain-freed-memory", action="store_true",
-                    help="rerun this process with glibc keeping freed memory (envace_jax/host_memory.py); both "
-                         "frameworks share the process, so both run under it")
+    ap.add_argument(
+        "--compare-gather",
+        action="store_true",
+        help="also time our step with the vocabulary head at every position (Trainer(gather_trained="
+        "False)) and a PyTorch step with the head at the trained positions only",
+    )
+    ap.add_argument(
+        "--retain-freed-memory",
+        action="store_true",
+        help="rerun this process with glibc keeping freed memory (envace_jax/host_memory.py); both "
+        "frameworks share the process, so both run under it",
+    )
     args = ap.parse_args()
     if args.retain_freed_memory:
         host_memory.retain_freed_memory()
@@ -169,10 +180,15 @@ def main() -> None:
         tm_bf = build_models(args.threads, train=True, config=config)[0]
         runs["torch bf16"] = torch_step_fn(tm_bf, tb, micro, True)
     if args.compare_gather:
-        runs["jax all positions"] = Trainer(build_models(args.threads, train=True, config=config)[1], optim,
-                                            micro_batch_size=micro, gather_trained=False)
-        runs["torch gathered"] = torch_step_fn(build_models(args.threads, train=True, config=config)[0], tb, micro,
-                                               False, gathered=True)
+        runs["jax all positions"] = Trainer(
+            build_models(args.threads, train=True, config=config)[1],
+            optim,
+            micro_batch_size=micro,
+            gather_trained=False,
+        )
+        runs["torch gathered"] = torch_step_fn(
+            build_models(args.threads, train=True, config=config)[0], tb, micro, False, gathered=True
+        )
     steps = {k: (lambda t=v: t.update(tb, kind="sft")) if isinstance(v, Trainer) else v for k, v in runs.items()}
 
     first = {k: timed(f)[0] for k, f in steps.items()}  # compile (ours), AdamW state allocation (torch)
@@ -180,34 +196,44 @@ def main() -> None:
     cpu = {k: [] for k in steps}
     names = list(steps)
     for r in range(args.reps):
-        for k in (names if r % 2 == 0 else names[::-1]):
+        for k in names if r % 2 == 0 else names[::-1]:
             w, c = timed(steps[k])
             wall[k].append(w)
             cpu[k].append(c)
     peak = matmul_peak_gflops()
     flops = 3 * forward_flops(config, B, T)
     med = {k: statistics.median(v) for k, v in wall.items()}
-    print(f"jax {jax.__version__} torch {torch.__version__}  preset {args.preset}: {B} rows x {T} tokens "
-          f"({int(tb.loss_weights.sum())} trained), micro-batch {micro}, {args.threads} threads")
+    print(
+        f"jax {jax.__version__} torch {torch.__version__}  preset {args.preset}: {B} rows x {T} tokens "
+        f"({int(tb.loss_weights.sum())} trained), micro-batch {micro}, {args.threads} threads"
+    )
     print(host_memory.describe())
     print("first step (compile / optimizer state): " + ", ".join(f"{k} {v:.1f} s" for k, v in first.items()))
     for k in names:
-        print(f"{k:10s} step s: {[round(x, 3) for x in wall[k]]} median {med[k]:.3f}  cpu-s median "
-              f"{statistics.median(cpu[k]):.2f}  -> {flops / med[k] / 1e9:.1f} GFLOP/s "
-              f"({flops / med[k] / 1e9 / peak:.0%} of peak)")
+        print(
+            f"{k:10s} step s: {[round(x, 3) for x in wall[k]]} median {med[k]:.3f}  cpu-s median "
+            f"{statistics.median(cpu[k]):.2f}  -> {flops / med[k] / 1e9:.1f} GFLOP/s "
+            f"({flops / med[k] / 1e9 / peak:.0%} of peak)"
+        )
     print(f"matmul peak (jnp float32 2048^2): {peak:.1f} GFLOP/s")
     paired = statistics.median(t / j for t, j in zip(wall["torch"], wall["jax"]))
     paired_cpu = statistics.median(t / j for t, j in zip(cpu["torch"], cpu["jax"]))
-    print(f"speed ratio torch/jax time: {med['torch'] / med['jax']:.2f}x of medians, {paired:.2f}x median of the "
-          f"{args.reps} alternations (cpu-s {paired_cpu:.2f}x)  (>1 means ours is faster)")
+    print(
+        f"speed ratio torch/jax time: {med['torch'] / med['jax']:.2f}x of medians, {paired:.2f}x median of the "
+        f"{args.reps} alternations (cpu-s {paired_cpu:.2f}x)  (>1 means ours is faster)"
+    )
     if args.compare_gather:
-        print("vocabulary head at the trained positions: "
-              f"jax all positions / jax {med['jax all positions'] / med['jax']:.2f}x; "
-              f"torch gathered / jax {med['torch gathered'] / med['jax']:.2f}x; "
-              f"torch / torch gathered {med['torch'] / med['torch gathered']:.2f}x")
+        print(
+            "vocabulary head at the trained positions: "
+            f"jax all positions / jax {med['jax all positions'] / med['jax']:.2f}x; "
+            f"torch gathered / jax {med['torch gathered'] / med['jax']:.2f}x; "
+            f"torch / torch gathered {med['torch'] / med['torch gathered']:.2f}x"
+        )
     if args.bf16:
-        print(f"bfloat16: torch bf16 / jax bf16 {med['torch bf16'] / med['jax bf16']:.2f}x; "
-              f"jax float32 / jax bf16 {med['jax'] / med['jax bf16']:.2f}x")
+        print(
+            f"bfloat16: torch bf16 / jax bf16 {med['torch bf16'] / med['jax bf16']:.2f}x; "
+            f"jax float32 / jax bf16 {med['jax'] / med['jax bf16']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

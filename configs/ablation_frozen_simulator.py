@@ -14,5 +14,5 @@ def get_config():
     c.name = "ablation_frozen_simulator"
     c.run_dir = "runs/ablation_frozen_simulator"
     c.rollout.mode = "simulator"
-    c.model.simulator_hf_path = ""          # set to the same Qwen3-8B directory as model.hf_path
+    c.model.simulator_hf_path = ""  # set to the same Qwen3-8B directory as model.hf_path
     return c

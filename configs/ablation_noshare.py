@@ -14,5 +14,5 @@ def get_config():
     c.name = "ablation_noshare"
     c.run_dir = "runs/ablation_noshare"
     c.rollout.mode = "noshare"
-    c.model.simulator_hf_path = ""          # set to the same Qwen3-8B directory as model.hf_path
+    c.model.simulator_hf_path = ""  # set to the same Qwen3-8B directory as model.hf_path
     return c

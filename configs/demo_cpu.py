@@ -19,7 +19,7 @@ def get_config():
     c.seed = 0
     c.total_steps = 20
 
-    c.model.hf_path = ""                    # random init
+    c.model.hf_path = ""  # random init
     c.model.preset = "tiny"
     c.model.vocab_size = 512
     c.model.hidden_size = 64
@@ -31,7 +31,7 @@ def get_config():
     c.model.param_dtype = "float32"
     c.model.dtype = "float32"
 
-    c.tokenizer.path = ""                   # build the offline demo tokenizer into run_dir
+    c.tokenizer.path = ""  # build the offline demo tokenizer into run_dir
     c.tokenizer.demo_vocab_size = 480
 
     c.data.source = "demo"
@@ -53,7 +53,7 @@ def get_config():
     c.rl.micro_batch_size = 4
     c.rl.max_row_length = 2048
 
-    c.optim.lr = 1e-3                       # constant schedule; its length follows total_steps
+    c.optim.lr = 1e-3  # constant schedule; its length follows total_steps
 
     c.mesh.fsdp = -1
     c.checkpoint.every = 5

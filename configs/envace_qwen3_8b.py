@@ -38,13 +38,13 @@ def get_config():
     c.name = "envace_qwen3_8b"
     c.run_dir = "runs/envace_qwen3_8b"
     c.seed = 0
-    c.total_steps = 470                     # one epoch of ~7.5k prompts (spec 1.2, earlier README)
+    c.total_steps = 470  # one epoch of ~7.5k prompts (spec 1.2, earlier README)
 
-    c.model.hf_path = ""                    # set on the command line: a local Qwen3-8B HF directory
+    c.model.hf_path = ""  # set on the command line: a local Qwen3-8B HF directory
     c.model.preset = "qwen3_8b"
-    c.model.param_dtype = "float32"         # fp32 master parameters ...
-    c.model.dtype = "bfloat16"              # ... bf16 compute
-    c.model.remat_policy = "full"           # reference: gradient checkpointing
+    c.model.param_dtype = "float32"  # fp32 master parameters ...
+    c.model.dtype = "bfloat16"  # ... bf16 compute
+    c.model.remat_policy = "full"  # reference: gradient checkpointing
 
     c.tokenizer.path = ""
     c.tokenizer.enable_thinking = True
@@ -52,7 +52,7 @@ def get_config():
 
     c.data.source = "jsonl"
     c.data.path = ""
-    c.data.prompts_per_step = 1             # per process: x 16 hosts of v5p-64 = train_batch_size 16
+    c.data.prompts_per_step = 1  # per process: x 16 hosts of v5p-64 = train_batch_size 16
     c.data.max_prompt_length = 4000
     c.data.num_epochs = 1
 
@@ -77,7 +77,7 @@ def get_config():
     c.judge.http.max_concurrency = 500
 
     c.rl.n_rollouts = 4
-    c.rl.baseline = "row_mean"              # group_by_agent_id: mean over rows of (uid, role)
+    c.rl.baseline = "row_mean"  # group_by_agent_id: mean over rows of (uid, role)
     c.rl.normalize_std = False
     c.rl.empty_output_penalty = 0.1
     c.rl.recompute_old_logprobs = True
@@ -85,12 +85,12 @@ def get_config():
     c.rl.mini_batches = 1
     c.rl.micro_batch_size = 1
     c.rl.max_row_length = 20000
-    c.rl.length_multiple = 64               # widest batch 20032 tokens: a multiple of the 64 chips
+    c.rl.length_multiple = 64  # widest batch 20032 tokens: a multiple of the 64 chips
     # Rows past max_row_length: "drop" (ours; the trainer never scores a context the sampler did not
     # see). The reference left-truncates prompts to 12000 tokens BEFORE sampling, so its rows stay
     # consistent; "truncate" cuts only at training time and is kept for comparison.
     c.rl.overlong_rows = "drop"
-    c.rl.adjust_batch_multiple = 0          # 128 reproduces the reference's random row duplication
+    c.rl.adjust_batch_multiple = 0  # 128 reproduces the reference's random row duplication
 
     c.optim.lr = 1e-6
     c.optim.schedule = "constant"
@@ -104,13 +104,13 @@ def get_config():
     c.loss.clip_high = 0.2
     c.loss.dual_clip = 3.0
     c.loss.agg = "seq_mean_token_mean"
-    c.loss.kl_coef = 0.0                    # use 1e-4 to turn the k3 KL loss on
+    c.loss.kl_coef = 0.0  # use 1e-4 to turn the k3 KL loss on
     c.loss.kl_type = "k3"
     c.loss.entropy_coef = 0.0
 
     c.mesh.data = 1
     c.mesh.fsdp = -1
     c.mesh.tensor = 1
-    c.checkpoint.every = 50                 # save_freq
+    c.checkpoint.every = 50  # save_freq
     c.checkpoint.keep = 3
     return c

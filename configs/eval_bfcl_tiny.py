@@ -16,11 +16,22 @@ def get_config():
     # with Qwen3's word-level pre-split even when trained on BFCL. A line-level BPE trained on the
     # schemas and questions (tokens up to 64 characters) brings them to ~300-800 tokens (mean ~540),
     # so prefill no longer dominates the run. The model is as small as Qwen3's shape allows.
-    c.model.tiny.update(dict(hidden=32, layers=1, heads=2, kv_heads=1, head_dim=8, vocab_size=8192,
-                             tokenizer_corpus="demo+bfcl", pre_split="lines", max_token_chars=64))
+    c.model.tiny.update(
+        dict(
+            hidden=32,
+            layers=1,
+            heads=2,
+            kv_heads=1,
+            head_dim=8,
+            vocab_size=8192,
+            tokenizer_corpus="demo+bfcl",
+            pre_split="lines",
+            max_token_chars=64,
+        )
+    )
     c.bfcl.categories = "multi_turn_base"
     c.bfcl.max_steps_per_turn = 2
-    c.bfcl.batch_size = 32           # live entries; a finished entry's slot goes to the next one
+    c.bfcl.batch_size = 32  # live entries; a finished entry's slot goes to the next one
     c.sampling.max_new_tokens = 16
     c.sampling.temperature = 1.0
     # Conversations stay under ~1.5k tokens (a prompt of <= ~900, then ~50 per turn); a longer

@@ -14,15 +14,17 @@ from envace_jax.eval.config import eval_config_dict
 
 def get_config():
     c = eval_config_dict("fidelity")
-    c.fidelity.update(dict(
-        rehearser="oracle",              # oracle | constant | model
-        bfcl_categories="multi_turn_base,multi_turn_miss_func,multi_turn_miss_param,multi_turn_long_context",
-        tau2_domains="airline,retail,telecom",
-        tau2_split="test",
-        demo_tasks=0,                    # demo reference conversations too (0: none)
-        demo_split="test",
-        limit=0,                         # entries / tasks per category and domain (0 = all)
-        with_reference=False,            # show the whole replay in the REHEARSE few-shot block (an upper bound)
-        batch_size=16,                   # REHEARSE prompts per generate call (model)
-    ))
+    c.fidelity.update(
+        dict(
+            rehearser="oracle",  # oracle | constant | model
+            bfcl_categories="multi_turn_base,multi_turn_miss_func,multi_turn_miss_param,multi_turn_long_context",
+            tau2_domains="airline,retail,telecom",
+            tau2_split="test",
+            demo_tasks=0,  # demo reference conversations too (0: none)
+            demo_split="test",
+            limit=0,  # entries / tasks per category and domain (0 = all)
+            with_reference=False,  # show the whole replay in the REHEARSE few-shot block (an upper bound)
+            batch_size=16,  # REHEARSE prompts per generate call (model)
+        )
+    )
     return c

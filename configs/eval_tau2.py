@@ -9,6 +9,15 @@ from envace_jax.eval.config import eval_config_dict
 
 def get_config():
     c = eval_config_dict("tau2")
-    c.tau2.update(dict(domains="airline,retail,telecom", split="test", limit=0, user="model", user_model_path="",
-                       max_steps=60, batch_size=8))
+    c.tau2.update(
+        dict(
+            domains="airline,retail,telecom",
+            split="test",
+            limit=0,
+            user="model",
+            user_model_path="",
+            max_steps=60,
+            batch_size=8,
+        )
+    )
     return c

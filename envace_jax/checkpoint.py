@@ -56,6 +56,7 @@ _ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"
 
 # --------------------------------------------------------------------------- manifest
 
+
 def _walk_files(root: epath.Path) -> Iterable[epath.Path]:
     # epath refuses recursive globs (they would be RPC storms on GCS), so walk by hand.
     for p in root.iterdir():
@@ -112,6 +113,7 @@ def check_manifest(step_dir: epath.PathLike) -> str | None:
 
 
 # --------------------------------------------------------------------------- typed PRNG keys
+
 
 def _is_key(x: Any) -> bool:
     return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
@@ -170,20 +172,29 @@ def _rebuild_leaf(target_leaf: Any, value: Any, impl: str | None) -> Any:
 
 # --------------------------------------------------------------------------- manager
 
+
 @dataclasses.dataclass
 class RestoreResult:
     step: int
     state: Any
     data_state: Any
-    skipped: list[tuple[int, str]]   # (bad step, reason), newest first
+    skipped: list[tuple[int, str]]  # (bad step, reason), newest first
 
 
 class Checkpointer:
     """Orbax CheckpointManager for (train state pytree, data iterator JSON) with good-step restore."""
 
-    def __init__(self, directory: epath.PathLike, *, max_to_keep: int | None = 3, save_interval_steps: int = 1,
-                 async_save: bool = True, hash_files: bool = False, quarantine_bad: bool = True,
-                 read_only: bool = False):
+    def __init__(
+        self,
+        directory: epath.PathLike,
+        *,
+        max_to_keep: int | None = 3,
+        save_interval_steps: int = 1,
+        async_save: bool = True,
+        hash_files: bool = False,
+        quarantine_bad: bool = True,
+        read_only: bool = False,
+    ):
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"checkpoint.max_to_keep must be >= 1 or None, got {max_to_keep}")
         if save_interval_steps < 1:
@@ -201,9 +212,13 @@ class Checkpointer:
         # Always Orbax's async checkpointer: only it has the post_finalization_callback that writes
         # the manifest before the step becomes visible. A synchronous save waits for it in save().
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, save_interval_steps=1, enable_async_checkpointing=True, create=True,
+            max_to_keep=max_to_keep,
+            save_interval_steps=1,
+            enable_async_checkpointing=True,
+            create=True,
             todelete_subdir=_PRUNED,
-            async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest_before_commit))
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest_before_commit),
+        )
         self._mgr = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
         self._writing: int | None = None  # the step whose write is in flight (one at a time)
 
@@ -234,8 +249,10 @@ class Checkpointer:
         final = self._step_dir(step)
         if not tmp and final.is_dir():
             return final  # storage where Orbax writes in place and commits with a success file (e.g. GCS)
-        raise RuntimeError(f"cannot find the directory of checkpoint step {step} being written in {self.directory} "
-                           f"(tmp candidates: {[p.name for p in tmp]})")
+        raise RuntimeError(
+            f"cannot find the directory of checkpoint step {step} being written in {self.directory} "
+            f"(tmp candidates: {[p.name for p in tmp]})"
+        )
 
     def _write_manifest_before_commit(self) -> None:
         # Orbax calls this on the primary process, in its background save thread, after every process
@@ -264,8 +281,11 @@ class Checkpointer:
         storable, impls = _split_keys(state)
         data = {"data_state": data_state, _KEY_IMPLS: impls}
         self._writing = int(step)
-        saved = self._mgr.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(storable),
-                                                                   data=ocp.args.JsonSave(data)), force=True)
+        saved = self._mgr.save(
+            int(step),
+            args=ocp.args.Composite(state=ocp.args.StandardSave(storable), data=ocp.args.JsonSave(data)),
+            force=True,
+        )
         if not self.async_save:
             self._mgr.wait_until_finished()
         return bool(saved)
@@ -311,7 +331,8 @@ class Checkpointer:
         abstract = jax.tree.map(_abstract_leaf, target)
         raw = self._mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
         state = jax.tree_util.tree_map_with_path(
-            lambda path, t, v: _rebuild_leaf(t, v, impls.get(jax.tree_util.keystr(path))), target, raw)
+            lambda path, t, v: _rebuild_leaf(t, v, impls.get(jax.tree_util.keystr(path))), target, raw
+        )
         return state, data.get("data_state")
 
     def restore_latest_good(self, target: Any) -> RestoreResult | None:
@@ -338,8 +359,13 @@ class Checkpointer:
                         self._quarantine([s for s, _ in skipped])
                     return RestoreResult(step, state, data_state, skipped)
             nxt = steps[i + 1] if i + 1 < len(steps) else None
-            log.warning("checkpoint step %d in %s is corrupt or partial: %s; %s", step, self.directory, reason,
-                        f"falling back to step {nxt}" if nxt is not None else "no earlier step to fall back to")
+            log.warning(
+                "checkpoint step %d in %s is corrupt or partial: %s; %s",
+                step,
+                self.directory,
+                reason,
+                f"falling back to step {nxt}" if nxt is not None else "no earlier step to fall back to",
+            )
             skipped.append((step, reason))
         unfinished = f"no {MANIFEST} (the save never completed)"
         if skipped and self.quarantine_bad and all(r == unfinished for _, r in skipped):
@@ -349,8 +375,10 @@ class Checkpointer:
             return None
         if skipped:
             listing = "; ".join(f"step {s}: {r}" for s, r in skipped)
-            raise RuntimeError(f"no usable checkpoint in {self.directory} ({listing}). If the restore target "
-                               f"changed shape or structure, fix it; otherwise move the bad steps aside.")
+            raise RuntimeError(
+                f"no usable checkpoint in {self.directory} ({listing}). If the restore target "
+                f"changed shape or structure, fix it; otherwise move the bad steps aside."
+            )
         return None
 
     def _quarantine(self, steps: list[int]) -> None:
@@ -370,6 +398,7 @@ class Checkpointer:
 
 
 # --------------------------------------------------------------------------- preemption
+
 
 class PreemptionGuard:
     """Turns SIGTERM (TPU/GPU preemption notice) into a flag the training loop polls.

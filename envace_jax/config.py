@@ -36,7 +36,7 @@ class ConfigError(ValueError):
         self.leaf, self.what, self.value = leaf, what, value
 
 
-Rule = tuple[str, Callable[[Any], bool], str]   # (field, predicate, what the value must be)
+Rule = tuple[str, Callable[[Any], bool], str]  # (field, predicate, what the value must be)
 
 _POS = lambda v: v > 0
 _NONNEG = lambda v: v >= 0
@@ -67,19 +67,19 @@ class Checked:
 
 # ----------------------------------------------------------------------------- choice lists
 
-MODES = ("rehearsal", "simulator", "real", "noshare", "caller_frozen")   # rollout.mode (rl/rollout.py)
-BASELINES = ("row_mean", "trajectory_mean", "rloo", "none")              # rl.baseline (rl/advantages.py)
+MODES = ("rehearsal", "simulator", "real", "noshare", "caller_frozen")  # rollout.mode (rl/rollout.py)
+BASELINES = ("row_mean", "trajectory_mean", "rloo", "none")  # rl.baseline (rl/advantages.py)
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")  # loss.agg (rl/loss.py)
-KL_TYPES = ("k1", "k2", "k3")                                            # loss.kl_type (rl/loss.py)
-TOOL_CALL_SYNTAXES = ("qwen3", "reference")                              # rollout.tool_call_syntax (chat/tool_parser)
+KL_TYPES = ("k1", "k2", "k3")  # loss.kl_type (rl/loss.py)
+TOOL_CALL_SYNTAXES = ("qwen3", "reference")  # rollout.tool_call_syntax (chat/tool_parser)
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 # model.preset: "tiny" (sizes from the model section) or a Qwen3Config preset of the same name
-MODEL_PRESETS = ("tiny", "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_4b_2507", "qwen3_8b", "qwen3_14b",
-                 "qwen3_32b")
+MODEL_PRESETS = ("tiny", "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_4b_2507", "qwen3_8b", "qwen3_14b", "qwen3_32b")
 
 
 # ----------------------------------------------------------------------------- sections
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection(Checked):
@@ -94,15 +94,21 @@ class ModelSection(Checked):
     LABEL: ClassVar[str] = "model"
     RULES: ClassVar[tuple[Rule, ...]] = (
         ("preset", *one_of(MODEL_PRESETS)),
-        ("vocab_size", _POS, "> 0"), ("hidden_size", _POS, "> 0"), ("intermediate_size", _POS, "> 0"),
-        ("num_layers", _POS, "> 0"), ("num_heads", _POS, "> 0"), ("num_kv_heads", _POS, "> 0"),
-        ("head_dim", _POS, "> 0"), ("param_dtype", *one_of(DTYPES)), ("dtype", *one_of(DTYPES)),
+        ("vocab_size", _POS, "> 0"),
+        ("hidden_size", _POS, "> 0"),
+        ("intermediate_size", _POS, "> 0"),
+        ("num_layers", _POS, "> 0"),
+        ("num_heads", _POS, "> 0"),
+        ("num_kv_heads", _POS, "> 0"),
+        ("head_dim", _POS, "> 0"),
+        ("param_dtype", *one_of(DTYPES)),
+        ("dtype", *one_of(DTYPES)),
         ("remat_policy", *one_of(REMAT_POLICIES)),
     )
 
-    hf_path: str = ""               # local Hugging Face directory; empty = random init
-    preset: str = "tiny"            # the architecture: tiny (the sizes below) or qwen3_0_6b ... qwen3_32b
-    vocab_size: int = 512           # tiny preset only (overridden by the tokenizer's size when larger)
+    hf_path: str = ""  # local Hugging Face directory; empty = random init
+    preset: str = "tiny"  # the architecture: tiny (the sizes below) or qwen3_0_6b ... qwen3_32b
+    vocab_size: int = 512  # tiny preset only (overridden by the tokenizer's size when larger)
     hidden_size: int = TINY.hidden_size  # tiny preset only, like the fields up to head_dim (model_sizes.TINY)
     intermediate_size: int = TINY.intermediate_size
     num_layers: int = TINY.num_layers
@@ -110,10 +116,10 @@ class ModelSection(Checked):
     num_kv_heads: int = TINY.num_kv_heads
     head_dim: int = TINY.head_dim
     param_dtype: str = "float32"
-    dtype: str = "float32"          # compute dtype (reference: bf16 compute, fp32 master params)
+    dtype: str = "float32"  # compute dtype (reference: bf16 compute, fp32 master params)
     remat_policy: str = "none"
     init_seed: int = 0
-    simulator_hf_path: str = ""     # simulator/noshare modes: the frozen or second REHEARSE model
+    simulator_hf_path: str = ""  # simulator/noshare modes: the frozen or second REHEARSE model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +127,8 @@ class TokenizerSection(Checked):
     LABEL: ClassVar[str] = "tokenizer"
     RULES: ClassVar[tuple[Rule, ...]] = (("demo_vocab_size", lambda v: v >= 300, ">= 300"),)
 
-    path: str = ""                  # local HF tokenizer directory; empty = build the offline demo tokenizer
-    enable_thinking: bool = True    # reference: thinking on for both roles
+    path: str = ""  # local HF tokenizer directory; empty = build the offline demo tokenizer
+    enable_thinking: bool = True  # reference: thinking on for both roles
     simulator_thinking: bool = True
     demo_vocab_size: int = 480
 
@@ -132,20 +138,22 @@ class DataSection(Checked):
     LABEL: ClassVar[str] = "data"
     RULES: ClassVar[tuple[Rule, ...]] = (
         ("source", *one_of(("demo", "jsonl", "parquet", "tfds"))),
-        ("num_demo_tasks", _POS, "> 0"), ("prompts_per_step", _POS, "> 0"), ("num_epochs", _NONNEG, ">= 0"),
+        ("num_demo_tasks", _POS, "> 0"),
+        ("prompts_per_step", _POS, "> 0"),
+        ("num_epochs", _NONNEG, ">= 0"),
         ("max_prompt_length", _POS, "> 0"),
     )
 
-    source: str = "demo"            # demo | jsonl | parquet | tfds
-    path: str = ""                  # file (jsonl/parquet) or tfds data_dir
+    source: str = "demo"  # demo | jsonl | parquet | tfds
+    path: str = ""  # file (jsonl/parquet) or tfds data_dir
     tfds_name: str = "envace_records"
     split: str = "train"
     num_demo_tasks: int = 64
-    prompts_per_step: int = 16      # reference train_batch_size
+    prompts_per_step: int = 16  # reference train_batch_size
     shuffle: bool = True
     seed: int = 0
-    num_epochs: int = 0             # 0 = repeat forever
-    max_prompt_length: int = 4000   # reference: filter prompts by this (keeps <= max - margin)
+    num_epochs: int = 0  # 0 = repeat forever
+    max_prompt_length: int = 4000  # reference: filter prompts by this (keeps <= max - margin)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +162,9 @@ class RoleSampling(Checked):
 
     LABEL: ClassVar[str] = "sampling"
     RULES: ClassVar[tuple[Rule, ...]] = (
-        ("temperature", _NONNEG, ">= 0"), ("top_p", _PROB, "in (0, 1]"), ("top_k", _NONNEG, ">= 0"),
+        ("temperature", _NONNEG, ">= 0"),
+        ("top_p", _PROB, "in (0, 1]"),
+        ("top_k", _NONNEG, ">= 0"),
         ("max_new_tokens", _POS, "> 0"),
     )
 
@@ -170,16 +180,20 @@ class RolloutConfig(Checked):
 
     LABEL: ClassVar[str] = "rollout"
     RULES: ClassVar[tuple[Rule, ...]] = (
-        ("mode", *one_of(MODES)), ("max_steps", _POS, "> 0"), ("max_assistant_turns", _POS, "> 0"),
-        ("max_user_turns", _POS, "> 0"), ("max_model_len", _POS, "> 0"),
-        ("rolling_slots", _POS, "> 0"), ("tool_call_syntax", *one_of(TOOL_CALL_SYNTAXES)),
+        ("mode", *one_of(MODES)),
+        ("max_steps", _POS, "> 0"),
+        ("max_assistant_turns", _POS, "> 0"),
+        ("max_user_turns", _POS, "> 0"),
+        ("max_model_len", _POS, "> 0"),
+        ("rolling_slots", _POS, "> 0"),
+        ("tool_call_syntax", *one_of(TOOL_CALL_SYNTAXES)),
     )
 
     mode: str = "rehearsal"
-    max_steps: int = 200                 # env.max_steps micro-steps
+    max_steps: int = 200  # env.max_steps micro-steps
     max_assistant_turns: int = 30
     max_user_turns: int = 30
-    max_model_len: int = 20000           # caller terminates when len(ctx) + act.max_new_tokens >= this
+    max_model_len: int = 20000  # caller terminates when len(ctx) + act.max_new_tokens >= this
     act: RoleSampling = RoleSampling()
     rehearse: RoleSampling = RoleSampling()
     ignore_think_tool_calls: bool = False  # faithful: the reference regex scans <think> too
@@ -188,13 +202,13 @@ class RolloutConfig(Checked):
     tool_call_syntax: str = "qwen3"
     # faithful: one pending call simulated per micro-step; False answers all calls of a turn in one step
     sequential_simulation: bool = True
-    progress_bar: bool = False           # a tqdm bar over micro-steps
+    progress_bar: bool = False  # a tqdm bar over micro-steps
     # Rolling batch: each episode moves on as soon as its own generations are back, and a finished
     # row's sampler slot goes to the next waiting request (needs clients with submit/step, e.g.
     # rl.rolling_client.RollingSamplerClient; other clients run in lockstep). Per-episode behaviour
     # (transitions, seeds, caps) is unchanged; only the order across episodes differs.
     rolling: bool = False
-    rolling_slots: int = 32              # rows the rolling batch decodes at once
+    rolling_slots: int = 32  # rows the rolling batch decodes at once
     # A call also returns early when nothing waits yet, once a quarter of its rows are done, so their
     # episodes' next requests join (RollingSamplerClient.eager_refill). Measured on the CPU demo only
     # (benchmarks/rl_step.py --compare refill), hence off here.
@@ -209,8 +223,12 @@ class HttpJudgeConfig(Checked):
     LABEL: ClassVar[str] = "judge.http"
     RULES: ClassVar[tuple[Rule, ...]] = (
         ("base_url", lambda v: v.startswith(("http://", "https://")), "an http:// or https:// URL"),
-        ("max_attempts", _POS, ">= 1"), ("max_concurrency", _POS, ">= 1"), ("max_tokens", _POS, ">= 1"),
-        ("timeout_s", _NONNEG, ">= 0"), ("backoff_base_s", _NONNEG, ">= 0"), ("backoff_max_s", _NONNEG, ">= 0"),
+        ("max_attempts", _POS, ">= 1"),
+        ("max_concurrency", _POS, ">= 1"),
+        ("max_tokens", _POS, ">= 1"),
+        ("timeout_s", _NONNEG, ">= 0"),
+        ("backoff_base_s", _NONNEG, ">= 0"),
+        ("backoff_max_s", _NONNEG, ">= 0"),
     )
 
     base_url: str = "http://127.0.0.1:8000"
@@ -218,13 +236,13 @@ class HttpJudgeConfig(Checked):
     temperature: float = 0.6
     top_p: float = 0.8
     max_tokens: int = 6000
-    max_attempts: int = 5              # total attempts per verdict, first one included
-    backoff_base_s: float = 1.0        # sleep after the a-th failure (a from 0): min(base*2^a, max)
+    max_attempts: int = 5  # total attempts per verdict, first one included
+    backoff_base_s: float = 1.0  # sleep after the a-th failure (a from 0): min(base*2^a, max)
     backoff_max_s: float = 30.0
-    timeout_s: float = 300.0           # per HTTP attempt, applied to connect and to each socket read
-    max_concurrency: int = 32          # HTTP requests in flight at once, across all callers
-    api_key_env: str | None = None     # name of an env var holding a bearer token
-    use_response_format: bool = True   # send the strict json_schema (servers without it: False)
+    timeout_s: float = 300.0  # per HTTP attempt, applied to connect and to each socket read
+    max_concurrency: int = 32  # HTTP requests in flight at once, across all callers
+    api_key_env: str | None = None  # name of an env var holding a bearer token
+    use_response_format: bool = True  # send the strict json_schema (servers without it: False)
 
     def validate(self) -> None:
         """The construction-time checks again (kept for callers that validate explicitly)."""
@@ -236,10 +254,11 @@ class JudgeSection(Checked):
     LABEL: ClassVar[str] = "judge"
     RULES: ClassVar[tuple[Rule, ...]] = (
         ("kind", *one_of(("rule", "http", "rule_then_http"))),
-        ("outage_share", lambda v: 0 <= v <= 1, "in [0, 1]"), ("outage_steps", _POS, "> 0"),
+        ("outage_share", lambda v: 0 <= v <= 1, "in [0, 1]"),
+        ("outage_steps", _POS, "> 0"),
     )
 
-    kind: str = "rule"              # rule | http | rule_then_http (rules first, HTTP for items without one)
+    kind: str = "rule"  # rule | http | rule_then_http (rules first, HTTP for items without one)
     http: HttpJudgeConfig = dataclasses.field(default_factory=HttpJudgeConfig)
     # The run stops (rl.judge_outage.JudgeOutageError) once more than ``outage_share`` of a step's episodes
     # ended without a verdict (termination ``judge_api_failure``) on ``outage_steps`` consecutive steps: an
@@ -255,13 +274,19 @@ class RLSection(Checked):
 
     LABEL: ClassVar[str] = "rl"
     RULES: ClassVar[tuple[Rule, ...]] = (
-        ("n_rollouts", _POS, "> 0"), ("baseline", *one_of(BASELINES)), ("empty_output_penalty", _NONNEG, ">= 0"),
-        ("ppo_epochs", _POS, "> 0"), ("mini_batches", _POS, "> 0"), ("micro_batch_size", _POS, "> 0"),
-        ("max_row_length", lambda v: v > 1, "> 1"), ("length_multiple", _POS, "> 0"),
-        ("adjust_batch_multiple", _NONNEG, ">= 0"), ("overlong_rows", *one_of(("drop", "truncate"))),
+        ("n_rollouts", _POS, "> 0"),
+        ("baseline", *one_of(BASELINES)),
+        ("empty_output_penalty", _NONNEG, ">= 0"),
+        ("ppo_epochs", _POS, "> 0"),
+        ("mini_batches", _POS, "> 0"),
+        ("micro_batch_size", _POS, "> 0"),
+        ("max_row_length", lambda v: v > 1, "> 1"),
+        ("length_multiple", _POS, "> 0"),
+        ("adjust_batch_multiple", _NONNEG, ">= 0"),
+        ("overlong_rows", *one_of(("drop", "truncate"))),
     )
 
-    n_rollouts: int = 4             # env.rollout.n
+    n_rollouts: int = 4  # env.rollout.n
     baseline: str = "row_mean"
     normalize_std: bool = False
     # the reference's use_invalid_action_penalty: subtracted from the score of every row whose decoded
@@ -270,8 +295,8 @@ class RLSection(Checked):
     recompute_old_logprobs: bool = True
     ppo_epochs: int = 1
     mini_batches: int = 1
-    micro_batch_size: int = 1       # rows per trainer micro-batch (gradients are accumulated exactly)
-    max_row_length: int = 20000     # prompt + response tokens of one row (prompts left-truncated)
+    micro_batch_size: int = 1  # rows per trainer micro-batch (gradients are accumulated exactly)
+    max_row_length: int = 20000  # prompt + response tokens of one row (prompts left-truncated)
     length_multiple: int = 64
     adjust_batch_multiple: int = 0  # faithful: duplicate random rows up to a multiple (reference 128); 0 = off
     # Rows longer than max_row_length: "drop" leaves them out of the update (default; the trainer never
@@ -296,17 +321,22 @@ class RLSection(Checked):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.old_logprobs_from_update and (self.ppo_epochs != 1 or self.mini_batches != 1
-                                              or not self.recompute_old_logprobs):
-            raise ValueError("rl.old_logprobs_from_update needs rl.ppo_epochs = rl.mini_batches = 1 and "
-                             f"rl.recompute_old_logprobs (got {self.ppo_epochs}, {self.mini_batches}, "
-                             f"{self.recompute_old_logprobs}): later steps' old log-probs are not the update's own")
+        if self.old_logprobs_from_update and (
+            self.ppo_epochs != 1 or self.mini_batches != 1 or not self.recompute_old_logprobs
+        ):
+            raise ValueError(
+                "rl.old_logprobs_from_update needs rl.ppo_epochs = rl.mini_batches = 1 and "
+                f"rl.recompute_old_logprobs (got {self.ppo_epochs}, {self.mini_batches}, "
+                f"{self.recompute_old_logprobs}): later steps' old log-probs are not the update's own"
+            )
         if self.skip_zero_advantage_rows and self.mini_batches != 1:
-            raise ValueError(f"rl.skip_zero_advantage_rows needs rl.mini_batches = 1, got {self.mini_batches}: "
-                             "each mini-batch's loss count would change with the rows left out")
+            raise ValueError(
+                f"rl.skip_zero_advantage_rows needs rl.mini_batches = 1, got {self.mini_batches}: "
+                "each mini-batch's loss count would change with the rows left out"
+            )
 
 
-SCHEDULES = ("constant", "cosine", "linear")   # learning-rate schedules after warmup (rl/optim.py)
+SCHEDULES = ("constant", "cosine", "linear")  # learning-rate schedules after warmup (rl/optim.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,16 +350,22 @@ class OptimConfig(Checked):
 
     LABEL: ClassVar[str] = "optim"
     RULES: ClassVar[tuple[Rule, ...]] = (
-        ("lr", _POS, "> 0"), ("schedule", *one_of(SCHEDULES)),
-        ("warmup_steps", _NONNEG, ">= 0"), ("total_steps", _NONNEG, ">= 0"),
-        ("b1", lambda v: 0 <= v < 1, "in [0, 1)"), ("b2", lambda v: 0 <= v < 1, "in [0, 1)"), ("eps", _POS, "> 0"),
-        ("weight_decay", _NONNEG, ">= 0"), ("grad_clip", _POS, "> 0"), ("max_consecutive_nonfinite", _POS, "> 0"),
+        ("lr", _POS, "> 0"),
+        ("schedule", *one_of(SCHEDULES)),
+        ("warmup_steps", _NONNEG, ">= 0"),
+        ("total_steps", _NONNEG, ">= 0"),
+        ("b1", lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("b2", lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("eps", _POS, "> 0"),
+        ("weight_decay", _NONNEG, ">= 0"),
+        ("grad_clip", _POS, "> 0"),
+        ("max_consecutive_nonfinite", _POS, "> 0"),
     )
 
     lr: float = 1e-6
-    schedule: str = "constant"      # constant | cosine | linear
+    schedule: str = "constant"  # constant | cosine | linear
     warmup_steps: int = 0
-    total_steps: int = 0            # 0: derived from the run (see the class doc)
+    total_steps: int = 0  # 0: derived from the run (see the class doc)
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
@@ -344,9 +380,13 @@ class LossConfig(Checked):
 
     LABEL: ClassVar[str] = "loss"
     RULES: ClassVar[tuple[Rule, ...]] = (
-        ("clip_low", lambda v: 0 <= v < 1, "in [0, 1)"), ("clip_high", _NONNEG, ">= 0"),
-        ("dual_clip", lambda v: v is None or v > 1, "> 1 or None"), ("log_ratio_clamp", _POS, "> 0"),
-        ("agg", *one_of(AGG_MODES)), ("kl_type", *one_of(KL_TYPES)), ("kl_coef", _NONNEG, ">= 0"),
+        ("clip_low", lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("clip_high", _NONNEG, ">= 0"),
+        ("dual_clip", lambda v: v is None or v > 1, "> 1 or None"),
+        ("log_ratio_clamp", _POS, "> 0"),
+        ("agg", *one_of(AGG_MODES)),
+        ("kl_type", *one_of(KL_TYPES)),
+        ("kl_coef", _NONNEG, ">= 0"),
         ("entropy_coef", _NONNEG, ">= 0"),
     )
 
@@ -373,7 +413,7 @@ class CheckpointSection(Checked):
     LABEL: ClassVar[str] = "checkpoint"
     RULES: ClassVar[tuple[Rule, ...]] = (("every", _POS, "> 0"), ("keep", _POS, "> 0"))
 
-    every: int = 50                 # reference save_freq
+    every: int = 50  # reference save_freq
     keep: int = 3
     async_save: bool = True
     hash_files: bool = False
@@ -399,9 +439,11 @@ def check_group_size(rl: RLSection) -> None:
     score. Checked for a whole run only (``ExperimentConfig``): an ``RLSection`` built in code may hold
     one rollout on purpose (tests of the update)."""
     if rl.n_rollouts < 2 and rl.baseline != "none":
-        raise ConfigError(f"config.rl.n_rollouts must be >= 2 with rl.baseline={rl.baseline!r}, got "
-                          f"{rl.n_rollouts}: a group of one rollout has no group-relative advantage (0 or the raw "
-                          f"score); raise rl.n_rollouts, or set rl.baseline='none' to train on raw scores")
+        raise ConfigError(
+            f"config.rl.n_rollouts must be >= 2 with rl.baseline={rl.baseline!r}, got "
+            f"{rl.n_rollouts}: a group of one rollout has no group-relative advantage (0 or the raw "
+            f"score); raise rl.n_rollouts, or set rl.baseline='none' to train on raw scores"
+        )
 
 
 # Settings that act only together with another field's value; given without it they would be ignored
@@ -415,16 +457,31 @@ def check_group_size(rl: RLSection) -> None:
 # loss.kl_coef=0; judge.http.* with judge.kind='rule'; rollout.rehearse.* and tokenizer.simulator_thinking
 # with rollout.mode='real' (no REHEARSE role).
 _TAKES_EFFECT: tuple[tuple[Callable[[Any], bool], Callable[[Any], bool], Callable[[Any], str]], ...] = (
-    (lambda c: bool(c.data.path), lambda c: c.data.source != "demo",
-     lambda c: f"config.data.path={c.data.path!r} is never read with config.data.source='demo' (the demo tasks are "
-               f"generated): set data.source to jsonl, parquet or tfds, or leave data.path empty"),
-    (lambda c: bool(c.model.simulator_hf_path), lambda c: c.rollout.mode in ("simulator", "noshare"),
-     lambda c: f"config.model.simulator_hf_path={c.model.simulator_hf_path!r} is read only by rollout.mode "
-               f"'simulator' or 'noshare', but config.rollout.mode={c.rollout.mode!r}: set the mode or leave "
-               f"model.simulator_hf_path empty"),
-    (lambda c: c.rollout.rolling_eager_refill, lambda c: c.rollout.rolling,
-     lambda c: "config.rollout.rolling_eager_refill=True acts only with config.rollout.rolling=True "
-               "(it changes when the rolling batch refills): turn rollout.rolling on, or the refill off"),
+    (
+        lambda c: bool(c.data.path),
+        lambda c: c.data.source != "demo",
+        lambda c: (
+            f"config.data.path={c.data.path!r} is never read with config.data.source='demo' (the demo tasks are "
+            f"generated): set data.source to jsonl, parquet or tfds, or leave data.path empty"
+        ),
+    ),
+    (
+        lambda c: bool(c.model.simulator_hf_path),
+        lambda c: c.rollout.mode in ("simulator", "noshare"),
+        lambda c: (
+            f"config.model.simulator_hf_path={c.model.simulator_hf_path!r} is read only by rollout.mode "
+            f"'simulator' or 'noshare', but config.rollout.mode={c.rollout.mode!r}: set the mode or leave "
+            f"model.simulator_hf_path empty"
+        ),
+    ),
+    (
+        lambda c: c.rollout.rolling_eager_refill,
+        lambda c: c.rollout.rolling,
+        lambda c: (
+            "config.rollout.rolling_eager_refill=True acts only with config.rollout.rolling=True "
+            "(it changes when the rolling batch refills): turn rollout.rolling on, or the refill off"
+        ),
+    ),
 )
 
 
@@ -445,7 +502,7 @@ class ExperimentConfig(Checked):
     name: str = "envace"
     run_dir: str = "runs/envace"
     seed: int = 0
-    total_steps: int = 200          # RL iterations
+    total_steps: int = 200  # RL iterations
     model: ModelSection = ModelSection()
     tokenizer: TokenizerSection = TokenizerSection()
     data: DataSection = DataSection()
@@ -465,9 +522,13 @@ class ExperimentConfig(Checked):
         for role in ("act", "rehearse"):
             t = getattr(self.rollout, role).temperature
             if not t > 0:
-                raise ConfigError(f"config.rollout.{role}.temperature must be > 0 for training (greedy "
-                                  f"sampling is for evaluation), got {t!r}",
-                                  leaf=f"rollout.{role}.temperature", what="> 0 for training", value=t)
+                raise ConfigError(
+                    f"config.rollout.{role}.temperature must be > 0 for training (greedy "
+                    f"sampling is for evaluation), got {t!r}",
+                    leaf=f"rollout.{role}.temperature",
+                    what="> 0 for training",
+                    value=t,
+                )
         check_group_size(self.rl)
         check_takes_effect(self)
 
@@ -481,6 +542,7 @@ class ExperimentConfig(Checked):
 
 
 # ----------------------------------------------------------------------------- conversion
+
 
 def _type_name(t: Any) -> str:
     return getattr(t, "__name__", str(t))
@@ -579,8 +641,9 @@ def _build(cls: type, value: Any, where: str, base: Any = None) -> Any:
     except ConfigError as e:  # the dataclass's own range rules: name the full dotted field
         if not e.leaf:
             raise
-        raise ConfigError(f"{where}.{e.leaf} must be {e.what}, got {e.value!r}", leaf=e.leaf, what=e.what,
-                          value=e.value) from e
+        raise ConfigError(
+            f"{where}.{e.leaf} must be {e.what}, got {e.value!r}", leaf=e.leaf, what=e.what, value=e.value
+        ) from e
     except (ValueError, TypeError) as e:  # other construction-time checks
         msg = str(e)
         raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from e
@@ -598,14 +661,18 @@ def check_runnable(cfg: ExperimentConfig) -> None:
     if cfg.data.source != "demo" and not cfg.data.path:
         raise ConfigError(f"config.data.path is required for data.source={cfg.data.source!r}")
     if cfg.model.preset != "tiny" and not cfg.model.hf_path:
-        raise ConfigError(f"config.model.hf_path is required for model.preset={cfg.model.preset!r} "
-                          f"(a training run starts from pretrained weights; random init is only for the tiny "
-                          f"preset)")
+        raise ConfigError(
+            f"config.model.hf_path is required for model.preset={cfg.model.preset!r} "
+            f"(a training run starts from pretrained weights; random init is only for the tiny "
+            f"preset)"
+        )
     if cfg.model.hf_path and not cfg.tokenizer.path:
         raise ConfigError("config.tokenizer.path is required with a pretrained model.hf_path")
     if cfg.rollout.mode in ("simulator", "noshare") and cfg.model.hf_path and not cfg.model.simulator_hf_path:
-        raise ConfigError(f"config.model.simulator_hf_path is required for rollout.mode={cfg.rollout.mode!r} "
-                          f"with a pretrained policy (model.hf_path)")
+        raise ConfigError(
+            f"config.model.simulator_hf_path is required for rollout.mode={cfg.rollout.mode!r} "
+            f"with a pretrained policy (model.hf_path)"
+        )
 
 
 def load_config(config: Any) -> ExperimentConfig:
@@ -618,8 +685,9 @@ def _config_value(value: Any, hint: Any) -> Any:
 
     if dataclasses.is_dataclass(value):
         hints = typing.get_type_hints(type(value))
-        return ml_collections.ConfigDict({f.name: _config_value(getattr(value, f.name), hints[f.name])
-                                          for f in dataclasses.fields(value)})
+        return ml_collections.ConfigDict(
+            {f.name: _config_value(getattr(value, f.name), hints[f.name]) for f in dataclasses.fields(value)}
+        )
     if isinstance(value, tuple):  # comma-separated, so ``--config.x=a,b`` overrides it
         return ",".join(str(v) for v in value)
     if value is None:  # a typed placeholder, so ``--config.x=v`` can still set an optional field

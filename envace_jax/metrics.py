@@ -12,8 +12,11 @@ import math
 import os
 from typing import Any, Mapping
 
-REWARD_KEYS = (("act/reward_mean", "ACT"), ("rehearse/reward_mean", "REHEARSE"),
-               ("episode/score_mean", "episode score"))
+REWARD_KEYS = (
+    ("act/reward_mean", "ACT"),
+    ("rehearse/reward_mean", "REHEARSE"),
+    ("episode/score_mean", "episode score"),
+)
 
 
 def _clean(metrics: Mapping[str, Any]) -> dict[str, float]:

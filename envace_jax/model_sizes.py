@@ -27,9 +27,14 @@ class ModelSize:
 
     def hf_fields(self) -> dict[str, int]:
         """As transformers' ``Qwen3Config`` keyword arguments (its names for layers and heads differ)."""
-        return {"hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
-                "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
-                "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim}
+        return {
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+        }
 
 
 # The default tiny model: ``Qwen3Config.tiny``, the training config's ``model.preset = "tiny"`` section,

@@ -86,15 +86,11 @@ class MeshConfig:
                 )
             sizes[sizes.index(-1)] = num_devices // known
         if math.prod(sizes) != num_devices:
-            raise ValueError(
-                f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, have {num_devices}"
-            )
+            raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, have {num_devices}")
         return tuple(sizes)  # type: ignore[return-value]
 
 
-def make_mesh(
-    data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[Any] | None = None
-) -> Mesh:
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
     """Builds a ``(data, fsdp, tensor)`` mesh over ``devices`` (default: all devices, all processes)."""
     devices = list(jax.devices() if devices is None else devices)
     shape = MeshConfig(data, fsdp, tensor).sizes(len(devices))

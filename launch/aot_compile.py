@@ -29,8 +29,12 @@ _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, e.g. v5p:4x4x4,
 _SLICES = flags.DEFINE_integer("num_slices", 1, "number of slices of that topology (multi-slice over DCN)")
 _OUTPUT = flags.DEFINE_string("output", None, "where to write aot.json (default: print only)")
 _PROGRAMS = flags.DEFINE_list("programs", None, "compile only these (train_step, logprobs, prefill, decode)")
-_ESTIMATE = flags.DEFINE_bool("estimate", False, "also print an estimate of one RL step from the rooflines "
-                              "(envace_jax.aot.estimate; the workload assumed is printed, --assume changes it)")
+_ESTIMATE = flags.DEFINE_bool(
+    "estimate",
+    False,
+    "also print an estimate of one RL step from the rooflines "
+    "(envace_jax.aot.estimate; the workload assumed is printed, --assume changes it)",
+)
 _ASSUME = flags.DEFINE_list("assume", [], "StepAssumptions fields for --estimate, e.g. generations=12,row_tokens=6000")
 
 
@@ -43,7 +47,7 @@ def main(argv):
         raise app.UsageError("--config=configs/<name>.py is required")
     if not _TOPOLOGY.value:
         raise app.UsageError("--topology=<generation>:<shape> is required, e.g. --topology=v5p:4x4x4")
-    cfg = load_config(_CONFIG.value)   # a ConfigError exits 2 with one line (entrypoint.guard)
+    cfg = load_config(_CONFIG.value)  # a ConfigError exits 2 with one line (entrypoint.guard)
     try:
         rep = compile_report(cfg, _TOPOLOGY.value, _SLICES.value, _PROGRAMS.value)
     except (ValueError, RuntimeError) as e:
@@ -61,8 +65,9 @@ def main(argv):
             for item in _ASSUME.value:
                 k, sep, v = item.partition("=")
                 if not sep or k not in fields or not v.strip().isdigit():
-                    raise ValueError(f"--assume: {item!r} is not field=<integer >= 0> with a field "
-                                     f"from {sorted(fields)}")
+                    raise ValueError(
+                        f"--assume: {item!r} is not field=<integer >= 0> with a field from {sorted(fields)}"
+                    )
                 kv[k] = int(v)
             a = StepAssumptions(**kv)
             print(format_estimate(estimate_step(rep, a), a, rep.topology), flush=True)

@@ -34,7 +34,7 @@ def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     if "--" not in argv:
         return argv, []
     i = argv.index("--")
-    own, extra = argv[:i], argv[i + 1:]
+    own, extra = argv[:i], argv[i + 1 :]
     if DRY_RUN in extra:
         extra = [a for a in extra if a != DRY_RUN]
         own.append(DRY_RUN)

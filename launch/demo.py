@@ -71,15 +71,21 @@ if __name__ == "__main__":
     with guard():
         check_overrides(sys.argv[1:], DEFAULT_CONFIG)
 
-_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "demo config file (configs/demo.py[:preset])",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", DEFAULT_CONFIG, "demo config file (configs/demo.py[:preset])", lock_config=True
+)
 _RUN_DIR = flags.DEFINE_string("run_dir", "runs/demo", "where the data, models, report and summary go")
 _COMPARE = flags.DEFINE_bool("compare", False, "RL in modes real, simulator and rehearsal")
-_SWEEP = flags.DEFINE_bool("rehearsal_sweep", False, "after a demo run in --run_dir: test-time rehearsal N=0,1,2 "
-                           "(parallel, sequential) with its exported model, into rehearsal_sweep.md")
+_SWEEP = flags.DEFINE_bool(
+    "rehearsal_sweep",
+    False,
+    "after a demo run in --run_dir: test-time rehearsal N=0,1,2 "
+    "(parallel, sequential) with its exported model, into rehearsal_sweep.md",
+)
 _SWEEP_TASKS = flags.DEFINE_integer("sweep_tasks", 0, "tasks for --rehearsal_sweep (0: the whole split)")
-_LEVERAGE = flags.DEFINE_bool("leverage", False, "greedy success and pass@1/4/16 of the RL start per branch kind and "
-                              "task type (leverage.md)")
+_LEVERAGE = flags.DEFINE_bool(
+    "leverage", False, "greedy success and pass@1/4/16 of the RL start per branch kind and task type (leverage.md)"
+)
 _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "no progress bars")
 
 
@@ -98,7 +104,9 @@ def main(argv) -> int:
     import jax
 
     # Compiled programs are reused across runs (a second `make demo` or the CI test skips most compiles).
-    jax.config.update("jax_compilation_cache_dir", os.environ.get("ENVACE_JAX_CACHE", os.path.abspath("runs/.jax_cache")))
+    jax.config.update(
+        "jax_compilation_cache_dir", os.environ.get("ENVACE_JAX_CACHE", os.path.abspath("runs/.jax_cache"))
+    )
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     import tensorflow_datasets as tfds
 
@@ -135,4 +143,4 @@ def main(argv) -> int:
 if __name__ == "__main__":
     from entrypoint import run
 
-    run(main, config_flag=None)   # the overrides were checked above, before the config flag was defined
+    run(main, config_flag=None)  # the overrides were checked above, before the config flag was defined

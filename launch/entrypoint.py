@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 DEBUG_ENV = "ENVACE_DEBUG"
 TRACEBACK_HINT = f"{DEBUG_ENV}=1 (or --verbose) shows the traceback"
-MAX_MESSAGE = 400   # characters of an exception's own text that are shown
+MAX_MESSAGE = 400  # characters of an exception's own text that are shown
 
 
 class UsageError(Exception):
@@ -37,7 +37,13 @@ class UsageError(Exception):
 # ----------------------------------------------------------------------------- accelerator plugins
 
 GOOGLE_PCI_VENDOR = "0x1ae0"
-TPU_ENV_HINTS = ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID", "TPU_CHIPS_PER_HOST_BOUNDS")
+TPU_ENV_HINTS = (
+    "TPU_NAME",
+    "TPU_ACCELERATOR_TYPE",
+    "TPU_WORKER_HOSTNAMES",
+    "TPU_WORKER_ID",
+    "TPU_CHIPS_PER_HOST_BOUNDS",
+)
 
 
 def visible_accelerator(root: str = "/") -> str | None:
@@ -53,7 +59,7 @@ def visible_accelerator(root: str = "/") -> str | None:
                 if f.read().strip() != GOOGLE_PCI_VENDOR:
                     continue
             with open(os.path.join(os.path.dirname(vendor), "class")) as f:
-                if not f.read().strip().startswith("0x02"):   # 0x02xxxx: a network controller (gVNIC)
+                if not f.read().strip().startswith("0x02"):  # 0x02xxxx: a network controller (gVNIC)
                     return "tpu"
         except OSError:
             continue
@@ -86,6 +92,7 @@ def quiet_cpu_host(environ: dict | None = None, root: str = "/") -> bool:
 
 # ----------------------------------------------------------------------------- config overrides
 
+
 def _config_spec(argv: Sequence[str], flag: str) -> tuple[str | None, int]:
     """The value of ``--flag=...`` / ``--flag ...`` in ``argv`` and its index (-1 when absent)."""
     for i, a in enumerate(argv):
@@ -93,7 +100,7 @@ def _config_spec(argv: Sequence[str], flag: str) -> tuple[str | None, int]:
             return argv[i + 1], i
         for prefix in (f"--{flag}=", f"-{flag}="):
             if a.startswith(prefix):
-                return a[len(prefix):], i
+                return a[len(prefix) :], i
     return None, -1
 
 
@@ -131,8 +138,11 @@ def unknown_override(config: Any, path: str, flag: str = "config") -> str | None
             return f"--{flag}.{path}: {where} is a value, not a section with a field {part!r}"
         if part not in keys:
             near = nearest(part, keys)
-            hint = (f"did you mean --{'.'.join([flag, *done, near])}?" if near
-                    else f"its fields are {', '.join(sorted(keys))}")
+            hint = (
+                f"did you mean --{'.'.join([flag, *done, near])}?"
+                if near
+                else f"its fields are {', '.join(sorted(keys))}"
+            )
             return f"--{flag}.{path}: {where} has no field {part!r}; {hint}"
         node, done = node[part], done + [part]
     return None
@@ -163,13 +173,14 @@ def check_overrides(argv: Sequence[str], default_config: str | None = None, flag
 
 # ----------------------------------------------------------------------------- failures -> messages
 
+
 def debug_requested(argv: Sequence[str] | None = None) -> bool:
     """``ENVACE_DEBUG`` set to anything but 0/false, or ``--verbose`` before any ``--``."""
     if os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no"):
         return True
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" in argv:
-        argv = argv[:argv.index("--")]
+        argv = argv[: argv.index("--")]
     return "--verbose" in argv or "--verbose=true" in argv
 
 
@@ -195,44 +206,58 @@ def describe(exc: BaseException) -> tuple[str, str, int] | None:
     msg = str(exc)
     if isinstance(exc, UsageError):
         return _text(exc), "fix the command line (--help lists the flags)", 2
-    if _library_error(exc, "ConfigError"):   # envace_jax.config's (the cluster scripts run without the package)
+    if _library_error(exc, "ConfigError"):  # envace_jax.config's (the cluster scripts run without the package)
         return f"config error: {_text(exc)}", "fix that field in the config file or its --config.* override", 2
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", "a rerun of the same command resumes from the newest checkpoint where there is one", 130
     if getattr(exc, "errno", None) == errno.ENOSPC or "No space left on device" in msg:
         where = getattr(exc, "filename", None)
-        return (f"disk full{f' writing {where}' if where else ''}: {_text(exc)}",
-                "free space on that disk or write elsewhere (--config.run_dir, --out_dir, --output)", 1)
+        return (
+            f"disk full{f' writing {where}' if where else ''}: {_text(exc)}",
+            "free space on that disk or write elsewhere (--config.run_dir, --out_dir, --output)",
+            1,
+        )
     # hf_io's WeightsError names the file and tensor; safetensors' own error (raised where hf_io does not
     # wrap it) names neither, but says what is wrong with the header
     if _library_error(exc, "WeightsError") or _library_error(exc, "SafetensorError"):
         text = _text(exc) if _library_error(exc, "WeightsError") else f"safetensors: {_text(exc)}"
-        return (f"bad weights file: {text}",
-                "copy or export the weights again (a truncated or corrupt file cannot be read)", 1)
+        return (
+            f"bad weights file: {text}",
+            "copy or export the weights again (a truncated or corrupt file cannot be read)",
+            1,
+        )
     shape = _SHAPE.search(msg)
     if shape and isinstance(exc, (ValueError, RuntimeError)):
         ckpt = _CKPT_DIR.search(msg)
-        return (f"the checkpoint{f' in {ckpt.group(1)}' if ckpt else ''} holds an array of shape {shape.group(2)} "
-                f"where this config builds {shape.group(1)}",
-                "restore with the config of the run that wrote it (its run_dir/config.json); "
-                "--config.model.* must match", 2)
+        return (
+            f"the checkpoint{f' in {ckpt.group(1)}' if ckpt else ''} holds an array of shape {shape.group(2)} "
+            f"where this config builds {shape.group(1)}",
+            "restore with the config of the run that wrote it (its run_dir/config.json); --config.model.* must match",
+            2,
+        )
     if isinstance(exc, FileNotFoundError):
         what = exc.filename or _text(exc)
-        return f"not found: {what}" + ("" if exc.filename is None else f" ({exc.strerror})"), \
-            "check the path, or that the program is installed and on PATH", 1
+        return (
+            f"not found: {what}" + ("" if exc.filename is None else f" ({exc.strerror})"),
+            "check the path, or that the program is installed and on PATH",
+            1,
+        )
     if isinstance(exc, PermissionError):
         return f"permission denied: {exc.filename or _text(exc)}", "check the path's owner and mode", 1
     if isinstance(exc, OSError):
         return f"I/O error: {_text(exc)}", "check the path and the disk", 1
     if isinstance(exc, ImportError) and (exc.name or "").split(".")[0] == "envace_jax":
         # The scripts import the package, not a path next to them: it must be installed (editable).
-        return (f"missing package: {_text(exc)}",
-                "install the project (make venv, or pip install -e .) and run with its python (.venv/bin/python)", 2)
+        return (
+            f"missing package: {_text(exc)}",
+            "install the project (make venv, or pip install -e .) and run with its python (.venv/bin/python)",
+            2,
+        )
     if isinstance(exc, ImportError):
         return f"missing package: {_text(exc)}", "install the extra it belongs to (make eval-deps, make aot-deps)", 2
-    if isinstance(exc, ValueError):     # bad input, found by our checks: nothing to retry
+    if isinstance(exc, ValueError):  # bad input, found by our checks: nothing to retry
         return f"error: {_text(exc)}", "the message names what to change", 2
-    if isinstance(exc, RuntimeError):   # a failure while running (XLA, Orbax, a judge endpoint)
+    if isinstance(exc, RuntimeError):  # a failure while running (XLA, Orbax, a judge endpoint)
         return f"error: {_text(exc)}", "the message says what failed", 1
     return None
 
@@ -271,7 +296,9 @@ def guard(argv: Sequence[str] | None = None, prog: str | None = None) -> Iterato
         raise SystemExit(code) from None
 
 
-def run(main: Callable[[list[str]], Any], default_config: str | None = None, config_flag: str | None = "config") -> None:
+def run(
+    main: Callable[[list[str]], Any], default_config: str | None = None, config_flag: str | None = "config"
+) -> None:
     """``absl.app.run(main)`` with the checks above: the accelerator choice, the config overrides, then
     ``main`` under ``guard``. ``--verbose`` is accepted as a flag (it only changes how failures print)."""
     from absl import app, flags

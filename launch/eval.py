@@ -32,7 +32,7 @@ def main(argv):
     from envace_jax.eval.results import to_markdown
     from envace_jax.eval.runner import run_eval
 
-    res = run_eval(_CONFIG.value)   # bad settings (ValueError) and missing packages exit 2 (entrypoint.guard)
+    res = run_eval(_CONFIG.value)  # bad settings (ValueError) and missing packages exit 2 (entrypoint.guard)
     print(to_markdown(res), flush=True)
     print(f"wrote {os.path.join(_CONFIG.value.output_dir, 'results.json')}", file=sys.stderr)
 

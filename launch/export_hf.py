@@ -26,8 +26,15 @@ _ROLE = flags.DEFINE_string("role", None, "noshare runs: act or rehearse")
 _SHARD = flags.DEFINE_string("max_shard_size", "5GB", "safetensors shard size")
 
 
-def export(cfg, out_dir: str, *, checkpoint_dir: str | None = None, step: int | None = None,
-           role: str | None = None, max_shard_size: str = "5GB") -> int:
+def export(
+    cfg,
+    out_dir: str,
+    *,
+    checkpoint_dir: str | None = None,
+    step: int | None = None,
+    role: str | None = None,
+    max_shard_size: str = "5GB",
+) -> int:
     """Restores ``step`` (or the newest good step) and writes ``out_dir``; returns the step used."""
     from envace_jax.rl import train as rl_train
     from envace_jax.checkpoint import Checkpointer
@@ -35,8 +42,9 @@ def export(cfg, out_dir: str, *, checkpoint_dir: str | None = None, step: int | 
 
     ckpt_dir = checkpoint_dir or os.path.join(cfg.run_dir, "checkpoints")
     if not os.path.isdir(ckpt_dir):  # checked first: build_policies writes a demo tokenizer into run_dir
-        raise FileNotFoundError(f"no checkpoint in {ckpt_dir} (give the training run's --config.run_dir "
-                                "or --checkpoint_dir)")
+        raise FileNotFoundError(
+            f"no checkpoint in {ckpt_dir} (give the training run's --config.run_dir or --checkpoint_dir)"
+        )
     tok, codec, trainers, _, _ = rl_train.build_policies(cfg, None)
     distinct = {}
     for r, t in trainers.items():
@@ -60,8 +68,13 @@ def export(cfg, out_dir: str, *, checkpoint_dir: str | None = None, step: int | 
     ck.close()
     trainer = trainers[role]
     trainer.load_state_dict(state["trainers"][[r for r, t in distinct.items() if t is trainer][0]])
-    hf_io.save_hf(trainer.model, out_dir, max_shard_size=max_shard_size, eos_token_ids=codec.stop_token_ids,
-                  pad_token_id=tok.pad_token_id)
+    hf_io.save_hf(
+        trainer.model,
+        out_dir,
+        max_shard_size=max_shard_size,
+        eos_token_ids=codec.stop_token_ids,
+        pad_token_id=tok.pad_token_id,
+    )
     tok_dir = cfg.tokenizer.path or os.path.join(cfg.run_dir, "tokenizer")
     for name in os.listdir(tok_dir):
         if name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
@@ -79,8 +92,9 @@ def main(argv):
     if _CONFIG.value is None:
         raise app.UsageError("--config=<the run's config file> is required")
     cfg = load_config(_CONFIG.value)
-    step = export(cfg, _OUT.value, checkpoint_dir=_CKPT.value, step=_STEP.value, role=_ROLE.value,
-                  max_shard_size=_SHARD.value)
+    step = export(
+        cfg, _OUT.value, checkpoint_dir=_CKPT.value, step=_STEP.value, role=_ROLE.value, max_shard_size=_SHARD.value
+    )
     print(f"exported step {step} to {_OUT.value}", file=sys.stderr)
 
 

@@ -29,15 +29,21 @@ def check_set_fields(items: list[str], fields: list[str]) -> None:
         name = item.partition("=")[0]
         if name not in fields:
             near = nearest(name, fields)
-            raise UsageError(f"--set {item}: no field {name!r}" + (f"; did you mean --set {near}=...?" if near else
-                                                                   f"; the fields are {', '.join(sorted(fields))}"))
+            raise UsageError(
+                f"--set {item}: no field {name!r}"
+                + (f"; did you mean --set {near}=...?" if near else f"; the fields are {', '.join(sorted(fields))}")
+            )
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=DEFAULT_OUT)
-    p.add_argument("--preset", default="default", choices=["default", "tiny", "deep"],
-                   help="deep: continue --set init_from=DIR (default assets/demo_base) grown 2x deeper")
+    p.add_argument(
+        "--preset",
+        default="default",
+        choices=["default", "tiny", "deep"],
+        help="deep: continue --set init_from=DIR (default assets/demo_base) grown 2x deeper",
+    )
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--no_progress", action="store_true")
     p.add_argument("--verbose", action="store_true", help="full tracebacks on failure (or ENVACE_DEBUG=1)")
@@ -47,7 +53,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import jax
 
-    jax.config.update("jax_compilation_cache_dir", os.environ.get("ENVACE_JAX_CACHE", os.path.abspath("runs/.jax_cache")))
+    jax.config.update(
+        "jax_compilation_cache_dir", os.environ.get("ENVACE_JAX_CACHE", os.path.abspath("runs/.jax_cache"))
+    )
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     from envace_jax.demo import pretrain
     from envace_jax.demo.config import parse_overrides

@@ -26,8 +26,12 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config
 _COORD = flags.DEFINE_string("coordinator", None, "host:port of process 0 (multi-process runs)")
 _NPROC = flags.DEFINE_integer("num_processes", None, "number of JAX processes")
 _PID = flags.DEFINE_integer("process_id", None, "this process's index")
-_DUMP = flags.DEFINE_string("dump_params", None, "write the final parameters to this .npz (tests, debugging); "
-                            "\"{process}\" in it is replaced by the process index and every process writes")
+_DUMP = flags.DEFINE_string(
+    "dump_params",
+    None,
+    "write the final parameters to this .npz (tests, debugging); "
+    '"{process}" in it is replaced by the process index and every process writes',
+)
 
 
 def main(argv):
@@ -40,7 +44,7 @@ def main(argv):
 
     if _CONFIG.value is None:
         raise app.UsageError("--config=configs/<name>.py is required")
-    cfg = load_config(_CONFIG.value)   # a ConfigError exits 2 with one line (entrypoint.guard)
+    cfg = load_config(_CONFIG.value)  # a ConfigError exits 2 with one line (entrypoint.guard)
     from envace_jax.rl.judge_outage import JudgeOutageError
 
     rl_train.init_distributed(_COORD.value, _NPROC.value, _PID.value)

@@ -12,39 +12,63 @@ import tempfile
 import textwrap
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_balance", "description": "Balance of one account.",
-        "parameters": {"type": "object", "properties": {"account": {"type": "string"}}, "required": ["account"]}}},
-    {"type": "function", "function": {
-        "name": "transfer", "description": "Move money between accounts.",
-        "parameters": {"type": "object", "properties": {
-            "source": {"type": "string"}, "target": {"type": "string"}, "amount": {"type": "number"}},
-            "required": ["source", "target", "amount"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_balance",
+            "description": "Balance of one account.",
+            "parameters": {"type": "object", "properties": {"account": {"type": "string"}}, "required": ["account"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "transfer",
+            "description": "Move money between accounts.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "source": {"type": "string"},
+                    "target": {"type": "string"},
+                    "amount": {"type": "number"},
+                },
+                "required": ["source", "target", "amount"],
+            },
+        },
+    },
 ]
 SYSTEM = {"role": "system", "content": "You are a careful bank assistant."}
 
 
 def call_text(name: str, arguments: dict) -> str:
     """A tool call written the way our template renders it (json.dumps default separators, no ASCII escaping)."""
-    return ("\n<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-            + "\n</tool_call>")
+    return "\n<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
 
 
 def script(thinking: bool) -> list[tuple[str, object]]:
     """A two-user-turn episode: ("user", text) / ("assistant", sampled text) / ("tool", [responses])."""
+
     def think(t: str) -> str:
         return f"<think>\n{t}\n</think>\n" if thinking else "Let me check."
 
     return [
         ("user", "What are the balances of A1 and Zürich-7?"),
-        ("assistant", think("Two accounts, two calls.") + call_text("get_balance", {"account": "A1"})
-         + call_text("get_balance", {"account": "Zürich-7"})),
+        (
+            "assistant",
+            think("Two accounts, two calls.")
+            + call_text("get_balance", {"account": "A1"})
+            + call_text("get_balance", {"account": "Zürich-7"}),
+        ),
         ("tool", ['{"balance": 120}', '{"balance": 75.5, "currency": "CHF"}']),
-        ("assistant", ("<think>\nBoth known.\n</think>\n\n" if thinking else "")
-         + "A1 holds 120 and Zürich-7 holds 75.5 CHF."),
+        (
+            "assistant",
+            ("<think>\nBoth known.\n</think>\n\n" if thinking else "") + "A1 holds 120 and Zürich-7 holds 75.5 CHF.",
+        ),
         ("user", "Move 20 from A1 to Zürich-7, then tell me the new A1 balance."),
-        ("assistant", think("One transfer.") + call_text("transfer", {"source": "A1", "target": "Zürich-7",
-                                                                        "amount": 20})),
+        (
+            "assistant",
+            think("One transfer.") + call_text("transfer", {"source": "A1", "target": "Zürich-7", "amount": 20}),
+        ),
         ("tool", ['{"ok": true, "source_balance": 100}']),
         ("assistant", ("<think>\nDone.\n</think>\n\n" if thinking else "") + "Done: A1 now holds 100."),
     ]
@@ -62,8 +86,9 @@ def _corpus() -> list[str]:
             elif kind == "assistant":
                 msgs.append(make_assistant_message(payload)[0])
             else:
-                msgs.extend({"role": "tool", "name": "t", "tool_call_id": f"c{i}", "content": c}
-                            for i, c in enumerate(payload))
+                msgs.extend(
+                    {"role": "tool", "name": "t", "tool_call_id": f"c{i}", "content": c} for i, c in enumerate(payload)
+                )
         texts.append(render_chat_text(msgs, TOOLS, enable_thinking=thinking))
     texts.append("The quick brown fox jumps over the lazy dog. Accounts, balances, transfers: 0123456789.")
     return texts * 8

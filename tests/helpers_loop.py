@@ -9,22 +9,38 @@ import os
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
-                                         "parameters": {"type": "object", "properties": {"word": {"type": "string"}},
-                                                        "required": ["word"]}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look a word up.",
+        "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+    },
+}
 LETTERS = "aeionrst"
 
 
 def short_task(i: int) -> dict:
     letter = LETTERS[i % len(LETTERS)]
-    item = {"question": f"Does the reply contain {letter!r}?", "focus_on": "assistant.content.user_visible_reply",
-            "pass_condition": f"The reply contains {letter!r}.", "failure_examples": ["No such letter."],
-            "evidence": [], "weight": 1.0, "required_for_next_turn": False,
-            "rule": {"type": "reply_contains", "values": [letter]}}
+    item = {
+        "question": f"Does the reply contain {letter!r}?",
+        "focus_on": "assistant.content.user_visible_reply",
+        "pass_condition": f"The reply contains {letter!r}.",
+        "failure_examples": ["No such letter."],
+        "evidence": [],
+        "weight": 1.0,
+        "required_for_next_turn": False,
+        "rule": {"type": "reply_contains", "values": [letter]},
+    }
     user = {"role": "user", "content": f"Task {i}: write a word with the letter {letter}."}
-    return {"uid": f"short-{i}", "data_source": "test", "messages": [{"role": "system", "content": "Be brief."}, user],
-            "tools": [TOOL], "reference_messages": [user, {"role": "assistant", "content": f"{letter}{letter}"}],
-            "checklist": [[[item]]]}
+    return {
+        "uid": f"short-{i}",
+        "data_source": "test",
+        "messages": [{"role": "system", "content": "Be brief."}, user],
+        "tools": [TOOL],
+        "reference_messages": [user, {"role": "assistant", "content": f"{letter}{letter}"}],
+        "checklist": [[[item]]],
+    }
 
 
 def write_tasks(path: str, n: int = 16) -> str:
@@ -53,13 +69,30 @@ def tokenizer_dir() -> str:
 
 
 def _tiny_kv(run_dir: str, steps: int, **extra) -> dict:
-    kv = {"run_dir": run_dir, "total_steps": steps, "tokenizer.path": tokenizer_dir(),
-          "data.source": "jsonl", "data.path": os.path.join(shared_dir(), "tasks.jsonl"),
-          "data.prompts_per_step": 2, "rl.n_rollouts": 4, "rl.max_row_length": 320, "rl.length_multiple": 64,
-          "rl.micro_batch_size": 8, "rollout.max_steps": 1, "rollout.max_assistant_turns": 1,
-          "rollout.max_user_turns": 1, "rollout.act.max_new_tokens": 16, "rollout.rehearse.max_new_tokens": 16,
-          "optim.lr": 0.01, "checkpoint.every": 1, "checkpoint.keep": 2, "checkpoint.async_save": True,
-          "log.progress_bar": False, "log.plot": False, "log.tensorboard": False}
+    kv = {
+        "run_dir": run_dir,
+        "total_steps": steps,
+        "tokenizer.path": tokenizer_dir(),
+        "data.source": "jsonl",
+        "data.path": os.path.join(shared_dir(), "tasks.jsonl"),
+        "data.prompts_per_step": 2,
+        "rl.n_rollouts": 4,
+        "rl.max_row_length": 320,
+        "rl.length_multiple": 64,
+        "rl.micro_batch_size": 8,
+        "rollout.max_steps": 1,
+        "rollout.max_assistant_turns": 1,
+        "rollout.max_user_turns": 1,
+        "rollout.act.max_new_tokens": 16,
+        "rollout.rehearse.max_new_tokens": 16,
+        "optim.lr": 0.01,
+        "checkpoint.every": 1,
+        "checkpoint.keep": 2,
+        "checkpoint.async_save": True,
+        "log.progress_bar": False,
+        "log.plot": False,
+        "log.tensorboard": False,
+    }
     kv.update(extra)
     return kv
 
@@ -96,14 +129,24 @@ def use_compile_cache() -> None:
 def train_cmd(run_dir: str, steps: int, *extra_flags: str, **overrides) -> list[str]:
     import sys
 
-    return [sys.executable, os.path.join(ROOT, "launch", "train.py"), f"--config={ROOT}/configs/demo_cpu.py",
-            *tiny_overrides(run_dir, steps, **overrides), *extra_flags]
+    return [
+        sys.executable,
+        os.path.join(ROOT, "launch", "train.py"),
+        f"--config={ROOT}/configs/demo_cpu.py",
+        *tiny_overrides(run_dir, steps, **overrides),
+        *extra_flags,
+    ]
 
 
 def env() -> dict:
     # A persistent compilation cache shared by the subprocesses of a test: the same programs are
     # compiled once, not once per process (the same executable also gives the same bits).
-    return dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
-                JAX_COMPILATION_CACHE_DIR=os.path.join(shared_dir(), "jax_cache"),
-                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        TOKENIZERS_PARALLELISM="false",
+        JAX_COMPILATION_CACHE_DIR=os.path.join(shared_dir(), "jax_cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )

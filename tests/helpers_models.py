@@ -14,8 +14,8 @@ def left_padded_batch(rng: np.random.RandomState, vocab: int, lengths: list[int]
     ids = np.zeros((len(lengths), T), np.int64)
     mask = np.zeros((len(lengths), T), np.int64)
     for b, n in enumerate(lengths):
-        ids[b, T - n:] = rng.randint(3, vocab, n)
-        mask[b, T - n:] = 1
+        ids[b, T - n :] = rng.randint(3, vocab, n)
+        mask[b, T - n :] = 1
     return ids, mask
 
 
@@ -51,22 +51,44 @@ def jit_forward(model, **static_kw):
     return lambda *args: f(state, *args)
 
 
-def make_tiny_hf_qwen3(out_dir, *, seed: int = 0, vocab_size: int = 256, hidden_size: int = HF_TEST.hidden_size,
-                       intermediate_size: int = HF_TEST.intermediate_size, num_layers: int = HF_TEST.num_layers,
-                       num_heads: int = HF_TEST.num_heads, num_kv_heads: int = HF_TEST.num_kv_heads,
-                       head_dim: int = HF_TEST.head_dim, tie: bool = False,
-                       rope_theta: float = 10000.0, dtype: str = "float32", **extra):
+def make_tiny_hf_qwen3(
+    out_dir,
+    *,
+    seed: int = 0,
+    vocab_size: int = 256,
+    hidden_size: int = HF_TEST.hidden_size,
+    intermediate_size: int = HF_TEST.intermediate_size,
+    num_layers: int = HF_TEST.num_layers,
+    num_heads: int = HF_TEST.num_heads,
+    num_kv_heads: int = HF_TEST.num_kv_heads,
+    head_dim: int = HF_TEST.head_dim,
+    tie: bool = False,
+    rope_theta: float = 10000.0,
+    dtype: str = "float32",
+    **extra,
+):
     """Builds a random transformers Qwen3ForCausalLM (sized ``model_sizes.HF_TEST`` unless told), saves it to
     out_dir, returns the torch model."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-                      num_hidden_layers=num_layers, num_attention_heads=num_heads,
-                      num_key_value_heads=num_kv_heads, head_dim=head_dim, tie_word_embeddings=tie,
-                      rope_theta=rope_theta, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
-                      pad_token_id=0, **extra)
+    cfg = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        tie_word_embeddings=tie,
+        rope_theta=rope_theta,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        **extra,
+    )
     model = Qwen3ForCausalLM(cfg).eval()
     # Random norms too, so a q/k-norm or RMSNorm weight mix-up cannot hide behind ones.
     with torch.no_grad():

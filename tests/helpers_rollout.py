@@ -80,9 +80,15 @@ class ScriptedClient:
     script plays each episode's ``acts[episode]`` / ``rehearsals[episode]`` lists in order.
     """
 
-    def __init__(self, codec, script: Callable[[GenRequest, int], str] | None = None, *,
-                 acts: dict[int, Sequence[str]] | None = None, rehearsals: dict[int, Sequence[str]] | None = None,
-                 logprob: float = -0.25):
+    def __init__(
+        self,
+        codec,
+        script: Callable[[GenRequest, int], str] | None = None,
+        *,
+        acts: dict[int, Sequence[str]] | None = None,
+        rehearsals: dict[int, Sequence[str]] | None = None,
+        logprob: float = -0.25,
+    ):
         self.codec = codec
         self.tok = codec.renderer.tokenizer
         self.im_end = codec.renderer.im_end_id
@@ -129,8 +135,9 @@ def compact_codec():
     prefill cheap on a CPU box."""
     from envace_jax.chat import Qwen3ChatCodec, SimulatorPromptOptions
 
-    return Qwen3ChatCodec(codec().renderer.tokenizer,
-                          simulator_options=SimulatorPromptOptions(few_shot=False, compact=True))
+    return Qwen3ChatCodec(
+        codec().renderer.tokenizer, simulator_options=SimulatorPromptOptions(few_shot=False, compact=True)
+    )
 
 
 def tasks_without_required_items(n: int = 4) -> list[dict]:

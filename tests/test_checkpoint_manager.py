@@ -25,11 +25,15 @@ def tiny_params(seed: int) -> nnx.State:
     on a loaded 2-core box, and the checkpoint does not care where the values came from.
     """
     r = np.random.default_rng(seed)
-    return nnx.State({
-        "a": {"kernel": nnx.Param(jnp.asarray(r.normal(size=(6, 5)), jnp.float32)),
-              "bias": nnx.Param(jnp.asarray(r.normal(size=(5,)), jnp.float32))},
-        "b": {"kernel": nnx.Param(jnp.asarray(r.normal(size=(5, 3)), jnp.bfloat16))},
-    })
+    return nnx.State(
+        {
+            "a": {
+                "kernel": nnx.Param(jnp.asarray(r.normal(size=(6, 5)), jnp.float32)),
+                "bias": nnx.Param(jnp.asarray(r.normal(size=(5,)), jnp.float32)),
+            },
+            "b": {"kernel": nnx.Param(jnp.asarray(r.normal(size=(5, 3)), jnp.bfloat16))},
+        }
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,8 +58,14 @@ def _trained(seed: int, updates: int):
 def train_state(seed: int = 0, updates: int = 2):
     """Params, AdamW state after a few real updates, python int step, typed key and raw key data."""
     params, opt = _trained(seed, updates)
-    return {"params": params, "opt_state": opt, "step": 17, "rng": jax.random.key(seed + 5),
-            "rng_data": jax.random.key_data(jax.random.key(seed + 9)), "lr": 0.25}
+    return {
+        "params": params,
+        "opt_state": opt,
+        "step": 17,
+        "rng": jax.random.key(seed + 5),
+        "rng_data": jax.random.key_data(jax.random.key(seed + 9)),
+        "lr": 0.25,
+    }
 
 
 def assert_bit_equal(a, b):
@@ -74,8 +84,11 @@ def assert_bit_equal(a, b):
 
 def test_round_trip_bit_exact_with_iterator_state(tmp_path):
     state = train_state()
-    it = PromptIterator(list(range(30)), PipelineConfig(batch_size=4, seed=1, shard_index=0, shard_count=1,
-                                                        num_epochs=None), decode=None)
+    it = PromptIterator(
+        list(range(30)),
+        PipelineConfig(batch_size=4, seed=1, shard_index=0, shard_count=1, num_epochs=None),
+        decode=None,
+    )
     take(it, 5)
     with Checkpointer(tmp_path / "ck") as ck:
         assert ck.save(17, state, it.get_state())
@@ -115,8 +128,8 @@ def test_interval_force_and_duplicate_step(tmp_path):
     with Checkpointer(tmp_path, save_interval_steps=3) as ck:
         saved = [s for s in range(1, 8) if ck.maybe_save(s, state)]
         assert saved == [3, 6]
-        assert ck.maybe_save(7, state, force=True)       # preempted mid-interval: save anyway
-        assert not ck.maybe_save(7, state, force=True)   # already there: no error, no rewrite
+        assert ck.maybe_save(7, state, force=True)  # preempted mid-interval: save anyway
+        assert not ck.maybe_save(7, state, force=True)  # already there: no error, no rewrite
         assert ck.all_steps() == [3, 6, 7]
 
 
@@ -159,8 +172,14 @@ def _drop_manifest(step_dir):
     return MANIFEST
 
 
-@pytest.mark.parametrize("damage,reason", [(_truncate, r"has \d+ bytes, expected \d+"), (_delete, "is missing"),
-                                           (_drop_manifest, "the save never completed")])
+@pytest.mark.parametrize(
+    "damage,reason",
+    [
+        (_truncate, r"has \d+ bytes, expected \d+"),
+        (_delete, "is missing"),
+        (_drop_manifest, "the save never completed"),
+    ],
+)
 def test_corrupt_latest_falls_back_with_clear_message(tmp_path, caplog, damage, reason):
     states = {}
     with Checkpointer(tmp_path) as ck:
@@ -177,6 +196,7 @@ def test_corrupt_latest_falls_back_with_clear_message(tmp_path, caplog, damage, 
     msg = caplog.text
     assert "checkpoint step 3" in msg and "corrupt or partial" in msg and "falling back to step 2" in msg
     import re
+
     assert re.search(reason, msg), msg
     if hurt != MANIFEST:
         assert hurt in msg
@@ -210,8 +230,9 @@ def test_wrong_target_raises_instead_of_discarding_checkpoints(tmp_path):
         ck.save(2, train_state(seed=1))
     wrong = train_state()
     p = wrong["params"]  # a fresh State: the cached one must stay intact for other tests
-    wrong["params"] = nnx.State({"a": {"kernel": nnx.Param(jnp.zeros((7, 5), jnp.float32)), "bias": p["a"]["bias"]},
-                                 "b": p["b"]})
+    wrong["params"] = nnx.State(
+        {"a": {"kernel": nnx.Param(jnp.zeros((7, 5), jnp.float32)), "bias": p["a"]["bias"]}, "b": p["b"]}
+    )
     ck = Checkpointer(tmp_path)
     with pytest.raises(RuntimeError, match=r"step 2: restore failed.*step 1: restore failed"):
         ck.restore_latest_good(wrong)

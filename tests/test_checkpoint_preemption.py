@@ -53,8 +53,14 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
     ckdir = tmp_path / "ck"
-    proc = subprocess.Popen([sys.executable, str(script), str(ckdir)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(ckdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
     try:
         line = proc.stdout.readline()
         assert line.strip() == "READY", (line, proc.stderr.read() if proc.poll() is not None else "")
@@ -129,6 +135,12 @@ SHARDED = textwrap.dedent("""
 def test_restore_into_target_shardings_on_8_devices(tmp_path):
     script = tmp_path / "sharded.py"
     script.write_text(SHARDED)
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "ck")], capture_output=True, text=True,
-                       timeout=300, cwd=ROOT, env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ck")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"),
+    )
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stderr[-3000:]

@@ -32,8 +32,13 @@ def _run(script: str, *args: str, env: dict | None = None) -> tuple[list[str], d
     base = {k: v for k, v in os.environ.items() if k not in host_memory.RETAIN_ENV and k != "ENVACE_GLIBC_HEAP"}
     # This checkout's package first (the re-executed process inherits the environment, so it imports the same).
     base["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, "-O", "-c", script, *args], env={**base, **(env or {})},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-O", "-c", script, *args],
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout.splitlines()
     return out, json.loads(out[-1])
@@ -93,7 +98,9 @@ def test_a_repeated_step_stops_faulting_its_buffer_in_and_computes_the_same():
     assert kept["retaining"] and not plain["retaining"]
     pages = n * n * 4 // 4096  # one [N, N] float32 temporary per call; "faults": the median call's
     if plain["faults"] < pages // 4:
-        pytest.skip(f"glibc defaults faulted only {plain['faults']} pages for {pages} of buffers "
-                    "per call (huge pages or a larger default threshold here): nothing to compare")
+        pytest.skip(
+            f"glibc defaults faulted only {plain['faults']} pages for {pages} of buffers "
+            "per call (huge pages or a larger default threshold here): nothing to compare"
+        )
     assert kept["faults"] < plain["faults"] // 8, (plain, kept)
     assert kept["digest"] == plain["digest"]

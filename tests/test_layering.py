@@ -28,8 +28,16 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("host", ("envace_jax.config", "envace_jax.metrics", "envace_jax.host_memory", "envace_jax.model_sizes",
-              "envace_jax._lazy")),
+    (
+        "host",
+        (
+            "envace_jax.config",
+            "envace_jax.metrics",
+            "envace_jax.host_memory",
+            "envace_jax.model_sizes",
+            "envace_jax._lazy",
+        ),
+    ),
     ("chat", ("envace_jax.chat",)),
     ("envs", ("envace_jax.envs",)),
     ("data", ("envace_jax.data",)),
@@ -63,14 +71,18 @@ def _modules() -> dict[str, str]:
             for f in files:
                 if f.endswith(".py"):
                     rel = os.path.relpath(os.path.join(dirpath, f), ROOT)[:-3].replace(os.sep, ".")
-                    out[rel[:-len(".__init__")] if rel.endswith(".__init__") and rel != "envace_jax.__init__"
-                        else rel] = os.path.join(dirpath, f)
+                    out[
+                        rel[: -len(".__init__")] if rel.endswith(".__init__") and rel != "envace_jax.__init__" else rel
+                    ] = os.path.join(dirpath, f)
     return out
 
 
 def _is_lazy_table(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)
-            and isinstance(node.value, ast.Dict))
+    return (
+        isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)
+        and isinstance(node.value, ast.Dict)
+    )
 
 
 def _imports(path: str, module: str, known: set[str]) -> set[str]:
@@ -163,8 +175,11 @@ def _graph() -> dict[str, set[str]]:
     mods = _modules()
     known = set(mods)
     # A package's __init__ re-exporting its modules is not a dependency of those modules on each other.
-    return {m: {d for d in _imports(p, m, known) if d in known and d != m and not m.startswith(d + ".")}
-            for m, p in mods.items() if not p.endswith("__init__.py")}
+    return {
+        m: {d for d in _imports(p, m, known) if d in known and d != m and not m.startswith(d + ".")}
+        for m, p in mods.items()
+        if not p.endswith("__init__.py")
+    }
 
 
 def test_no_two_modules_import_each_other():

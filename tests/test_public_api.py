@@ -13,8 +13,17 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("envace_jax", "envace_jax.models", "envace_jax.chat", "envace_jax.envs", "envace_jax.data",
-            "envace_jax.rl", "envace_jax.eval", "envace_jax.demo", "envace_jax.aot")
+PACKAGES = (
+    "envace_jax",
+    "envace_jax.models",
+    "envace_jax.chat",
+    "envace_jax.envs",
+    "envace_jax.data",
+    "envace_jax.rl",
+    "envace_jax.eval",
+    "envace_jax.demo",
+    "envace_jax.aot",
+)
 
 
 def _documented() -> set[str]:
@@ -44,14 +53,16 @@ def test_every_exported_name_is_its_home_modules_object(package):
 
 
 def test_host_packages_and_the_top_level_names_they_serve_import_no_jax():
-    code = ("import sys\n"
-            "import envace_jax, envace_jax.chat, envace_jax.envs, envace_jax.data, envace_jax.config\n"
-            "from envace_jax import SIZES, load_config, parse_tool_calls\n"
-            "from envace_jax.data import RecordError, generate_tasks\n"
-            "loaded = sorted(m for m in ('jax', 'flax', 'optax', 'orbax') if m in sys.modules)\n"
-            "assert not loaded, loaded\n"
-            "import envace_jax.rl.advantages\n"  # the check does see jax once something loads it
-            "assert 'jax' in sys.modules\n")
+    code = (
+        "import sys\n"
+        "import envace_jax, envace_jax.chat, envace_jax.envs, envace_jax.data, envace_jax.config\n"
+        "from envace_jax import SIZES, load_config, parse_tool_calls\n"
+        "from envace_jax.data import RecordError, generate_tasks\n"
+        "loaded = sorted(m for m in ('jax', 'flax', 'optax', 'orbax') if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
+        "import envace_jax.rl.advantages\n"  # the check does see jax once something loads it
+        "assert 'jax' in sys.modules\n"
+    )
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -26,26 +26,39 @@ from tests import helpers_loop as h
 README = os.path.join(h.ROOT, "README.md")
 
 # (script, config) of the commands run in order; "-c" is `python -c ...`.
-CHAIN = [("launch/train.py", "configs/demo_cpu.py"), ("launch/export_hf.py", "configs/demo_cpu.py"),
-         ("-c", None), ("launch/eval.py", "configs/eval_demo.py"),
-         ("launch/eval.py", "configs/eval_rehearsal_sweep.py")]
+CHAIN = [
+    ("launch/train.py", "configs/demo_cpu.py"),
+    ("launch/export_hf.py", "configs/demo_cpu.py"),
+    ("-c", None),
+    ("launch/eval.py", "configs/eval_demo.py"),
+    ("launch/eval.py", "configs/eval_rehearsal_sweep.py"),
+]
 # What the test appends: fewer steps, tasks and tokens; nothing that changes where things are read or written.
 SMALLER = {
     ("launch/train.py", "configs/demo_cpu.py"): ["--config.total_steps=2"],
-    ("launch/eval.py", "configs/eval_demo.py"): ["--config.demo.num_tasks=2", "--config.demo.max_steps=4",
-                                                 "--config.sampling.max_new_tokens=16", "--config.max_model_len=2048"],
+    ("launch/eval.py", "configs/eval_demo.py"): [
+        "--config.demo.num_tasks=2",
+        "--config.demo.max_steps=4",
+        "--config.sampling.max_new_tokens=16",
+        "--config.max_model_len=2048",
+    ],
     ("launch/eval.py", "configs/eval_rehearsal_sweep.py"): [
-        "--config.demo.num_tasks=2", "--config.demo.max_steps=4", "--config.sampling.max_new_tokens=16",
-        "--config.max_model_len=2048", "--config.rehearsal.sweep_ns=0,1", "--config.rehearsal.sweep_modes=parallel",
-        "--config.rehearsal.max_tokens_per_rehearsal=24"],
+        "--config.demo.num_tasks=2",
+        "--config.demo.max_steps=4",
+        "--config.sampling.max_new_tokens=16",
+        "--config.max_model_len=2048",
+        "--config.rehearsal.sweep_ns=0,1",
+        "--config.rehearsal.sweep_modes=parallel",
+        "--config.rehearsal.max_tokens_per_rehearsal=24",
+    ],
 }
 NOT_RUN = {
     ("launch/train.py", "configs/envace_qwen3_8b.py"): "needs a Qwen3-8B checkpoint and a data file",
     ("launch/eval.py", "configs/eval_bfcl.py"): "needs `make eval-deps` (BFCL's data; test_eval_demo_launch runs "
-                                                "the oracle when it is installed) or a Qwen3 checkpoint",
+    "the oracle when it is installed) or a Qwen3 checkpoint",
     ("launch/eval.py", "configs/eval_fidelity.py"): "needs the BFCL and tau2 logs of `make eval-deps`",
     ("launch/aot_compile.py", "configs/envace_qwen3_8b.py"): "compiles an 8B model (23 min); test_aot_compile "
-                                                             "compiles a tiny config",
+    "compiles a tiny config",
     ("make", "aot"): "the same compile for Qwen3-32B",
     ("launch/tpu_vm/create.py", None): "has `...` placeholders; test_launch_scripts runs the pod scripts",
 }
@@ -55,11 +68,14 @@ def usage_commands() -> list[list[str]]:
     """The commands of the first ```bash block under "## Using it", as argument lists (continuation
     lines joined, comments dropped)."""
     text = open(README, encoding="utf-8").read()
-    section = text[text.index("\n## Using it\n"):]
+    section = text[text.index("\n## Using it\n") :]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block, "README.md: no ```bash block under ## Using it"
-    return [shlex.split(line, comments=True) for line in block.group(1).replace("\\\n", " ").splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        shlex.split(line, comments=True)
+        for line in block.group(1).replace("\\\n", " ").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def key(argv: list[str]) -> tuple[str, str | None]:
@@ -72,8 +88,9 @@ def key(argv: list[str]) -> tuple[str, str | None]:
 
 def run(argv: list[str], cwd, tmp) -> subprocess.CompletedProcess:
     argv = [sys.executable if a == "python" else a.replace("/tmp/", f"{tmp}/") for a in argv]
-    return subprocess.run(argv + SMALLER.get(key(argv), []), cwd=cwd, env=h.env(), capture_output=True,
-                          text=True, timeout=900)
+    return subprocess.run(
+        argv + SMALLER.get(key(argv), []), cwd=cwd, env=h.env(), capture_output=True, text=True, timeout=900
+    )
 
 
 def sandbox(path):
@@ -86,7 +103,7 @@ def sandbox(path):
 def test_every_usage_command_is_run_or_excused():
     keys = [key(c) for c in usage_commands()]
     assert keys[: len(CHAIN)] == CHAIN, "the CPU commands must come first, in this order"
-    unknown = [k for k in keys[len(CHAIN):] if k not in NOT_RUN]
+    unknown = [k for k in keys[len(CHAIN) :] if k not in NOT_RUN]
     assert not unknown, f"README commands neither run by this test nor excused in NOT_RUN: {unknown}"
 
 
@@ -112,8 +129,16 @@ def test_cpu_commands_chain_in_order(tmp_path):
     from envace_jax.rl.plots import plot_training
 
     keys = set().union(*records)
-    want = [title for title, names in (("reward", {"act/reward_mean"}), ("success rate", {"episode/success_frac"}),
-                                       ("loss", {"update/loss"}), ("KL", {"update/ppo_kl"})) if names <= keys]
+    want = [
+        title
+        for title, names in (
+            ("reward", {"act/reward_mean"}),
+            ("success rate", {"episode/success_frac"}),
+            ("loss", {"update/loss"}),
+            ("KL", {"update/ppo_kl"}),
+        )
+        if names <= keys
+    ]
     assert want == ["reward", "success rate", "loss", "KL"]  # the loop logs all four
     assert plot_training(str(run_dir / "metrics.jsonl"), str(tmp / "again.png")) == want
 
@@ -176,9 +201,14 @@ def test_export_without_the_run_dir_fails_clearly_and_writes_nothing(tmp_path):
     """The README's export command once lacked --config.run_dir: it fell back to the config's
     runs/demo_cpu, failed there, and left that folder behind (a demo tokenizer in it)."""
     cwd = sandbox(tmp_path / "cwd")
-    p = subprocess.run([sys.executable, "launch/export_hf.py", "--config=configs/demo_cpu.py",
-                        f"--out_dir={tmp_path}/hf"], cwd=cwd, env=h.env(), capture_output=True, text=True,
-                       timeout=600)
+    p = subprocess.run(
+        [sys.executable, "launch/export_hf.py", "--config=configs/demo_cpu.py", f"--out_dir={tmp_path}/hf"],
+        cwd=cwd,
+        env=h.env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode != 0
     assert "no checkpoint in runs/demo_cpu/checkpoints" in p.stderr and "--config.run_dir" in p.stderr
     assert sorted(os.listdir(cwd)) == ["configs", "launch"]

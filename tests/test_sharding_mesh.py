@@ -20,10 +20,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(script: str, *args: str, devices: int, timeout: int = 600) -> subprocess.Popen:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout: int = 600) -> str:
@@ -40,7 +50,7 @@ def _finish(proc: subprocess.Popen, timeout: int = 600) -> str:
 # Hand-written expectations for the tiny config below (vocab 256, hidden 64, 4 heads, 2 kv heads,
 # head_dim 24, mlp 96) on a (data=2, fsdp=2, tensor=2) mesh: every dimension divides its mesh axes,
 # so nothing is dropped. SAMPLE_RULES replicate the `embed` dimension over fsdp.
-EIGHT_DEVICE_SCRIPT = r'''
+EIGHT_DEVICE_SCRIPT = r"""
 import sys
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -105,7 +115,7 @@ assert sh["layers"]["k_proj"].spec == P(None, F, None, None), sh["layers"]["k_pr
 # Export from the sharded model gathers each param back.
 hf_io.save_hf(model, out_dir)
 print("ok")
-'''
+"""
 
 
 def test_sharded_forward_on_8_devices_matches_single_device(tiny_hf_qwen3, tmp_path):
@@ -119,7 +129,7 @@ def test_sharded_forward_on_8_devices_matches_single_device(tiny_hf_qwen3, tmp_p
         np.testing.assert_array_equal(exported[k], orig[k], err_msg=k)
 
 
-TWO_PROCESS_SCRIPT = r'''
+TWO_PROCESS_SCRIPT = r"""
 import sys
 import jax, numpy as np
 from jax.experimental import multihost_utils
@@ -151,7 +161,7 @@ if pid == 0:
     np.save(out_dir + "_logits.npy", full)
 multihost_utils.sync_global_devices("done")
 print("process", pid, "ok")
-'''
+"""
 
 
 def _free_port() -> int:

@@ -28,8 +28,15 @@ from typing import Any
 from envace_jax.aot.chips import ChipSpec
 from envace_jax.aot.programs import Program
 
-_COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
-                "collective-broadcast", "ragged-all-to-all")
+_COLLECTIVES = (
+    "all-gather",
+    "all-reduce",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "collective-broadcast",
+    "ragged-all-to-all",
+)
 # `%x = f32[..] all-gather(` or the async `all-gather-start(`; `-done` halves are not counted twice.
 _OP = re.compile(r"=\s*[^=]*?\s(" + "|".join(_COLLECTIVES) + r")(-start)?\(")
 REMAT_WARNING = "involuntary full rematerialization"
@@ -40,7 +47,7 @@ class ProgramReport:
     name: str
     shape: str
     mesh: dict[str, int]
-    per_chip_bytes: dict[str, int]      # arguments, outputs, temps, code, total
+    per_chip_bytes: dict[str, int]  # arguments, outputs, temps, code, total
     resident_bytes: int
     resident_what: str
     fits: bool
@@ -48,15 +55,21 @@ class ProgramReport:
     bytes_accessed: float
     collectives: dict[str, int]
     roofline_s: float
-    steps: int = 1                      # decode: loop steps the roofline covers
-    setup_s: float = 0.0                # decode: the once-per-call part of the roofline (before the loop)
-    error: str = ""                     # the compiler's out-of-memory message, if any
+    steps: int = 1  # decode: loop steps the roofline covers
+    setup_s: float = 0.0  # decode: the once-per-call part of the roofline (before the loop)
+    error: str = ""  # the compiler's out-of-memory message, if any
     warnings: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "per_chip_bytes": dict(self.per_chip_bytes), "fits": self.fits,
-                "flops": self.flops, "bytes_accessed": self.bytes_accessed, "collectives": dict(self.collectives),
-                "roofline_s": self.roofline_s}
+        return {
+            "name": self.name,
+            "per_chip_bytes": dict(self.per_chip_bytes),
+            "fits": self.fits,
+            "flops": self.flops,
+            "bytes_accessed": self.bytes_accessed,
+            "collectives": dict(self.collectives),
+            "roofline_s": self.roofline_s,
+        }
 
 
 @contextlib.contextmanager
@@ -117,8 +130,9 @@ def compiled_cost(p: Program) -> tuple[float, float] | None:
     return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
-def layer_fit(one: tuple[float, float] | None, two: tuple[float, float] | None,
-              num_layers: int) -> tuple[float, float] | None:
+def layer_fit(
+    one: tuple[float, float] | None, two: tuple[float, float] | None, num_layers: int
+) -> tuple[float, float] | None:
     """Costs of an ``num_layers`` model from those of 1- and 2-layer ones (everything else is fixed)."""
     if one is None or two is None:
         return None
@@ -145,8 +159,22 @@ def analyze(p: Program, chip: ChipSpec, cost: tuple[float, float] | None = None)
         used = _parse_oom_bytes(error)
         error = " ".join(error.split())[:600]
         sizes = {"arguments": 0, "outputs": 0, "temps": 0, "code": 0, "total": used}
-        return ProgramReport(p.name, p.shape, mesh, sizes, p.resident_bytes, p.resident_what, False, 0.0, 0.0,
-                             {}, 0.0, steps, error, warnings)
+        return ProgramReport(
+            p.name,
+            p.shape,
+            mesh,
+            sizes,
+            p.resident_bytes,
+            p.resident_what,
+            False,
+            0.0,
+            0.0,
+            {},
+            0.0,
+            steps,
+            error,
+            warnings,
+        )
     m = compiled.memory_analysis()
     args, outs = int(m.argument_size_in_bytes), int(m.output_size_in_bytes)
     alias, temps, code = int(m.alias_size_in_bytes), int(m.temp_size_in_bytes), int(m.generated_code_size_in_bytes)
@@ -157,17 +185,29 @@ def analyze(p: Program, chip: ChipSpec, cost: tuple[float, float] | None = None)
         cost = (float(own.get("flops", 0.0)), float(own.get("bytes accessed", 0.0)))
     flops, nbytes = cost
     fits = total + p.resident_bytes <= chip.hbm_bytes
-    return ProgramReport(p.name, p.shape, mesh, sizes, p.resident_bytes, p.resident_what, fits, flops, nbytes,
-                         count_collectives(compiled.as_text()), roofline_seconds(flops, nbytes, chip) * steps,
-                         steps, "", warnings)
+    return ProgramReport(
+        p.name,
+        p.shape,
+        mesh,
+        sizes,
+        p.resident_bytes,
+        p.resident_what,
+        fits,
+        flops,
+        nbytes,
+        count_collectives(compiled.as_text()),
+        roofline_seconds(flops, nbytes, chip) * steps,
+        steps,
+        "",
+        warnings,
+    )
 
 
 def _parse_oom_bytes(msg: str) -> int:
     """The bytes an out-of-memory message says were needed (0 when it names no figure): libtpu writes
     ``... required for HLO temporaries (402.92G) exceeds available HBM (95.74G)`` or
     ``Used 97.51G of 95.74G hbm``, in binary units."""
-    m = (re.search(r"required for [^(]*\(([\d.]+)([KMGT])\)", msg)
-         or re.search(r"Used\s+([\d.]+)([KMGT])\s+of", msg))
+    m = re.search(r"required for [^(]*\(([\d.]+)([KMGT])\)", msg) or re.search(r"Used\s+([\d.]+)([KMGT])\s+of", msg)
     if not m:
         return 0
     return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2)))

@@ -15,9 +15,9 @@ GiB = 2**30
 @dataclasses.dataclass(frozen=True)
 class ChipSpec:
     name: str
-    hbm_bytes: int            # HBM capacity per chip
-    hbm_bytes_per_s: float    # HBM bandwidth per chip
-    bf16_flops_per_s: float   # peak dense bf16 matmul rate per chip
+    hbm_bytes: int  # HBM capacity per chip
+    hbm_bytes_per_s: float  # HBM bandwidth per chip
+    bf16_flops_per_s: float  # peak dense bf16 matmul rate per chip
     host_bounds: tuple[int, int, int] | None  # chips per host VM (None: libtpu's default)
 
 

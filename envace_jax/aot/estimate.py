@@ -26,17 +26,19 @@ from typing import Mapping
 
 @dataclasses.dataclass(frozen=True)
 class StepAssumptions:
-    prompts: int = 16              # the reference's train_batch_size
-    rollouts: int = 4              # n
-    generations: int = 10          # per episode: ACT turns plus simulated tool calls
-    generated_tokens: int = 800    # per generation (thinking on)
-    prompt_tokens: int = 1500      # new tokens per generation call (tool response, next prompt)
-    row_tokens: int = 8000         # mean training row (prompt so far + generation)
+    prompts: int = 16  # the reference's train_batch_size
+    rollouts: int = 4  # n
+    generations: int = 10  # per episode: ACT turns plus simulated tool calls
+    generated_tokens: int = 800  # per generation (thinking on)
+    prompt_tokens: int = 1500  # new tokens per generation call (tool response, next prompt)
+    row_tokens: int = 8000  # mean training row (prompt so far + generation)
 
     def describe(self) -> str:
-        return (f"{self.prompts} prompts x {self.rollouts} rollouts, {self.generations} generations per episode "
-                f"of {self.generated_tokens} generated tokens after {self.prompt_tokens} new prompt tokens each; "
-                f"{self.prompts * self.rollouts * self.generations} training rows of {self.row_tokens} tokens")
+        return (
+            f"{self.prompts} prompts x {self.rollouts} rollouts, {self.generations} generations per episode "
+            f"of {self.generated_tokens} generated tokens after {self.prompt_tokens} new prompt tokens each; "
+            f"{self.prompts * self.rollouts * self.generations} training rows of {self.row_tokens} tokens"
+        )
 
 
 def estimate_step(report, a: StepAssumptions = StepAssumptions()) -> dict[str, float]:
@@ -63,11 +65,18 @@ def estimate_step(report, a: StepAssumptions = StepAssumptions()) -> dict[str, f
     micro_batches = episodes * a.generations * a.row_tokens / (s.train_rows * s.train_width)
     logprobs = micro_batches * progs["logprobs"].roofline_s
     update = micro_batches * progs["train_step"].roofline_s
-    return {"decode": decode, "prefill": prefill, "old_logprobs": logprobs, "update": update,
-            "total": decode + prefill + logprobs + update}
+    return {
+        "decode": decode,
+        "prefill": prefill,
+        "old_logprobs": logprobs,
+        "update": update,
+        "total": decode + prefill + logprobs + update,
+    }
 
 
 def format_estimate(est: Mapping[str, float], a: StepAssumptions, topology: str) -> str:
     parts = ", ".join(f"{k} {v:.1f} s" for k, v in est.items() if k != "total")
-    return (f"estimated RL step on {topology} at the rooflines (a lower bound): {est['total']:.0f} s "
-            f"({est['total'] / 60:.1f} min) = {parts}\n  assuming {a.describe()}")
+    return (
+        f"estimated RL step on {topology} at the rooflines (a lower bound): {est['total']:.0f} s "
+        f"({est['total'] / 60:.1f} min) = {parts}\n  assuming {a.describe()}"
+    )

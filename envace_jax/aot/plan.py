@@ -43,24 +43,25 @@ def model_config(cfg: ExperimentConfig) -> qwen3.Qwen3Config:
 
     m = cfg.model
     if m.hf_path:
-        return qwen3.Qwen3Config.from_hf(m.hf_path, param_dtype=m.param_dtype, dtype=m.dtype,
-                                         remat_policy=m.remat_policy)
+        return qwen3.Qwen3Config.from_hf(
+            m.hf_path, param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy
+        )
     return run_model_config(m, 0 if cfg.tokenizer.path else cfg.tokenizer.demo_vocab_size)
 
 
 @dataclasses.dataclass(frozen=True)
 class RunShapes:
-    processes: int            # hosts of the topology (one JAX process each)
+    processes: int  # hosts of the topology (one JAX process each)
     chips_per_process: int
-    train_rows: int           # global rows of one micro-batch
-    train_width: int          # tokens per row at rl.max_row_length
-    sample_batch: int         # rows of one sampler call of one process (bucketed)
-    sample_rows: int          # the same before bucketing
+    train_rows: int  # global rows of one micro-batch
+    train_width: int  # tokens per row at rl.max_row_length
+    sample_batch: int  # rows of one sampler call of one process (bucketed)
+    sample_rows: int  # the same before bucketing
     prefill_chunk: int
     cache_window: int
     decode_budget: int
     rows_per_episode: int = 2  # sampler rows an episode holds: its request, plus its parked ACT row when
-                               # the policy also plays REHEARSE (BOTH_ROLES_MODES)
+    # the policy also plays REHEARSE (BOTH_ROLES_MODES)
 
 
 def hosts(devices: Sequence[Any]) -> list[list[Any]]:
@@ -89,6 +90,15 @@ def run_shapes(cfg: ExperimentConfig, devices: Sequence[Any]) -> RunShapes:
     # reaches max_model_len needs max_model_len slots; the budget is pow2_bucket(max_new_tokens, 8).
     window = min(quarter_octave_bucket(cfg.rollout.max_model_len), cfg.rollout.max_model_len + SAMPLER_MAX_CHUNK)
     chunk = min(pow2_bucket(SAMPLER_MAX_CHUNK, 16), SAMPLER_MAX_CHUNK)
-    return RunShapes(processes=processes, chips_per_process=local, train_rows=train_rows, train_width=width,
-                     sample_batch=pow2_bucket(rows), sample_rows=rows, prefill_chunk=chunk, cache_window=window,
-                     decode_budget=pow2_bucket(max_new, 8), rows_per_episode=per_episode)
+    return RunShapes(
+        processes=processes,
+        chips_per_process=local,
+        train_rows=train_rows,
+        train_width=width,
+        sample_batch=pow2_bucket(rows),
+        sample_rows=rows,
+        prefill_chunk=chunk,
+        cache_window=window,
+        decode_budget=pow2_bucket(max_new, 8),
+        rows_per_episode=per_episode,
+    )

@@ -44,8 +44,8 @@ class Program:
     args: tuple
     kwargs: dict
     mesh: Mesh
-    shape: str                 # the sizes it was built at, for the report
-    resident_bytes: int = 0    # per chip: what the run keeps on the chip outside this program
+    shape: str  # the sizes it was built at, for the report
+    resident_bytes: int = 0  # per chip: what the run keeps on the chip outside this program
     resident_what: str = ""
 
 
@@ -55,8 +55,10 @@ def abstract_model(cfg: qwen3.Qwen3Config, mesh: Mesh, rules: shd.Rules) -> qwen
     state = nnx.state(model)
     leaves, treedef = jax.tree.flatten(state)
     shardings = jax.tree.leaves(qwen3.param_shardings(model, mesh, rules))
-    nnx.update(model, treedef.unflatten(
-        [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for x, s in zip(leaves, shardings)]))
+    nnx.update(
+        model,
+        treedef.unflatten([jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for x, s in zip(leaves, shardings)]),
+    )
     model.set_sharding(mesh, rules)
     return model
 
@@ -103,13 +105,20 @@ def mesh_over(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: int = 1
             dcn[axis] = num_slices
             grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
             return Mesh(grid, shd.MESH_AXES)
-    raise ValueError(f"--num_slices={num_slices}: neither mesh.data={shape[0]} nor mesh.fsdp={shape[1]} "
-                     f"is a multiple of it; set --config.mesh.data={num_slices} (data parallel across slices)")
+    raise ValueError(
+        f"--num_slices={num_slices}: neither mesh.data={shape[0]} nor mesh.fsdp={shape[1]} "
+        f"is a multiple of it; set --config.mesh.data={num_slices} (data parallel across slices)"
+    )
 
 
-def build_programs(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: int = 1, *,
-                   unrolled_layers: int | None = None,
-                   sampler_devices: Sequence[Any] | None = None) -> tuple[RunShapes, list[Program]]:
+def build_programs(
+    cfg: ExperimentConfig,
+    devices: Sequence[Any],
+    num_slices: int = 1,
+    *,
+    unrolled_layers: int | None = None,
+    sampler_devices: Sequence[Any] | None = None,
+) -> tuple[RunShapes, list[Program]]:
     """The run's train_step, logprobs, prefill and decode over ``devices`` (one topology's chips).
 
     With several hosts the sampler's programs run on one host's chips: ``sampler_devices`` (a one-host
@@ -138,8 +147,7 @@ def build_programs(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: in
     else:
         local_mesh, sample_model, rollout_copy = mesh, model, 0
     sampler = Sampler(sample_model, mesh=local_mesh)
-    specs = sampler.program_specs(shapes.sample_batch, shapes.prefill_chunk, shapes.cache_window,
-                                  shapes.decode_budget)
+    specs = sampler.program_specs(shapes.sample_batch, shapes.prefill_chunk, shapes.cache_window, shapes.decode_budget)
     sample_params = specs["decode"][1][0]
     source = nnx.state(sample_model)
     copies = any(a.sharding != b.sharding for a, b in zip(jax.tree.leaves(sample_params), jax.tree.leaves(source)))
@@ -163,15 +171,46 @@ def build_programs(cfg: ExperimentConfig, devices: Sequence[Any], num_slices: in
     sample_note = ", ".join(x for x in (train_state, copy_note) if x)
     cache = f"window {shapes.cache_window}"
     programs = [
-        Program("train_step", jax.jit(train_step, donate_argnums=(0, 1, 2)),
-                (params, trainer.opt_state, grad_sum, mb, ref), {}, mesh, rows,
-                rollout_copy, copy_note),
-        Program("logprobs", trainer.program("logprobs"), (params, mb), {}, mesh, rows,
-                opt_b + ref_b + rollout_copy, ", ".join(x for x in (f"optimizer {_gb(opt_b)}", copy_note) if x)),
-        Program("prefill", specs["prefill"][0], specs["prefill"][1], specs["prefill"][2], local_mesh,
-                f"{shapes.sample_batch} rows x {shapes.prefill_chunk} tokens, {cache}", sample_resident, sample_note),
-        Program("decode", specs["decode"][0], specs["decode"][1], specs["decode"][2], local_mesh,
-                f"{shapes.sample_batch} rows, {cache}, {shapes.decode_budget} steps", sample_resident, sample_note),
+        Program(
+            "train_step",
+            jax.jit(train_step, donate_argnums=(0, 1, 2)),
+            (params, trainer.opt_state, grad_sum, mb, ref),
+            {},
+            mesh,
+            rows,
+            rollout_copy,
+            copy_note,
+        ),
+        Program(
+            "logprobs",
+            trainer.program("logprobs"),
+            (params, mb),
+            {},
+            mesh,
+            rows,
+            opt_b + ref_b + rollout_copy,
+            ", ".join(x for x in (f"optimizer {_gb(opt_b)}", copy_note) if x),
+        ),
+        Program(
+            "prefill",
+            specs["prefill"][0],
+            specs["prefill"][1],
+            specs["prefill"][2],
+            local_mesh,
+            f"{shapes.sample_batch} rows x {shapes.prefill_chunk} tokens, {cache}",
+            sample_resident,
+            sample_note,
+        ),
+        Program(
+            "decode",
+            specs["decode"][0],
+            specs["decode"][1],
+            specs["decode"][2],
+            local_mesh,
+            f"{shapes.sample_batch} rows, {cache}, {shapes.decode_budget} steps",
+            sample_resident,
+            sample_note,
+        ),
         # Not reported: decode's once-per-call work before its loop, subtracted from decode's cost.
         Program(DECODE_SETUP, specs["decode_setup"][0], specs["decode_setup"][1], {}, local_mesh, ""),
     ]

@@ -41,8 +41,13 @@ class Report:
         return all(p.fits for p in self.programs)
 
     def to_json(self) -> dict[str, Any]:
-        return {"topology": self.topology, "chips": self.chips, "chip": self.chip.name,
-                "hbm_bytes_per_chip": self.chip.hbm_bytes, "programs": [p.to_json() for p in self.programs]}
+        return {
+            "topology": self.topology,
+            "chips": self.chips,
+            "chip": self.chip.name,
+            "hbm_bytes_per_chip": self.chip.hbm_bytes,
+            "programs": [p.to_json() for p in self.programs],
+        }
 
     def write(self, path: str) -> None:
         d = os.path.dirname(os.path.abspath(path))
@@ -68,8 +73,9 @@ def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
     try:
         desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, **kw)
     except Exception as e:  # libtpu missing or topology unknown: say which
-        raise RuntimeError(f"cannot describe TPU topology {topology!r} (is libtpu installed? "
-                           f"`pip install -e '.[aot]'`): {e}") from e
+        raise RuntimeError(
+            f"cannot describe TPU topology {topology!r} (is libtpu installed? `pip install -e '.[aot]'`): {e}"
+        ) from e
     return list(desc.devices)
 
 
@@ -109,8 +115,14 @@ def _timed(say: Callable[[str], None], what: str) -> Iterator[None]:
     say(f"aot: {what}: {time.perf_counter() - t0:.1f} s")
 
 
-def compile_report(cfg: ExperimentConfig, topology: str, num_slices: int = 1,
-                   only: Sequence[str] | None = None, *, say: Callable[[str], None] = _stderr_line) -> Report:
+def compile_report(
+    cfg: ExperimentConfig,
+    topology: str,
+    num_slices: int = 1,
+    only: Sequence[str] | None = None,
+    *,
+    say: Callable[[str], None] = _stderr_line,
+) -> Report:
     """Compiles the programs of ``cfg`` (``only``: these names) for ``topology``; ``say`` gets a progress
     line before and after each compilation (default: stderr)."""
     from envace_jax.aot.programs import DECODE_SETUP, build_programs
@@ -120,8 +132,9 @@ def compile_report(cfg: ExperimentConfig, topology: str, num_slices: int = 1,
     one_host = host_topology(topology, devices)
     sampler_devices = topology_devices(one_host) if one_host else None
     if sampler_devices is not None and len(sampler_devices) != len(hosts(devices)[0]):
-        raise RuntimeError(f"{one_host}: {len(sampler_devices)} chips, but a host of {topology} drives "
-                           f"{len(hosts(devices)[0])}")
+        raise RuntimeError(
+            f"{one_host}: {len(sampler_devices)} chips, but a host of {topology} drives {len(hosts(devices)[0])}"
+        )
     build = lambda **kw: build_programs(cfg, devices, num_slices, sampler_devices=sampler_devices, **kw)
     shapes, programs = build()
     programs = [p for p in programs if p.name != DECODE_SETUP]
@@ -158,30 +171,37 @@ def compile_report(cfg: ExperimentConfig, topology: str, num_slices: int = 1,
 
 # ----------------------------------------------------------------------------- text
 
+
 def knobs(cfg: ExperimentConfig, program: str, shapes: RunShapes) -> list[str]:
     """The config fields that change ``program``'s per-chip memory, with their current values."""
     m, r = cfg.mesh, cfg.rl
     mesh = f"--config.mesh.fsdp (now {m.fsdp}) / --config.mesh.tensor (now {m.tensor})"
     dtype = f"--config.model.param_dtype (now {cfg.model.param_dtype}; bfloat16 halves weights and state)"
     if program in ("train_step", "logprobs"):
-        out = [f"{mesh}: shard parameters{', gradients and optimizer state' if program == 'train_step' else ''} "
-               f"over more chips",
-               f"--config.rl.micro_batch_size (now {r.micro_batch_size}; {shapes.train_rows} rows per micro-batch "
-               f"over {shapes.processes} host(s))",
-               f"--config.rl.max_row_length (now {r.max_row_length})"]
+        out = [
+            f"{mesh}: shard parameters{', gradients and optimizer state' if program == 'train_step' else ''} "
+            f"over more chips",
+            f"--config.rl.micro_batch_size (now {r.micro_batch_size}; {shapes.train_rows} rows per micro-batch "
+            f"over {shapes.processes} host(s))",
+            f"--config.rl.max_row_length (now {r.max_row_length})",
+        ]
         if program == "train_step":
-            out.append(f"--config.model.remat_policy (now {cfg.model.remat_policy}; 'full' keeps the fewest "
-                       f"activations)")
+            out.append(
+                f"--config.model.remat_policy (now {cfg.model.remat_policy}; 'full' keeps the fewest activations)"
+            )
         return out + [dtype]
-    return [f"--config.data.prompts_per_step (now {cfg.data.prompts_per_step} per process) x "
-            f"--config.rl.n_rollouts (now {r.n_rollouts}): {shapes.sample_rows} rows per sampler call",
-            f"--config.rollout.max_model_len (now {cfg.rollout.max_model_len}): cache window "
-            f"{shapes.cache_window}",
-            (f"--config.mesh.tensor (now {m.tensor}): splits kv heads and weights of the sampler"
-             if shapes.processes == 1 else
-             f"chips per host (now {shapes.chips_per_process}): each host samples on its own chips, weights "
-             f"and kv heads split over them (rl.train.rollout_mesh)"),
-            dtype]
+    return [
+        f"--config.data.prompts_per_step (now {cfg.data.prompts_per_step} per process) x "
+        f"--config.rl.n_rollouts (now {r.n_rollouts}): {shapes.sample_rows} rows per sampler call",
+        f"--config.rollout.max_model_len (now {cfg.rollout.max_model_len}): cache window {shapes.cache_window}",
+        (
+            f"--config.mesh.tensor (now {m.tensor}): splits kv heads and weights of the sampler"
+            if shapes.processes == 1
+            else f"chips per host (now {shapes.chips_per_process}): each host samples on its own chips, weights "
+            f"and kv heads split over them (rl.train.rollout_mesh)"
+        ),
+        dtype,
+    ]
 
 
 def _gb(n: float) -> str:
@@ -189,11 +209,26 @@ def _gb(n: float) -> str:
 
 
 def format_table(rep: Report) -> str:
-    head = (f"{rep.topology}: {rep.chips} x TPU {rep.chip.name}, HBM {_gb(rep.chip.hbm_bytes)} GB/chip, "
-            f"{rep.shapes.processes} host(s) x {rep.shapes.chips_per_process} chips "
-            f"(peak {rep.chip.bf16_flops_per_s / 1e12:.0f} TFLOP/s bf16, {rep.chip.hbm_bytes_per_s / 1e9:.0f} GB/s)")
-    cols = ["program", "shape", "mesh (data,fsdp,tensor)", "args GB", "out GB", "temp GB", "total GB",
-            "resident GB", "fits", "TFLOP", "GB moved", "roofline s", "collectives"]
+    head = (
+        f"{rep.topology}: {rep.chips} x TPU {rep.chip.name}, HBM {_gb(rep.chip.hbm_bytes)} GB/chip, "
+        f"{rep.shapes.processes} host(s) x {rep.shapes.chips_per_process} chips "
+        f"(peak {rep.chip.bf16_flops_per_s / 1e12:.0f} TFLOP/s bf16, {rep.chip.hbm_bytes_per_s / 1e9:.0f} GB/s)"
+    )
+    cols = [
+        "program",
+        "shape",
+        "mesh (data,fsdp,tensor)",
+        "args GB",
+        "out GB",
+        "temp GB",
+        "total GB",
+        "resident GB",
+        "fits",
+        "TFLOP",
+        "GB moved",
+        "roofline s",
+        "collectives",
+    ]
     rows = []
     for p in rep.programs:
         mesh = ",".join(str(p.mesh.get(a, 1)) for a in ("data", "fsdp", "tensor"))
@@ -201,9 +236,23 @@ def format_table(rep: Report) -> str:
         coll = " ".join(f"{k}:{v}" for k, v in p.collectives.items()) or "-"
         per = " (1 step)" if p.steps > 1 else ""
         roof = f"{p.roofline_s:.3g}" + (f" ({p.steps} steps)" if p.steps > 1 else "")
-        rows.append([p.name, p.shape, mesh, _gb(b["arguments"]), _gb(b["outputs"]), _gb(b["temps"]), _gb(b["total"]),
-                     _gb(p.resident_bytes), "yes" if p.fits else "NO", f"{p.flops / 1e12:.3g}{per}",
-                     f"{p.bytes_accessed / 1e9:.3g}{per}", roof, coll])
+        rows.append(
+            [
+                p.name,
+                p.shape,
+                mesh,
+                _gb(b["arguments"]),
+                _gb(b["outputs"]),
+                _gb(b["temps"]),
+                _gb(b["total"]),
+                _gb(p.resident_bytes),
+                "yes" if p.fits else "NO",
+                f"{p.flops / 1e12:.3g}{per}",
+                f"{p.bytes_accessed / 1e9:.3g}{per}",
+                roof,
+                coll,
+            ]
+        )
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
     line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))
     out = [head, line(cols), line(["-" * w for w in widths])] + [line(r) for r in rows]
@@ -221,8 +270,10 @@ def not_fitting_message(rep: Report, cfg: ExperimentConfig) -> str:
         if p.fits:
             continue
         need = p.per_chip_bytes["total"] + p.resident_bytes
-        why = p.error or (f"needs {_gb(need)} GB per chip ({_gb(p.per_chip_bytes['total'])} program + "
-                          f"{_gb(p.resident_bytes)} resident) of {_gb(rep.chip.hbm_bytes)} GB")
+        why = p.error or (
+            f"needs {_gb(need)} GB per chip ({_gb(p.per_chip_bytes['total'])} program + "
+            f"{_gb(p.resident_bytes)} resident) of {_gb(rep.chip.hbm_bytes)} GB"
+        )
         lines.append(f"{p.name} ({p.shape}) does not fit on {rep.topology}: {why}")
         lines.extend(f"    {k}" for k in knobs(cfg, p.name, rep.shapes))
     return "\n".join(lines)

@@ -14,8 +14,14 @@ class Qwen3ChatCodec:
     """ACT renders with ``enable_thinking``; REHEARSE prompts with ``simulator_thinking`` (the reference
     runs both with thinking on)."""
 
-    def __init__(self, tokenizer, *, enable_thinking: bool = True, simulator_thinking: bool = True,
-                 simulator_options: SimulatorPromptOptions = SimulatorPromptOptions()):
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        enable_thinking: bool = True,
+        simulator_thinking: bool = True,
+        simulator_options: SimulatorPromptOptions = SimulatorPromptOptions(),
+    ):
         self.renderer = ChatRenderer(tokenizer, enable_thinking=enable_thinking)
         self.simulator_thinking = simulator_thinking
         self.simulator_options = simulator_options
@@ -36,26 +42,43 @@ class Qwen3ChatCodec:
     def user_block(self, message: dict) -> list[int]:
         return self.renderer.user_ids(message["content"])
 
-    def simulator_messages(self, record: Mapping[str, Any], history: Sequence[Mapping[str, Any]],
-                           caller_text: str, call: tuple[str, str, dict]) -> list[dict[str, str]]:
+    def simulator_messages(
+        self,
+        record: Mapping[str, Any],
+        history: Sequence[Mapping[str, Any]],
+        caller_text: str,
+        call: tuple[str, str, dict],
+    ) -> list[dict[str, str]]:
         _, name, args = call
         return build_simulator_messages(
-            tools=record.get("tools", []), history=history, caller_text=caller_text, call_name=name,
-            call_arguments=args, reference_messages=record.get("reference_messages", []),
-            options=self.simulator_options)
+            tools=record.get("tools", []),
+            history=history,
+            caller_text=caller_text,
+            call_name=name,
+            call_arguments=args,
+            reference_messages=record.get("reference_messages", []),
+            options=self.simulator_options,
+        )
 
-    def simulator_prompt(self, record: Mapping[str, Any], history: Sequence[Mapping[str, Any]],
-                         caller_text: str, call: tuple[str, str, dict]) -> list[int]:
+    def simulator_prompt(
+        self,
+        record: Mapping[str, Any],
+        history: Sequence[Mapping[str, Any]],
+        caller_text: str,
+        call: tuple[str, str, dict],
+    ) -> list[int]:
         """``call`` is (call_id, tool name, arguments); ``history`` excludes the current assistant message."""
         messages = self.simulator_messages(record, history, caller_text, call)
-        return self.renderer.render_messages(messages, None, add_generation_prompt=True,
-                                             enable_thinking=self.simulator_thinking)
+        return self.renderer.render_messages(
+            messages, None, add_generation_prompt=True, enable_thinking=self.simulator_thinking
+        )
 
     def decode(self, ids: list[int]) -> str:
         return self.renderer.decode(ids)
 
-    def parse_tool_calls(self, text: str, ignore_think: bool = False, *, syntax: str = QWEN3
-                         ) -> tuple[list[dict], dict | None]:
+    def parse_tool_calls(
+        self, text: str, ignore_think: bool = False, *, syntax: str = QWEN3
+    ) -> tuple[list[dict], dict | None]:
         """``chat.parse_tool_calls`` itself (the rollout engine calls ``chat.make_assistant_message``)."""
         return parse_tool_calls(text, ignore_think=ignore_think, syntax=syntax)
 

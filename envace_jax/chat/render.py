@@ -19,8 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from envace_jax.chat.template import ENDOFTEXT, IM_END, IM_START, generation_prompt, tool_responses_turn, \
-    user_turn
+from envace_jax.chat.template import ENDOFTEXT, IM_END, IM_START, generation_prompt, tool_responses_turn, user_turn
 
 PROMPT, MODEL, ENV, USER = "prompt", "model", "env", "user"
 SPAN_KINDS = (PROMPT, MODEL, ENV, USER)
@@ -28,9 +27,9 @@ SPAN_KINDS = (PROMPT, MODEL, ENV, USER)
 
 @dataclasses.dataclass(frozen=True)
 class Span:
-    kind: str    # PROMPT (initial render), MODEL (sampled ids), ENV (tool responses, separators, gen prompts), USER
+    kind: str  # PROMPT (initial render), MODEL (sampled ids), ENV (tool responses, separators, gen prompts), USER
     start: int
-    end: int     # exclusive
+    end: int  # exclusive
 
 
 def _single_id(tokenizer, token: str) -> int:
@@ -64,23 +63,42 @@ class ChatRenderer:
         """Model text as the reference sees it: control tokens dropped, ``<think>``/``<tool_call>`` kept."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def chat_text(self, messages: list[dict], tools: list[dict] | None = None, *,
-                  add_generation_prompt: bool = False, **template_kwargs: Any) -> str:
+    def chat_text(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        *,
+        add_generation_prompt: bool = False,
+        **template_kwargs: Any,
+    ) -> str:
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list of chat message dicts")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
-                raise ValueError(f"messages[{i}] is not a chat message with a system/user/assistant/tool role: "
-                                 f"{str(m)[:120]}")
+                raise ValueError(
+                    f"messages[{i}] is not a chat message with a system/user/assistant/tool role: {str(m)[:120]}"
+                )
         template_kwargs.setdefault("enable_thinking", self.enable_thinking)
-        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt, **template_kwargs)
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools or None,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **template_kwargs,
+        )
 
-    def render_messages(self, messages: list[dict], tools: list[dict] | None = None, *,
-                        add_generation_prompt: bool = False, **template_kwargs: Any) -> list[int]:
+    def render_messages(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        *,
+        add_generation_prompt: bool = False,
+        **template_kwargs: Any,
+    ) -> list[int]:
         """Full (non-incremental) render through the chat template: SFT rows, simulator prompts."""
-        return self.encode(self.chat_text(messages, tools, add_generation_prompt=add_generation_prompt,
-                                          **template_kwargs))
+        return self.encode(
+            self.chat_text(messages, tools, add_generation_prompt=add_generation_prompt, **template_kwargs)
+        )
 
     # ------------------------------------------------------------------ pieces
     def generation_prompt_ids(self) -> list[int]:
@@ -107,8 +125,9 @@ class ChatRenderer:
             raise ValueError(f"user content must be a string, got {type(content).__name__}")
         return self.encode(user_turn(content)) + (self.generation_prompt_ids() if add_generation_prompt else [])
 
-    def start(self, messages: list[dict], tools: list[dict] | None = None, *,
-              add_generation_prompt: bool = True) -> "Transcript":
+    def start(
+        self, messages: list[dict], tools: list[dict] | None = None, *, add_generation_prompt: bool = True
+    ) -> "Transcript":
         """A transcript holding the initial prompt (usually system + first user message)."""
         ids = self.render_messages(messages, tools, add_generation_prompt=add_generation_prompt)
         t = Transcript(self)
@@ -134,7 +153,7 @@ class Transcript:
     @property
     def awaiting_generation(self) -> bool:
         gp = self.renderer._gen_prompt_ids
-        return len(self.ids) >= len(gp) and self.ids[len(self.ids) - len(gp):] == gp
+        return len(self.ids) >= len(gp) and self.ids[len(self.ids) - len(gp) :] == gp
 
     def add_assistant(self, sampled_ids: Sequence[int]) -> Span:
         """Appends a sampled turn verbatim (``<|im_end|>`` included) and the separator after it.
@@ -151,8 +170,9 @@ class Transcript:
         return span
 
     def add_tool_responses(self, contents: Sequence[str], *, add_generation_prompt: bool = True) -> Span:
-        return self._append(ENV, self.renderer.tool_responses_ids(contents,
-                                                                 add_generation_prompt=add_generation_prompt))
+        return self._append(
+            ENV, self.renderer.tool_responses_ids(contents, add_generation_prompt=add_generation_prompt)
+        )
 
     def add_user(self, content: str, *, add_generation_prompt: bool = True) -> Span:
         span = self._append(USER, self.renderer.user_ids(content, add_generation_prompt=False))
@@ -171,7 +191,7 @@ class Transcript:
         mask = [0] * len(self.ids)
         for s in self.spans:
             if s.kind == MODEL:
-                mask[s.start:s.end] = [1] * (s.end - s.start)
+                mask[s.start : s.end] = [1] * (s.end - s.start)
         return mask
 
     def text(self) -> str:

@@ -29,9 +29,14 @@ EXECUTION_RESULT_TAG_MALFORMED = "EXECUTION_RESULT_TAG_MALFORMED"
 SIMULATOR_JSON_DECODE_ERROR = "SIMULATOR_JSON_DECODE_ERROR"
 INVALID_EXECUTION_RESULT_TYPE = "INVALID_EXECUTION_RESULT_TYPE"
 NON_SERIALIZABLE_EXECUTION_RESULT = "NON_SERIALIZABLE_EXECUTION_RESULT"
-SIMULATOR_ERROR_CODES = (EMPTY_SIMULATOR_OUTPUT, NO_EXECUTION_RESULT_TAG_FOUND, EXECUTION_RESULT_TAG_MALFORMED,
-                         SIMULATOR_JSON_DECODE_ERROR, INVALID_EXECUTION_RESULT_TYPE,
-                         NON_SERIALIZABLE_EXECUTION_RESULT)
+SIMULATOR_ERROR_CODES = (
+    EMPTY_SIMULATOR_OUTPUT,
+    NO_EXECUTION_RESULT_TAG_FOUND,
+    EXECUTION_RESULT_TAG_MALFORMED,
+    SIMULATOR_JSON_DECODE_ERROR,
+    INVALID_EXECUTION_RESULT_TYPE,
+    NON_SERIALIZABLE_EXECUTION_RESULT,
+)
 
 _RESULT_RE = re.compile(r"\n<execution_result>\n(.*?)\n</execution_result>", re.DOTALL)
 UNAVAILABLE = "<unavailable>"
@@ -52,28 +57,34 @@ def parse_simulator_output(text: str) -> tuple[str | None, dict | None]:
     if not body.strip():
         return None, simulator_error(EMPTY_SIMULATOR_OUTPUT, "the simulator produced only thinking")
     if "<execution_result>" not in body:
-        return None, simulator_error(NO_EXECUTION_RESULT_TAG_FOUND, "no <execution_result> tag in the output",
-                                     body[:200])
+        return None, simulator_error(
+            NO_EXECUTION_RESULT_TAG_FOUND, "no <execution_result> tag in the output", body[:200]
+        )
     match = _RESULT_RE.search(body)
     if match is None:
-        return None, simulator_error(EXECUTION_RESULT_TAG_MALFORMED,
-                                     "expected '\\n<execution_result>\\n<JSON>\\n</execution_result>'", body[:200])
+        return None, simulator_error(
+            EXECUTION_RESULT_TAG_MALFORMED,
+            "expected '\\n<execution_result>\\n<JSON>\\n</execution_result>'",
+            body[:200],
+        )
     raw = match.group(1)
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError) as exc:
-        return None, simulator_error(SIMULATOR_JSON_DECODE_ERROR, "execution result is not valid JSON",
-                                     str(exc)[:200])
+        return None, simulator_error(SIMULATOR_JSON_DECODE_ERROR, "execution result is not valid JSON", str(exc)[:200])
     if not ((isinstance(value, dict) and value) or isinstance(value, list)):
-        return None, simulator_error(INVALID_EXECUTION_RESULT_TYPE,
-                                     "execution result must be a non-empty JSON object or a JSON array",
-                                     type(value).__name__)
+        return None, simulator_error(
+            INVALID_EXECUTION_RESULT_TYPE,
+            "execution result must be a non-empty JSON object or a JSON array",
+            type(value).__name__,
+        )
     try:
         # Lone surrogates (from \ud800-style escapes) cannot be tokenised; U+FFFD as in the reference.
         return sanitize_text(json.dumps(value, ensure_ascii=False, allow_nan=False)), None
     except (ValueError, TypeError, RecursionError) as exc:
-        return None, simulator_error(NON_SERIALIZABLE_EXECUTION_RESULT, "execution result cannot be re-serialised",
-                                     str(exc)[:200])
+        return None, simulator_error(
+            NON_SERIALIZABLE_EXECUTION_RESULT, "execution result cannot be re-serialised", str(exc)[:200]
+        )
 
 
 # ----------------------------------------------------------------------------- is this response an error?
@@ -83,6 +94,7 @@ def parse_simulator_output(text: str) -> tuple[str | None, dict | None]:
 #   is_failed_result     a call that did not work, either way (rehearsal memory, fidelity views)
 #   is_error_tool_message the judge's test on a whole tool message (reference: the content *contains*
 #                        ``error_tool_call``, or the message is the parse-error message)
+
 
 def _as_json(content: Any) -> Any:
     if isinstance(content, str):
@@ -115,11 +127,12 @@ def is_error_tool_message(message: Mapping[str, Any]) -> bool:
 
 # ----------------------------------------------------------------------------- prompt
 
+
 @dataclasses.dataclass(frozen=True)
 class SimulatorPromptOptions:
-    few_shot: bool = True        # logged calls of the reference conversation (leaks future calls; see module doc)
-    append_think: bool = True    # "\n\n/think" at the end of the user message (reference default)
-    compact: bool = False        # shorter instruction and one-line sections, for tiny models
+    few_shot: bool = True  # logged calls of the reference conversation (leaks future calls; see module doc)
+    append_think: bool = True  # "\n\n/think" at the end of the user message (reference default)
+    compact: bool = False  # shorter instruction and one-line sections, for tiny models
 
 
 _SYSTEM_FULL = """You act as a tool: you receive one tool call made by an AI assistant and you return exactly what \
@@ -212,19 +225,27 @@ def serialize_history(messages: Sequence[Mapping[str, Any]]) -> str:
             lines.append(f"User: {content}")
         elif role == "assistant":
             calls = "".join(
-                "\n<tool_call>\n" + _dump({"name": _function(c).get("name"),
-                                           "arguments": _function(c).get("arguments")}, False) + "\n</tool_call>"
-                for c in msg.get("tool_calls") or [])
+                "\n<tool_call>\n"
+                + _dump({"name": _function(c).get("name"), "arguments": _function(c).get("arguments")}, False)
+                + "\n</tool_call>"
+                for c in msg.get("tool_calls") or []
+            )
             lines.append(f"Assistant: {content}{calls}")
         elif role == "tool":
             lines.append(f"Tool[{msg.get('name', '')}]: {content}")
     return "\n".join(lines)
 
 
-def build_simulator_messages(*, tools: Sequence[Mapping[str, Any]], history: Sequence[Mapping[str, Any]],
-                             caller_text: str, call_name: str, call_arguments: Any,
-                             reference_messages: Sequence[Mapping[str, Any]] = (),
-                             options: SimulatorPromptOptions = SimulatorPromptOptions()) -> list[dict[str, str]]:
+def build_simulator_messages(
+    *,
+    tools: Sequence[Mapping[str, Any]],
+    history: Sequence[Mapping[str, Any]],
+    caller_text: str,
+    call_name: str,
+    call_arguments: Any,
+    reference_messages: Sequence[Mapping[str, Any]] = (),
+    options: SimulatorPromptOptions = SimulatorPromptOptions(),
+) -> list[dict[str, str]]:
     """The REHEARSE prompt as [system, user] chat messages.
 
     ``history`` is the episode's messages *before* the current assistant message (the reference passes
@@ -240,7 +261,8 @@ def build_simulator_messages(*, tools: Sequence[Mapping[str, Any]], history: Seq
     if compact:
         tool_lines = "\n".join(
             _dump({"name": _function(t).get("name"), "parameters": _function(t).get("parameters", {})}, True)
-            for t in tools)
+            for t in tools
+        )
         sections.append(f"Tools:\n{tool_lines}")
         # Each logged call and the call to answer sit on lines of their own, written the same way,
         # and each logged result is a line of its own: a matching call's result is then a copy of
@@ -258,18 +280,23 @@ def build_simulator_messages(*, tools: Sequence[Mapping[str, Any]], history: Seq
             if examples:
                 shots = "\n\n".join(
                     f"Tool name:\n{n}\nTool arguments:\n{_dump(a, False)}\nTool execution result:\n{r}"
-                    for n, a, r in examples)
+                    for n, a, r in examples
+                )
                 sections.append(f"Logged tool calls and their real results:\n{shots}")
             else:
                 sections.append(f"Logged tool calls and their real results: {UNAVAILABLE}")
         sections.append(f"Conversation so far:\n{serialize_history(history)}")
         sections.append(f"The assistant's latest raw message:\n{caller_text}")
         schema_text = input_schema if isinstance(input_schema, str) else _dump(input_schema, False)
-        sections.append(f"Call to answer:\n- name: {call_name}\n- input schema (JSON Schema):\n{schema_text}\n"
-                        f"- arguments (JSON, parsed from the assistant's tool_call):\n"
-                        f"{_dump(call_arguments, False)}")
+        sections.append(
+            f"Call to answer:\n- name: {call_name}\n- input schema (JSON Schema):\n{schema_text}\n"
+            f"- arguments (JSON, parsed from the assistant's tool_call):\n"
+            f"{_dump(call_arguments, False)}"
+        )
     user = "\n\n".join(sections)
     if options.append_think:
         user += "\n\n/think"
-    return [{"role": "system", "content": _SYSTEM_COMPACT if compact else _SYSTEM_FULL},
-            {"role": "user", "content": user}]
+    return [
+        {"role": "system", "content": _SYSTEM_COMPACT if compact else _SYSTEM_FULL},
+        {"role": "user", "content": user},
+    ]

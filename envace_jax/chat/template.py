@@ -42,8 +42,7 @@ TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 # Tokens that must never be split by BPE; the first three are control tokens (skipped when decoding
 # with skip_special_tokens), the others stay visible in decoded text as in Qwen3.
 CONTROL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
-MARKUP_TOKENS = (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN,
-                 TOOL_RESPONSE_CLOSE)
+MARKUP_TOKENS = (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE)
 QWEN3_SPECIAL_TOKENS = CONTROL_TOKENS + MARKUP_TOKENS
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"
@@ -131,9 +130,15 @@ QWEN3_STYLE_TEMPLATE = r"""{#- envace-jax Qwen3-style chat template. Variables: 
 {%- endif -%}"""
 
 
-def render_chat_text(messages: list[dict], tools: list[dict] | None = None, *,
-                     add_generation_prompt: bool = False, enable_thinking: bool = True,
-                     drop_past_thinking: bool = False, chat_template: str = QWEN3_STYLE_TEMPLATE) -> str:
+def render_chat_text(
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    *,
+    add_generation_prompt: bool = False,
+    enable_thinking: bool = True,
+    drop_past_thinking: bool = False,
+    chat_template: str = QWEN3_STYLE_TEMPLATE,
+) -> str:
     """Renders messages with a chat template without needing a tokenizer (e.g. to build a corpus).
 
     Uses transformers' own Jinja environment so filters (``tojson`` without HTML escaping) behave
@@ -142,7 +147,11 @@ def render_chat_text(messages: list[dict], tools: list[dict] | None = None, *,
     from transformers.utils.chat_template_utils import render_jinja_template
 
     rendered, _ = render_jinja_template(
-        conversations=[messages], tools=tools, chat_template=chat_template,
-        add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking,
-        drop_past_thinking=drop_past_thinking)
+        conversations=[messages],
+        tools=tools,
+        chat_template=chat_template,
+        add_generation_prompt=add_generation_prompt,
+        enable_thinking=enable_thinking,
+        drop_past_thinking=drop_past_thinking,
+    )
     return rendered[0]

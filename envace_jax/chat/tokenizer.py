@@ -6,13 +6,21 @@ import json
 import os
 from typing import Iterable
 
-from envace_jax.chat.template import CONTROL_TOKENS, ENDOFTEXT, IM_END, MARKUP_TOKENS, QWEN3_SPECIAL_TOKENS, \
-    QWEN3_STYLE_TEMPLATE
+from envace_jax.chat.template import (
+    CONTROL_TOKENS,
+    ENDOFTEXT,
+    IM_END,
+    MARKUP_TOKENS,
+    QWEN3_SPECIAL_TOKENS,
+    QWEN3_STYLE_TEMPLATE,
+)
 
 # Qwen2/Qwen3's pre-tokenisation split (contractions, letters, single digits, punctuation runs, newline runs,
 # spaces) so the demo tokenizer cuts text where a real Qwen3 tokenizer does.
-_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # Whole lines (newline included): merges may then span words, so text repeated verbatim in every
 # prompt (benchmark tool schemas) shrinks to a few long tokens. Meant for tiny CI models only.
 _LINE_PATTERN = r"[^\n]*\n|[^\n]+"
@@ -40,13 +48,22 @@ def load_tokenizer(path: str | os.PathLike, *, use_our_template: bool = False):
     for token in (ENDOFTEXT, "<|im_start|>", IM_END):
         ids = tok.encode(token, add_special_tokens=False)
         if len(ids) != 1:
-            raise ValueError(f"tokenizer at {path!r}: {token!r} is not a single token (got ids {ids}); "
-                             f"the Qwen3 chat format needs it")
+            raise ValueError(
+                f"tokenizer at {path!r}: {token!r} is not a single token (got ids {ids}); "
+                f"the Qwen3 chat format needs it"
+            )
     return tok
 
 
-def build_demo_tokenizer(corpus_texts: Iterable[str], out_dir: str | os.PathLike, *, vocab_size: int = 1024,
-                         min_frequency: int = 2, pre_split: str = "qwen", max_token_chars: int | None = None):
+def build_demo_tokenizer(
+    corpus_texts: Iterable[str],
+    out_dir: str | os.PathLike,
+    *,
+    vocab_size: int = 1024,
+    min_frequency: int = 2,
+    pre_split: str = "qwen",
+    max_token_chars: int | None = None,
+):
     """Trains a byte-level BPE on ``corpus_texts`` and saves a Hugging Face tokenizer directory.
 
     Ids 0..8 are the Qwen3 special tokens in ``QWEN3_SPECIAL_TOKENS`` order (``<|endoftext|>`` = 0,
@@ -64,8 +81,9 @@ def build_demo_tokenizer(corpus_texts: Iterable[str], out_dir: str | os.PathLike
 
     min_vocab = 256 + len(QWEN3_SPECIAL_TOKENS)
     if vocab_size < min_vocab:
-        raise ValueError(f"vocab_size={vocab_size} is below {min_vocab} (256 bytes + {len(QWEN3_SPECIAL_TOKENS)} "
-                         f"special tokens)")
+        raise ValueError(
+            f"vocab_size={vocab_size} is below {min_vocab} (256 bytes + {len(QWEN3_SPECIAL_TOKENS)} special tokens)"
+        )
     if pre_split not in _PRE_SPLITS:
         raise ValueError(f"pre_split={pre_split!r}; choose one of {sorted(_PRE_SPLITS)}")
     if max_token_chars is not None and max_token_chars < 1:
@@ -75,15 +93,21 @@ def build_demo_tokenizer(corpus_texts: Iterable[str], out_dir: str | os.PathLike
         raise ValueError("corpus_texts must be a non-empty iterable of strings")
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_PRE_SPLITS[pre_split]), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_PRE_SPLITS[pre_split]), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=list(QWEN3_SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-                                  max_token_length=max_token_chars)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(QWEN3_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+        max_token_length=max_token_chars,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CONTROL_TOKENS])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
@@ -91,9 +115,15 @@ def build_demo_tokenizer(corpus_texts: Iterable[str], out_dir: str | os.PathLike
         if tok.token_to_id(t) != i:
             raise AssertionError(f"demo tokenizer: {t!r} got id {tok.token_to_id(t)}, expected {i}")
 
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=ENDOFTEXT,
-                                   unk_token=None, bos_token=None, clean_up_tokenization_spaces=False,
-                                   model_max_length=1 << 20)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        unk_token=None,
+        bos_token=None,
+        clean_up_tokenization_spaces=False,
+        model_max_length=1 << 20,
+    )
     fast.chat_template = QWEN3_STYLE_TEMPLATE
     out_dir = os.fspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)

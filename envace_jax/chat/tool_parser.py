@@ -52,15 +52,22 @@ JSON_DECODE_ERROR = "JSON_DECODE_ERROR"
 NO_ARGUMENTS = "NO_ARGUMENTS"
 NON_SERIALIZABLE_ARGUMENTS = "NON_SERIALIZABLE_ARGUMENTS"
 INVALID_TOOL_NAME = "INVALID_TOOL_NAME"
-TOOL_CALL_ERROR_CODES = (NO_TOOL_CALL_FOUND, JSON_DECODE_ERROR, NO_ARGUMENTS, NON_SERIALIZABLE_ARGUMENTS,
-                         INVALID_TOOL_NAME)
+TOOL_CALL_ERROR_CODES = (
+    NO_TOOL_CALL_FOUND,
+    JSON_DECODE_ERROR,
+    NO_ARGUMENTS,
+    NON_SERIALIZABLE_ARGUMENTS,
+    INVALID_TOOL_NAME,
+)
 
 ERROR_KEY = "error_tool_call"
 CALL_SEPARATOR = "\n<tool_call>\n"
 QWEN3, REFERENCE = TOOL_CALL_SYNTAXES
 # Each syntax: the regex of one block (group 1 is the JSON), and the text whose first occurrence ends the content.
-_BLOCK_RE = {REFERENCE: re.compile(r"\n<tool_call>\n(.*?)\n</tool_call>", re.DOTALL),
-             QWEN3: re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)}
+_BLOCK_RE = {
+    REFERENCE: re.compile(r"\n<tool_call>\n(.*?)\n</tool_call>", re.DOTALL),
+    QWEN3: re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL),
+}
 _CONTENT_END = {REFERENCE: CALL_SEPARATOR, QWEN3: TOOL_CALL_OPEN}
 _THINK_RE = re.compile(re.escape(THINK_OPEN) + r".*?" + re.escape(THINK_CLOSE), re.DOTALL)
 _SURROGATE_RE = re.compile(r"[\ud800-\udfff]")
@@ -116,8 +123,9 @@ def tool_call_error(code: str, message: str) -> dict[str, str]:
 def _call_from_item(item: Any, block_index: int) -> dict[str, Any]:
     where = f"tool_call block {block_index}"
     if not isinstance(item, dict):
-        raise _BadCall(JSON_DECODE_ERROR, f"{where} must be a JSON object or a list of objects, "
-                                          f"got {type(item).__name__}")
+        raise _BadCall(
+            JSON_DECODE_ERROR, f"{where} must be a JSON object or a list of objects, got {type(item).__name__}"
+        )
     args = item.get("parameters")
     if args is None:
         args = item.get("arguments")
@@ -142,9 +150,9 @@ def _check_syntax(syntax: str) -> None:
 
 
 class _Scan(NamedTuple):
-    content_end: int | None   # where the content ends: the first call start that counts (None: no call start)
-    mentions_call: bool       # a "<tool_call>" tag that counts is somewhere in the text
-    bodies: list[str]         # the JSON text of each block that counts, in order
+    content_end: int | None  # where the content ends: the first call start that counts (None: no call start)
+    mentions_call: bool  # a "<tool_call>" tag that counts is somewhere in the text
+    bodies: list[str]  # the JSON text of each block that counts, in order
 
 
 def _scan(text: str, ignore_think: bool, syntax: str) -> _Scan:
@@ -163,8 +171,9 @@ def _scan(text: str, ignore_think: bool, syntax: str) -> _Scan:
     return _Scan(starts[0] if starts else None, mentions, bodies)
 
 
-def parse_tool_calls(text: str, ignore_think: bool = False, *, syntax: str = QWEN3
-                     ) -> tuple[list[dict[str, Any]], dict | None]:
+def parse_tool_calls(
+    text: str, ignore_think: bool = False, *, syntax: str = QWEN3
+) -> tuple[list[dict[str, Any]], dict | None]:
     """Parses ``<tool_call>`` blocks. Returns (calls, None), ([], None) for a final answer, or ([], error)."""
     if not isinstance(text, str):
         _check_syntax(syntax)
@@ -173,8 +182,7 @@ def parse_tool_calls(text: str, ignore_think: bool = False, *, syntax: str = QWE
     if not scan.mentions_call:
         return [], None
     if not scan.bodies:
-        form = ("'\\n<tool_call>\\n{...}\\n</tool_call>'" if syntax == REFERENCE
-                else "'<tool_call>{...}</tool_call>'")
+        form = "'\\n<tool_call>\\n{...}\\n</tool_call>'" if syntax == REFERENCE else "'<tool_call>{...}</tool_call>'"
         return [], tool_call_error(NO_TOOL_CALL_FOUND, f"found '<tool_call>' but no block of the form {form}")
     calls: list[dict[str, Any]] = []
     try:
@@ -203,8 +211,9 @@ def split_assistant_text(text: str, ignore_think: bool = False, *, syntax: str =
     return content[:-1] if syntax == QWEN3 and content.endswith("\n") else content
 
 
-def make_assistant_message(text: str, *, call_id_prefix: str = "call", ignore_think: bool = False,
-                           syntax: str = QWEN3) -> tuple[dict[str, Any], dict | None]:
+def make_assistant_message(
+    text: str, *, call_id_prefix: str = "call", ignore_think: bool = False, syntax: str = QWEN3
+) -> tuple[dict[str, Any], dict | None]:
     """Builds the assistant message dict for one sampled turn; returns (message, parse_error).
 
     On a parse error the message carries the content and no tool calls; the caller appends the error
@@ -212,13 +221,16 @@ def make_assistant_message(text: str, *, call_id_prefix: str = "call", ignore_th
     Call ids are ``{call_id_prefix}_{i}``; the reference uses ``call_{uuid}_{turn}_{i}``.
     """
     calls, error = parse_tool_calls(text, ignore_think=ignore_think, syntax=syntax)
-    message: dict[str, Any] = {"role": "assistant",
-                               "content": split_assistant_text(text, ignore_think, syntax=syntax)}
+    message: dict[str, Any] = {"role": "assistant", "content": split_assistant_text(text, ignore_think, syntax=syntax)}
     if calls:
         message["tool_calls"] = [
-            {"id": f"{call_id_prefix}_{i}", "type": "function",
-             "function": {"name": c["name"], "arguments": c["arguments"]}}
-            for i, c in enumerate(calls)]
+            {
+                "id": f"{call_id_prefix}_{i}",
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for i, c in enumerate(calls)
+        ]
     return message, error
 
 

@@ -58,15 +58,18 @@ def _build_task(rng: random.Random, world: str) -> dict[str, Any]:
     for items in rec.turns:
         normalise_weights(items)
     system = {"role": "system", "content": spec.system(state)}
-    return {"uid": "", "data_source": f"envace_demo/{world}",
-            "messages": [system, dict(rec.messages[0])],
-            "tools": tool_schemas(world, state),
-            "reference_messages": rec.messages,
-            "checklist": [rec.turns],
-            "env": {"name": world, "state": state},
-            # not read by any model or judge: labels for reporting and for drawing split mixes
-            "branch": PUSH_BACK if rec.push_back else HAPPY,
-            "task_type": f"{world}/{rec.types[0]}"}
+    return {
+        "uid": "",
+        "data_source": f"envace_demo/{world}",
+        "messages": [system, dict(rec.messages[0])],
+        "tools": tool_schemas(world, state),
+        "reference_messages": rec.messages,
+        "checklist": [rec.turns],
+        "env": {"name": world, "state": state},
+        # not read by any model or judge: labels for reporting and for drawing split mixes
+        "branch": PUSH_BACK if rec.push_back else HAPPY,
+        "task_type": f"{world}/{rec.types[0]}",
+    }
 
 
 def task_content_key(task: dict[str, Any]) -> str:
@@ -91,7 +94,9 @@ def branch_plan(n: int, push_back_share: float) -> list[str]:
     return [PUSH_BACK if int((i + 1) * push_back_share) > int(i * push_back_share) else HAPPY for i in range(n)]
 
 
-def generate_tasks(n: int, seed: int, split: str = "train", push_back_share: float | None = None) -> list[dict[str, Any]]:
+def generate_tasks(
+    n: int, seed: int, split: str = "train", push_back_share: float | None = None
+) -> list[dict[str, Any]]:
     """``n`` distinct task records of ``split``; the same arguments always give the same list, and a
     longer list starts with the shorter one.
 
@@ -119,8 +124,10 @@ def generate_tasks(n: int, seed: int, split: str = "train", push_back_share: flo
     while not full():
         budget -= 1
         if budget < 0:
-            raise RuntimeError(f"could not draw {n} distinct {split} tasks from seed {seed}"
-                               + ("" if plan is None else f" with push_back_share={push_back_share}"))
+            raise RuntimeError(
+                f"could not draw {n} distinct {split} tasks from seed {seed}"
+                + ("" if plan is None else f" with push_back_share={push_back_share}")
+            )
         try:
             task = _build_task(rng, rng.choice(worlds))
         except Reject:
@@ -142,13 +149,21 @@ def generate_tasks(n: int, seed: int, split: str = "train", push_back_share: flo
 
 # --------------------------------------------------------------------------- world-model rows
 class WorldModelExample(NamedTuple):
-    task: dict[str, Any]        # the task whose fresh world answered (its few-shot block grounds the row)
-    call: dict[str, Any]        # {"name": str, "arguments": dict}
-    response: str               # the real tool's canonical JSON response
+    task: dict[str, Any]  # the task whose fresh world answered (its few-shot block grounds the row)
+    call: dict[str, Any]  # {"name": str, "arguments": dict}
+    response: str  # the real tool's canonical JSON response
 
 
-_WM_KINDS = [("reference", 4), ("valid", 3), ("bad_id", 2), ("bad_value", 2), ("missing_arg", 1),
-             ("extra_arg", 1), ("wrong_type", 1), ("other_tool", 1)]
+_WM_KINDS = [
+    ("reference", 4),
+    ("valid", 3),
+    ("bad_id", 2),
+    ("bad_value", 2),
+    ("missing_arg", 1),
+    ("extra_arg", 1),
+    ("wrong_type", 1),
+    ("other_tool", 1),
+]
 
 
 def _wm_call(kind: str, rng: random.Random, task: dict[str, Any], env: DemoWorld) -> tuple[str, dict[str, Any]]:
@@ -175,8 +190,9 @@ def _wm_call(kind: str, rng: random.Random, task: dict[str, Any], env: DemoWorld
     return name, args
 
 
-def world_model_examples(n: int, seed: int, *, task_seed: int | None = None,
-                         exclude_uids: frozenset[str] | set[str] = frozenset()) -> list[WorldModelExample]:
+def world_model_examples(
+    n: int, seed: int, *, task_seed: int | None = None, exclude_uids: frozenset[str] | set[str] = frozenset()
+) -> list[WorldModelExample]:
     """``n`` real executions of varied calls, each the first call on a fresh world of a train task.
 
     Calls mix the task's own reference calls, other valid calls, unknown ids, bad values,

@@ -30,12 +30,12 @@ class PipelineConfig:
     batch_size: int
     seed: int = 0
     shuffle: bool = True
-    num_epochs: int | None = 1           # None repeats forever
-    drop_remainder: bool = True          # drop a short last batch (finite epochs only)
+    num_epochs: int | None = 1  # None repeats forever
+    drop_remainder: bool = True  # drop a short last batch (finite epochs only)
     shard_index: int = 0
     shard_count: int = 1
-    read_threads: int = 2                # decode threads; the box may be small
-    prefetch: int = 16                   # elements decoded ahead of the consumer
+    read_threads: int = 2  # decode threads; the box may be small
+    prefetch: int = 16  # elements decoded ahead of the consumer
 
     def __post_init__(self):
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -43,8 +43,9 @@ class PipelineConfig:
         if self.num_epochs is not None and (not isinstance(self.num_epochs, int) or self.num_epochs < 1):
             raise ValueError(f"PipelineConfig.num_epochs must be None or a positive int, got {self.num_epochs!r}")
         if not 0 <= self.shard_index < self.shard_count:
-            raise ValueError(f"PipelineConfig.shard_index={self.shard_index} is outside "
-                             f"[0, shard_count={self.shard_count})")
+            raise ValueError(
+                f"PipelineConfig.shard_index={self.shard_index} is outside [0, shard_count={self.shard_count})"
+            )
         if self.read_threads < 0 or self.prefetch < 0:
             raise ValueError("PipelineConfig.read_threads and prefetch must be >= 0")
 
@@ -54,8 +55,9 @@ def resolve_shard(cfg: PipelineConfig) -> tuple[int, int]:
     return cfg.shard_index, cfg.shard_count
 
 
-def build_dataset(source: Any, cfg: PipelineConfig,
-                  decode: Callable[[Any], Any] | None = decode_example) -> grain.IterDataset:
+def build_dataset(
+    source: Any, cfg: PipelineConfig, decode: Callable[[Any], Any] | None = decode_example
+) -> grain.IterDataset:
     """The pipeline as a grain IterDataset yielding lists of ``batch_size`` decoded elements.
 
     ``source`` is any random-access source (len + int indexing): the raw tfds source from
@@ -92,13 +94,18 @@ class PromptIterator:
     than silently resuming somewhere else.
     """
 
-    def __init__(self, source: Any, cfg: PipelineConfig,
-                 decode: Callable[[Any], Any] | None = decode_example):
+    def __init__(self, source: Any, cfg: PipelineConfig, decode: Callable[[Any], Any] | None = decode_example):
         self.cfg = cfg
         shard, count = resolve_shard(cfg)
-        self._identity = {"source_len": len(source), "seed": cfg.seed, "shuffle": cfg.shuffle,
-                          "num_epochs": cfg.num_epochs, "batch_size": cfg.batch_size,
-                          "shard_index": shard, "shard_count": count}
+        self._identity = {
+            "source_len": len(source),
+            "seed": cfg.seed,
+            "shuffle": cfg.shuffle,
+            "num_epochs": cfg.num_epochs,
+            "batch_size": cfg.batch_size,
+            "shard_index": shard,
+            "shard_count": count,
+        }
         self._it = iter(build_dataset(source, cfg, decode))
         self.batches_seen = 0
 

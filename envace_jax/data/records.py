@@ -33,8 +33,15 @@ FOCUS_ON = (
     "assistant.content.user_visible_reply",
     "tool.content",
 )
-ITEM_KEYS = ("question", "focus_on", "pass_condition", "failure_examples", "evidence", "weight",
-             "required_for_next_turn")
+ITEM_KEYS = (
+    "question",
+    "focus_on",
+    "pass_condition",
+    "failure_examples",
+    "evidence",
+    "weight",
+    "required_for_next_turn",
+)
 ROLES = ("system", "user", "assistant", "tool")
 RULE_TYPES = ("tool_called", "tool_not_called", "reply_contains", "all", "any")
 # Columns whose values are nested JSON; our parquet stores them as JSON strings because rows
@@ -63,6 +70,7 @@ def _is_number(x: Any) -> bool:
 
 
 # --------------------------------------------------------------------------- tool schemas
+
 
 def validate_tool_schema(schema: Any, where: str) -> None:
     """Checks one OpenAI function schema; ``where`` prefixes the error (e.g. 'record 3: tools[1]')."""
@@ -102,6 +110,7 @@ def validate_tool_schema(schema: Any, where: str) -> None:
 
 # --------------------------------------------------------------------------- messages
 
+
 def _validate_message(msg: Any, where: str) -> None:
     if not isinstance(msg, Mapping):
         raise RecordError(f"{where}: message must be a dict, got {type(msg).__name__}")
@@ -123,8 +132,9 @@ def _validate_message(msg: Any, where: str) -> None:
             if not isinstance(fn.get("name"), str) or not fn["name"]:
                 raise RecordError(f"{cw}.function.name: must be a non-empty string")
             if not isinstance(fn.get("arguments"), Mapping):
-                raise RecordError(f"{cw}.function.arguments: must be a parsed dict, "
-                                  f"got {type(fn.get('arguments')).__name__}")
+                raise RecordError(
+                    f"{cw}.function.arguments: must be a parsed dict, got {type(fn.get('arguments')).__name__}"
+                )
     if role == "tool" and not isinstance(msg.get("content"), str):
         raise RecordError(f"{where}.content: a tool message needs string content")
 
@@ -139,6 +149,7 @@ def _validate_messages(msgs: Any, where: str, *, need_user: bool) -> None:
 
 
 # --------------------------------------------------------------------------- checklist and rules
+
 
 def validate_rule(rule: Any, where: str = "rule") -> None:
     """Checks a rule-judge rule (contract 3); the one validator the records and the rule judge share.
@@ -176,8 +187,7 @@ def check_scoring_fields(item: Any, where: str) -> None:
     if item.get("focus_on") not in FOCUS_ON:
         raise RecordError(f"{where}.focus_on: must be one of {FOCUS_ON}, got {item.get('focus_on')!r}")
     if not isinstance(item.get("required_for_next_turn", False), bool):
-        raise RecordError(f"{where}.required_for_next_turn: must be a bool, "
-                          f"got {item.get('required_for_next_turn')!r}")
+        raise RecordError(f"{where}.required_for_next_turn: must be a bool, got {item.get('required_for_next_turn')!r}")
 
 
 def validate_checklist_list(checklist_list: Any, where: str = "checklist_list") -> None:
@@ -204,8 +214,7 @@ def _validate_item(item: Any, where: str) -> None:
     for key in ("question", "pass_condition"):
         if not isinstance(item[key], str):
             raise RecordError(f"{where}.{key}: must be a string")
-    if not isinstance(item["failure_examples"], list) or not all(
-            isinstance(x, str) for x in item["failure_examples"]):
+    if not isinstance(item["failure_examples"], list) or not all(isinstance(x, str) for x in item["failure_examples"]):
         raise RecordError(f"{where}.failure_examples: must be a list of strings")
     if not isinstance(item["evidence"], list) or not all(isinstance(x, Mapping) for x in item["evidence"]):
         raise RecordError(f"{where}.evidence: must be a list of dicts")
@@ -232,8 +241,10 @@ def _validate_checklist(cl: Any, where: str, weight_tol: float | None) -> None:
 
 # --------------------------------------------------------------------------- records
 
-def validate_record(rec: Any, index: int | None = None, *, max_num_checklist: int | None = 1,
-                    weight_tol: float | None = 0.02) -> dict[str, Any]:
+
+def validate_record(
+    rec: Any, index: int | None = None, *, max_num_checklist: int | None = 1, weight_tol: float | None = 0.02
+) -> dict[str, Any]:
     """Validates one record and returns a normalised copy.
 
     The copy has its checklist truncated to ``max_num_checklist`` (the reference uses 1; None
@@ -375,8 +386,13 @@ def _read_rows(path: str) -> list[dict[str, Any]]:
     raise ValueError(f"load_records: unsupported file type {path!r} (want .jsonl, .json or .parquet)")
 
 
-def load_records(path: str | os.PathLike, *, max_num_checklist: int | None = 1,
-                 weight_tol: float | None = 0.02, drop_invalid_tools: bool = False) -> list[dict[str, Any]]:
+def load_records(
+    path: str | os.PathLike,
+    *,
+    max_num_checklist: int | None = 1,
+    weight_tol: float | None = 0.02,
+    drop_invalid_tools: bool = False,
+) -> list[dict[str, Any]]:
     """Reads and validates task records from JSONL or parquet, ours or the reference layout.
 
     A row with an ``extra_info`` field is taken to be in the reference layout and converted.
@@ -431,8 +447,9 @@ def save_parquet(records: Sequence[Mapping[str, Any]], path: str | os.PathLike) 
     pq.write_table(pa.table({k: pa.array(v, type=pa.string()) for k, v in cols.items()}), os.fspath(path))
 
 
-def prompt_length_filter(records: Sequence[Mapping[str, Any]], tokenizer_fn: Callable[[Mapping[str, Any]], int],
-                         max_prompt_tokens: int) -> list[dict[str, Any]]:
+def prompt_length_filter(
+    records: Sequence[Mapping[str, Any]], tokenizer_fn: Callable[[Mapping[str, Any]], int], max_prompt_tokens: int
+) -> list[dict[str, Any]]:
     """Keeps records whose templated prompt is at most ``max_prompt_tokens`` tokens.
 
     ``tokenizer_fn(record)`` returns the prompt length (messages + tools rendered by the chat
@@ -449,8 +466,12 @@ def prompt_length_filter(records: Sequence[Mapping[str, Any]], tokenizer_fn: Cal
         if n <= max_prompt_tokens:
             kept.append(dict(rec))
     if len(kept) < len(records):
-        log.info("prompt_length_filter: dropped %d of %d records over %d tokens",
-                 len(records) - len(kept), len(records), max_prompt_tokens)
+        log.info(
+            "prompt_length_filter: dropped %d of %d records over %d tokens",
+            len(records) - len(kept),
+            len(records),
+            max_prompt_tokens,
+        )
     return kept
 
 

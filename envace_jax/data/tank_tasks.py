@@ -23,16 +23,33 @@ from typing import Any
 
 from envace_jax.envs.base import ToolResult
 
-TANKS = ["north", "south", "east", "west", "upper", "lower", "red", "blue"]   # no demo world's names
+TANKS = ["north", "south", "east", "west", "upper", "lower", "red", "blue"]  # no demo world's names
 TANK_TOOLS = [
-    {"type": "function", "function": {"name": "get_level", "description": "Get a tank's water level. Tanks: {}.",
-                                      "parameters": {"type": "object", "properties": {"tank": {"type": "string"}},
-                                                     "required": ["tank"]}}},
-    {"type": "function", "function": {"name": "pump", "description": "Pump water from one tank to another.",
-                                      "parameters": {"type": "object", "properties": {
-                                          "from_tank": {"type": "string"}, "to_tank": {"type": "string"},
-                                          "amount": {"type": "integer", "description": "Positive amount."}},
-                                          "required": ["from_tank", "to_tank", "amount"]}}}]
+    {
+        "type": "function",
+        "function": {
+            "name": "get_level",
+            "description": "Get a tank's water level. Tanks: {}.",
+            "parameters": {"type": "object", "properties": {"tank": {"type": "string"}}, "required": ["tank"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "pump",
+            "description": "Pump water from one tank to another.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "from_tank": {"type": "string"},
+                    "to_tank": {"type": "string"},
+                    "amount": {"type": "integer", "description": "Positive amount."},
+                },
+                "required": ["from_tank", "to_tank", "amount"],
+            },
+        },
+    },
+]
 
 
 class TankWorld:
@@ -42,8 +59,11 @@ class TankWorld:
         self.levels = levels
 
     def execute(self, name: str, args: dict) -> ToolResult:
-        payload = ({"tank": args["tank"], "level": self.levels[args["tank"]]} if name == "get_level" else
-                   {"status": "ok", **args})
+        payload = (
+            {"tank": args["tank"], "level": self.levels[args["tank"]]}
+            if name == "get_level"
+            else {"status": "ok", **args}
+        )
         return ToolResult(json.dumps(payload))
 
 
@@ -78,7 +98,6 @@ def tank_tasks(n: int, seed: int) -> list[dict[str, Any]]:
             rec.call(("get_level", {"tank": a}), ("get_level", {"tank": b}))
             win, lose = (a, b) if levels[a] > levels[b] else (b, a)
             rec.reply(f"{win} holds more: {levels[win]} against {levels[lose]}.", [win], "")
-        msgs = [{"role": "system", "content": f"You are a water-tank assistant. {ANSWER_STYLE}"},
-                rec.messages[0]]
+        msgs = [{"role": "system", "content": f"You are a water-tank assistant. {ANSWER_STYLE}"}, rec.messages[0]]
         out.append({"uid": f"tank-{seed}-{i}", "messages": msgs, "tools": tools, "reference_messages": rec.messages})
     return out

@@ -46,10 +46,16 @@ def _make_builder_cls(name: str, records_by_split: Mapping[str, Sequence[Mapping
 
     # code_path=None: tfds otherwise resolves the defining package's files to look for a
     # checksums file, which needs importlib_resources (not installed) and means nothing here.
-    attrs = {"name": name, "code_path": None,
-             "VERSION": tfds.core.Version(VERSION), "RELEASE_NOTES": {VERSION: "Initial layout."},
-             "_info": _info, "_split_generators": _split_generators, "_generate_examples": _generate_examples,
-             "__module__": __name__}
+    attrs = {
+        "name": name,
+        "code_path": None,
+        "VERSION": tfds.core.Version(VERSION),
+        "RELEASE_NOTES": {VERSION: "Initial layout."},
+        "_info": _info,
+        "_split_generators": _split_generators,
+        "_generate_examples": _generate_examples,
+        "__module__": __name__,
+    }
     return type(f"_EnvaceRecords_{name}", (tfds.core.GeneratorBasedBuilder,), attrs, skip_registration=True)
 
 
@@ -63,8 +69,11 @@ def dataset_dir(data_dir: str | os.PathLike, name: str) -> str:
     return os.path.join(os.fspath(data_dir), name, VERSION)
 
 
-def write_tfds(records_by_split: Mapping[str, Sequence[Mapping[str, Any]]], data_dir: str | os.PathLike,
-               name: str = "envace_records") -> str:
+def write_tfds(
+    records_by_split: Mapping[str, Sequence[Mapping[str, Any]]],
+    data_dir: str | os.PathLike,
+    name: str = "envace_records",
+) -> str:
     """Writes validated records (one list per split) as array_record files; returns the dataset dir.
 
     Split names are the caller's (usually train / validation / test). Uids must be unique within a
@@ -136,7 +145,8 @@ def read_split(data_dir: str | os.PathLike, name: str, split: str, *, decode: bo
         raise FileNotFoundError(f"read_split: no dataset {name!r} under {os.fspath(data_dir)!r} (looked in {path})")
     builder = tfds.builder_from_directory(path)
     if split not in builder.info.splits:
-        raise ValueError(f"read_split: dataset {name!r} has no split {split!r}; "
-                         f"available: {sorted(builder.info.splits.keys())}")
+        raise ValueError(
+            f"read_split: dataset {name!r} has no split {split!r}; available: {sorted(builder.info.splits.keys())}"
+        )
     raw = builder.as_data_source(split=split)
     return RecordSource(raw, split) if decode else raw

@@ -36,12 +36,12 @@ class DemoConfig:
     # ``sft_tasks`` demonstrations with ``world_model_rows`` world-model rows (the legacy setting)
     base_dir: str = ""
     # ---- data: splits are disjoint by construction (demo_tasks hashes task content into a split)
-    sft_tasks: int = 64              # from scratch: the small fixed set of demonstrations (train split, first N)
-    rl_tasks: int = 512              # fresh train prompts; they only ground REHEARSE and the judge
-    world_model_rows: int = 1536    # from scratch: real executions of varied calls (errors included) on other worlds
+    sft_tasks: int = 64  # from scratch: the small fixed set of demonstrations (train split, first N)
+    rl_tasks: int = 512  # fresh train prompts; they only ground REHEARSE and the judge
+    world_model_rows: int = 1536  # from scratch: real executions of varied calls (errors included) on other worlds
     validation_tasks: int = 128
     test_tasks: int = 256
-    eval_split: str = "test"         # tune with "validation"; report with "test"
+    eval_split: str = "test"  # tune with "validation"; report with "test"
     # share of push-back branches (data.demo_tasks.PUSH_BACK) in the RL prompts and the held-out tasks;
     # None keeps the natural mix (about 23%)
     rl_push_back_share: float | None = None
@@ -51,7 +51,7 @@ class DemoConfig:
     # value fails) against a happy path, so RL cannot learn a branch from how often it is asked
     rl_silent_odds: str = "share"
     # ---- tokenizer / model
-    vocab_size: int = 2048           # lines_digits BPE: prompts ~110 tokens, digits single tokens
+    vocab_size: int = 2048  # lines_digits BPE: prompts ~110 tokens, digits single tokens
     hidden_size: int = DEMO.hidden_size  # model_sizes.DEMO
     intermediate_size: int = DEMO.intermediate_size
     num_layers: int = DEMO.num_layers
@@ -60,7 +60,7 @@ class DemoConfig:
     head_dim: int = DEMO.head_dim
     # ---- SFT warm start
     sft_steps: int = 450
-    sft_batch_rows: int = 32         # half ACT, half REHEARSE rows
+    sft_batch_rows: int = 32  # half ACT, half REHEARSE rows
     sft_lr: float = 3e-3
     sft_warmup: int = 10
     micro_batch_size: int = 16
@@ -86,23 +86,23 @@ class DemoConfig:
     rl_eval_every: int = 0
     act_max_new_tokens: int = 64
     rehearse_max_new_tokens: int = 64
-    temperature: float = 0.6         # both roles' training rollouts (evaluation is greedy)
+    temperature: float = 0.6  # both roles' training rollouts (evaluation is greedy)
     max_model_len: int = 768
-    max_steps: int = 10              # rollout micro-steps per episode
+    max_steps: int = 10  # rollout micro-steps per episode
     # Rolling batch (rl/rolling_client.py) in RL rollouts and evaluation: a finished row's sampler slot
     # goes to the next waiting request; False = lockstep micro-steps (one sampler call per step)
     rolling: bool = True
-    rolling_slots: int = 32          # rows of the RL rollouts' rolling batch (evaluation uses eval_batch)
+    rolling_slots: int = 32  # rows of the RL rollouts' rolling batch (evaluation uses eval_batch)
     # ... and a call returns once a quarter of its rows are done even when nothing waits yet: the rollout
     # engine queues their episodes' next requests at once (benchmarks/rl_step.py --compare refill)
     rolling_eager_refill: bool = True
     # ---- evaluation
-    eval_batch: int = 128            # episodes per rollout call in the real-tool evaluation
-    fidelity_tasks: int = 32        # held-out tasks whose calls are teacher-forced for REHEARSE fidelity
-    more_sft: bool = True            # the equal-compute baseline
-    more_sft_lr: float = 0.0         # its learning rate when RL starts from a base (0: sft_lr)
+    eval_batch: int = 128  # episodes per rollout call in the real-tool evaluation
+    fidelity_tasks: int = 32  # held-out tasks whose calls are teacher-forced for REHEARSE fidelity
+    more_sft: bool = True  # the equal-compute baseline
+    more_sft_lr: float = 0.0  # its learning rate when RL starts from a base (0: sft_lr)
     # ---- test-time rehearsal table (launch/demo.py --rehearsal_sweep)
-    rehearsal_temperature: float = 0.6   # sampling of the imagined episodes (the committed run is greedy)
+    rehearsal_temperature: float = 0.6  # sampling of the imagined episodes (the committed run is greedy)
     rehearsal_max_memory_chars: int = 600
     # "on_mistake": the memory reaches the real attempt only when a rehearsal wrote a call the tool schema
     # rejects (eval.rehearsal); "always": every time, as EnvACE does
@@ -118,29 +118,48 @@ class DemoConfig:
         if self.temperature <= 0 or self.rehearsal_temperature < 0:
             raise ValueError("demo temperature must be > 0 (training rollouts sample) and rehearsal_temperature >= 0")
         if self.rehearsal_place_memory not in MEMORY_GATES:
-            raise ValueError(f"demo rehearsal_place_memory must be one of {MEMORY_GATES}, "
-                             f"got {self.rehearsal_place_memory!r}")
+            raise ValueError(
+                f"demo rehearsal_place_memory must be one of {MEMORY_GATES}, got {self.rehearsal_place_memory!r}"
+            )
         if self.rl_replay_roles not in REPLAY_ROLES:
-            raise ValueError(f"demo rl_replay_roles must be one of {sorted(REPLAY_ROLES)}, got {self.rl_replay_roles!r}")
+            raise ValueError(
+                f"demo rl_replay_roles must be one of {sorted(REPLAY_ROLES)}, got {self.rl_replay_roles!r}"
+            )
         if self.rl_silent_odds not in SILENT_ODDS:
             raise ValueError(f"demo rl_silent_odds must be one of {SILENT_ODDS}, got {self.rl_silent_odds!r}")
-        if self.rl_seed is not None and (isinstance(self.rl_seed, bool) or not isinstance(self.rl_seed, int)
-                                         or self.rl_seed < 0):
+        if self.rl_seed is not None and (
+            isinstance(self.rl_seed, bool) or not isinstance(self.rl_seed, int) or self.rl_seed < 0
+        ):
             raise ValueError(f"demo rl_seed must be None or an int >= 0, got {self.rl_seed!r}")
         if self.rl_mode not in ("rehearsal", "real", "simulator"):
             raise ValueError(f"demo rl_mode must be rehearsal, real or simulator, got {self.rl_mode!r}")
-        for name in ("sft_tasks", "rl_tasks", "test_tasks", "validation_tasks", "sft_batch_rows",
-                     "prompts_per_step", "n_rollouts", "micro_batch_size", "eval_batch", "rolling_slots"):
+        for name in (
+            "sft_tasks",
+            "rl_tasks",
+            "test_tasks",
+            "validation_tasks",
+            "sft_batch_rows",
+            "prompts_per_step",
+            "n_rollouts",
+            "micro_batch_size",
+            "eval_batch",
+            "rolling_slots",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"demo {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("sft_steps", "rl_steps", "rl_replay_batches", "world_model_rows", "fidelity_tasks",
-                     "rl_eval_every"):
+        for name in (
+            "sft_steps",
+            "rl_steps",
+            "rl_replay_batches",
+            "world_model_rows",
+            "fidelity_tasks",
+            "rl_eval_every",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"demo {name} must be >= 0, got {getattr(self, name)}")
 
     def replace(self, **kw) -> "DemoConfig":
         return dataclasses.replace(self, **kw)
-
 
     @property
     def from_base(self) -> bool:
@@ -174,9 +193,20 @@ def envace() -> DemoConfig:
     95% Wilson CIs around 0.78-0.85 stop overlapping only for gains above ~5 points (seed 1's test gain of
     +4.5 missed by 0.4 on 1,024 tasks), with 2,048 above ~3.5. The first 1,024 tasks are the same as before
     (a longer split starts with the shorter one)."""
-    return DemoConfig(base_dir=DEFAULT_BASE_DIR, rl_tasks=1024, validation_tasks=256, test_tasks=2048,
-                      rl_push_back_share=0.75, eval_push_back_share=0.5, sft_steps=0, fidelity_tasks=128,
-                      more_sft_lr=3e-4, rl_steps=192, rl_lr=3e-4, rl_replay_roles="rehearse")
+    return DemoConfig(
+        base_dir=DEFAULT_BASE_DIR,
+        rl_tasks=1024,
+        validation_tasks=256,
+        test_tasks=2048,
+        rl_push_back_share=0.75,
+        eval_push_back_share=0.5,
+        sft_steps=0,
+        fidelity_tasks=128,
+        more_sft_lr=3e-4,
+        rl_steps=192,
+        rl_lr=3e-4,
+        rl_replay_roles="rehearse",
+    )
 
 
 def legacy() -> DemoConfig:
@@ -186,11 +216,31 @@ def legacy() -> DemoConfig:
 
 def reduced() -> DemoConfig:
     """A minutes-long end-to-end run for CI: tiny model from scratch, few tasks, few steps."""
-    return DemoConfig(sft_tasks=8, rl_tasks=16, world_model_rows=8, validation_tasks=8, test_tasks=8,
-                      vocab_size=512, **MICRO.fields(), sft_steps=3, sft_batch_rows=8, sft_warmup=0, micro_batch_size=8,
-                      rl_steps=2, rl_replay_batches=1, prompts_per_step=2, n_rollouts=2, act_max_new_tokens=16,
-                      rehearse_max_new_tokens=16, max_model_len=1024, max_steps=4, eval_batch=8, fidelity_tasks=4,
-                      rl_push_back_share=0.5, eval_push_back_share=0.5)
+    return DemoConfig(
+        sft_tasks=8,
+        rl_tasks=16,
+        world_model_rows=8,
+        validation_tasks=8,
+        test_tasks=8,
+        vocab_size=512,
+        **MICRO.fields(),
+        sft_steps=3,
+        sft_batch_rows=8,
+        sft_warmup=0,
+        micro_batch_size=8,
+        rl_steps=2,
+        rl_replay_batches=1,
+        prompts_per_step=2,
+        n_rollouts=2,
+        act_max_new_tokens=16,
+        rehearse_max_new_tokens=16,
+        max_model_len=1024,
+        max_steps=4,
+        eval_batch=8,
+        fidelity_tasks=4,
+        rl_push_back_share=0.5,
+        eval_push_back_share=0.5,
+    )
 
 
 PRESETS = {"default": default, "envace": envace, "legacy": legacy, "reduced": reduced}

@@ -71,12 +71,14 @@ def make_real_env(task: Mapping[str, Any]) -> ToolEnvironment:
 
 # ----------------------------------------------------------------------------- splits
 
+
 def silent_push_back(task: Mapping[str, Any]) -> bool:
     """A push-back branch that no tool announces: every tool response of the reference conversation
     succeeds, and only the values in them say the plan does not go through ("if ana has at least 28, send
     28 ..." with a balance of 12). Its happy twin starts from the same kind of request."""
     return task.get("branch") == PUSH_BACK and not any(
-        m.get("role") == "tool" and is_failed_result(m.get("content")) for m in task["reference_messages"])
+        m.get("role") == "tool" and is_failed_result(m.get("content")) for m in task["reference_messages"]
+    )
 
 
 def draw_rl_tasks(cfg, exclude_uids: frozenset[str] | set[str] = frozenset()) -> list[dict[str, Any]]:
@@ -89,14 +91,16 @@ def draw_rl_tasks(cfg, exclude_uids: frozenset[str] | set[str] = frozenset()) ->
     slots mostly with other types, so RL meets the condition failing in ~95% of conditional prompts and
     learns to send nothing without reading the balance."""
     if cfg.rl_push_back_share is not None and cfg.rl_silent_odds == "natural":
-        return [normalize_task(t) for t in _draw_keeping_silent_odds(cfg.rl_tasks, cfg.rl_push_back_share,
-                                                                     cfg.seed, set(exclude_uids))]
+        return [
+            normalize_task(t)
+            for t in _draw_keeping_silent_odds(cfg.rl_tasks, cfg.rl_push_back_share, cfg.seed, set(exclude_uids))
+        ]
     n = len(exclude_uids) + cfg.rl_tasks if not cfg.from_base else cfg.rl_tasks
     while True:
         pool = generate_tasks(n, cfg.seed, "train", push_back_share=cfg.rl_push_back_share)
         kept = [t for t in pool if t["uid"] not in exclude_uids]
         if len(kept) >= cfg.rl_tasks:
-            return [normalize_task(t) for t in kept[:cfg.rl_tasks]]
+            return [normalize_task(t) for t in kept[: cfg.rl_tasks]]
         n += cfg.rl_tasks - len(kept) + 16
 
 
@@ -115,7 +119,7 @@ def _draw_keeping_silent_odds(n: int, share: float, seed: int, exclude: set[str]
             break
         size *= 2
     taken = push_backs[:n_pb]
-    silent = [silent_push_back(t) for t in pool]   # parses each tool reply: once per task
+    silent = [silent_push_back(t) for t in pool]  # parses each tool reply: once per task
     by_type = collections.Counter(t["task_type"] for t in pool)
     silent_in_pool = collections.Counter(t["task_type"] for t, s in zip(pool, silent) if s)
     happy_in_pool = collections.Counter(pool[i]["task_type"] for i in happy)
@@ -132,7 +136,7 @@ def _draw_keeping_silent_odds(n: int, share: float, seed: int, exclude: set[str]
             want[pool[i]["task_type"]] -= 1
             paired.append(i)
     kept = set(paired)
-    rest = [i for i in happy if i not in kept][:n - n_pb - len(paired)]
+    rest = [i for i in happy if i not in kept][: n - n_pb - len(paired)]
     return [pool[i] for i in sorted(taken + paired + rest)]
 
 
@@ -142,8 +146,11 @@ def generate_splits(cfg, exclude_uids: frozenset[str] | set[str] = frozenset()) 
     at ``cfg.eval_push_back_share``."""
     demos = [] if cfg.from_base else [normalize_task(t) for t in generate_tasks(cfg.sft_tasks, cfg.seed, "train")]
     exclude = set(exclude_uids) | {t["uid"] for t in demos}
-    return {"train": demos + draw_rl_tasks(cfg, exclude),
-            "validation": held_out_tasks(cfg, "validation"), "test": held_out_tasks(cfg, "test")}
+    return {
+        "train": demos + draw_rl_tasks(cfg, exclude),
+        "validation": held_out_tasks(cfg, "validation"),
+        "test": held_out_tasks(cfg, "test"),
+    }
 
 
 def held_out_tasks(cfg, split: str) -> list[dict[str, Any]]:
@@ -165,25 +172,38 @@ def write_and_read(splits: Mapping[str, Sequence[Mapping[str, Any]]], data_dir: 
     out = {}
     for split, recs in splits.items():
         raw = read_split(data_dir, DATASET_NAME, split, decode=False)
-        it = PromptIterator(raw, PipelineConfig(batch_size=1, shuffle=False, num_epochs=1, drop_remainder=False,
-                                                shard_index=0, shard_count=1, read_threads=0, prefetch=0))
+        it = PromptIterator(
+            raw,
+            PipelineConfig(
+                batch_size=1,
+                shuffle=False,
+                num_epochs=1,
+                drop_remainder=False,
+                shard_index=0,
+                shard_count=1,
+                read_threads=0,
+                prefetch=0,
+            ),
+        )
         by_uid = {batch[0]["uid"]: batch[0] for batch in it}
         missing = [r["uid"] for r in recs if r["uid"] not in by_uid]
         if missing or len(by_uid) != len(recs):
-            raise RuntimeError(f"demo data in {data_dir}: split {split!r} read back {len(by_uid)} records for "
-                               f"{len(recs)} written; missing {missing[:3]} (delete the directory to regenerate)")
+            raise RuntimeError(
+                f"demo data in {data_dir}: split {split!r} read back {len(by_uid)} records for "
+                f"{len(recs)} written; missing {missing[:3]} (delete the directory to regenerate)"
+            )
         out[split] = [by_uid[r["uid"]] for r in recs]
     return out
 
 
 # ----------------------------------------------------------------------------- tokenizer and codec
 
+
 def make_codec(tok) -> Qwen3ChatCodec:
     return Qwen3ChatCodec(tok, enable_thinking=False, simulator_thinking=False, simulator_options=SIM_OPTIONS)
 
 
-def build_tokenizer(tasks: Sequence[Mapping[str, Any]], out_dir: str, vocab_size: int,
-                    extra_texts: Sequence[str] = ()):
+def build_tokenizer(tasks: Sequence[Mapping[str, Any]], out_dir: str, vocab_size: int, extra_texts: Sequence[str] = ()):
     """Trains the demo BPE on ACT transcripts and REHEARSE prompts of ``tasks`` (train split only), plus
     ``extra_texts`` (e.g. rehearsal memories, so their fixed wording merges into a few tokens)."""
     if os.path.exists(os.path.join(out_dir, "tokenizer.json")):
@@ -195,9 +215,15 @@ def build_tokenizer(tasks: Sequence[Mapping[str, Any]], out_dir: str, vocab_size
         system = [m for m in t["messages"] if m["role"] == "system"]
         texts.append(render_chat_text(system + t["reference_messages"], t["tools"], enable_thinking=False))
         for c in demo_cases([t]):
-            msgs = build_simulator_messages(tools=t["tools"], history=c.history, caller_text=c.caller_text,
-                                            call_name=c.call[1], call_arguments=c.call[2],
-                                            reference_messages=t["reference_messages"], options=SIM_OPTIONS)
+            msgs = build_simulator_messages(
+                tools=t["tools"],
+                history=c.history,
+                caller_text=c.caller_text,
+                call_name=c.call[1],
+                call_arguments=c.call[2],
+                reference_messages=t["reference_messages"],
+                options=SIM_OPTIONS,
+            )
             texts.append(render_chat_text(msgs, None, enable_thinking=False) + rehearse_target(c.real_content, False))
     texts += list(extra_texts)
     tmp = f"{out_dir}.tmp{os.getpid()}"
@@ -207,6 +233,7 @@ def build_tokenizer(tasks: Sequence[Mapping[str, Any]], out_dir: str, vocab_size
 
 
 # ----------------------------------------------------------------------------- SFT rows
+
 
 def rehearse_target(content: str, error: bool) -> str:
     """What REHEARSE should emit after its generation prompt for a real response ``content``."""
@@ -265,8 +292,9 @@ def rehearse_rows(task: Mapping[str, Any], codec: Qwen3ChatCodec, episode: int =
 WORLD_MODEL_TASK_SEED_OFFSET = 7919
 
 
-def world_model_rows(n: int, seed: int, codec: Qwen3ChatCodec, episode0: int = 0,
-                     exclude_uids: frozenset[str] | set[str] = frozenset()) -> list[Generation]:
+def world_model_rows(
+    n: int, seed: int, codec: Qwen3ChatCodec, episode0: int = 0, exclude_uids: frozenset[str] | set[str] = frozenset()
+) -> list[Generation]:
     """REHEARSE rows from real executions of varied calls (wrong ones included) on fresh worlds.
 
     Each call is posed as the task's first assistant step (history = system + first user message).
@@ -281,8 +309,9 @@ def world_model_rows(n: int, seed: int, codec: Qwen3ChatCodec, episode0: int = 0
         first_user = next(m for m in task["reference_messages"] if m["role"] == "user")
         call = {"id": "call_wm", "type": "function", "function": dict(ex.call)}
         caller = caller_raw_text({"role": "assistant", "content": "", "tool_calls": [call]})
-        prompt = codec.simulator_prompt(task, system + [first_user], caller,
-                                        ("call_wm", ex.call["name"], ex.call["arguments"]))
+        prompt = codec.simulator_prompt(
+            task, system + [first_user], caller, ("call_wm", ex.call["name"], ex.call["arguments"])
+        )
         content = normal_json(ex.response)
         err = is_failed_result(content)
         target = codec.renderer.encode(rehearse_target(content, err)) + end
@@ -290,8 +319,13 @@ def world_model_rows(n: int, seed: int, codec: Qwen3ChatCodec, episode0: int = 0
     return rows
 
 
-def sft_rows(demos: Sequence[Mapping[str, Any]], codec: Qwen3ChatCodec, wm_rows: int, seed: int,
-             exclude_uids: frozenset[str] | set[str] = frozenset()) -> list[Generation]:
+def sft_rows(
+    demos: Sequence[Mapping[str, Any]],
+    codec: Qwen3ChatCodec,
+    wm_rows: int,
+    seed: int,
+    exclude_uids: frozenset[str] | set[str] = frozenset(),
+) -> list[Generation]:
     """Both roles' rows of the demonstrations, plus ``wm_rows`` world-model rows on worlds outside
     ``exclude_uids`` (pass the RL prompts' uids)."""
     rows: list[Generation] = []
@@ -302,6 +336,23 @@ def sft_rows(demos: Sequence[Mapping[str, Any]], codec: Qwen3ChatCodec, wm_rows:
     return rows
 
 
-__all__ = ["DATASET_NAME", "NormalizedEnv", "SIM_OPTIONS", "act_rows", "build_tokenizer", "generate_splits",
-           "make_codec", "make_real_env", "normal_json", "normalize_task", "rehearse_rows", "rehearse_target",
-           "sft_rows", "silent_push_back", "draw_rl_tasks", "held_out_tasks", "world_model_rows", "write_and_read"]
+__all__ = [
+    "DATASET_NAME",
+    "NormalizedEnv",
+    "SIM_OPTIONS",
+    "act_rows",
+    "build_tokenizer",
+    "generate_splits",
+    "make_codec",
+    "make_real_env",
+    "normal_json",
+    "normalize_task",
+    "rehearse_rows",
+    "rehearse_target",
+    "sft_rows",
+    "silent_push_back",
+    "draw_rl_tasks",
+    "held_out_tasks",
+    "world_model_rows",
+    "write_and_read",
+]

@@ -31,6 +31,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 @dataclasses.dataclass
 class LeverageTable:
     """Per group (``all``, each branch kind, each task type): tasks, greedy success, mean pass@k."""
+
     ks: tuple[int, ...]
     temperature: float
     samples: int
@@ -40,13 +41,21 @@ class LeverageTable:
         head = ["group", "tasks", "greedy"] + [f"pass@{k} (T={self.temperature:g})" for k in self.ks]
         lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
         for name, r in self.rows.items():
-            lines.append(f"| {name} | {int(r['tasks'])} | {r['greedy']:.3f} | "
-                         + " | ".join(f"{r[f'pass@{k}']:.3f}" for k in self.ks) + " |")
+            lines.append(
+                f"| {name} | {int(r['tasks'])} | {r['greedy']:.3f} | "
+                + " | ".join(f"{r[f'pass@{k}']:.3f}" for k in self.ks)
+                + " |"
+            )
         return "\n".join(lines) + "\n"
 
 
-def leverage_table(tasks: Sequence[Mapping[str, Any]], greedy: Sequence[bool], sampled: Sequence[Sequence[bool]],
-                   ks: Sequence[int], temperature: float) -> LeverageTable:
+def leverage_table(
+    tasks: Sequence[Mapping[str, Any]],
+    greedy: Sequence[bool],
+    sampled: Sequence[Sequence[bool]],
+    ks: Sequence[int],
+    temperature: float,
+) -> LeverageTable:
     """``greedy[i]``: task i's greedy success; ``sampled[i]``: its successes over the sampled episodes."""
     if not (len(tasks) == len(greedy) == len(sampled)):
         raise ValueError(f"leverage_table: {len(tasks)} tasks, {len(greedy)} greedy results, {len(sampled)} samples")
@@ -71,9 +80,14 @@ def leverage_table(tasks: Sequence[Mapping[str, Any]], greedy: Sequence[bool], s
     return LeverageTable(tuple(ks), temperature, n, rows)
 
 
-def measure_leverage(run_real: Callable[[Sequence[Mapping[str, Any]], float, int], list[bool]],
-                     tasks: Sequence[Mapping[str, Any]], *, ks: Sequence[int] = (1, 4, 16),
-                     temperature: float, progress: Callable[[int], None] | None = None) -> LeverageTable:
+def measure_leverage(
+    run_real: Callable[[Sequence[Mapping[str, Any]], float, int], list[bool]],
+    tasks: Sequence[Mapping[str, Any]],
+    *,
+    ks: Sequence[int] = (1, 4, 16),
+    temperature: float,
+    progress: Callable[[int], None] | None = None,
+) -> LeverageTable:
     """``run_real(tasks, temperature, seed)`` plays each task once against the real tools and returns its
     successes (temperature 0 = greedy). Samples ``max(ks)`` episodes per task, each repeat with its own seed."""
     greedy = run_real(tasks, 0.0, 0)

@@ -64,9 +64,10 @@ class Demo:
             if cfg.from_base:
                 self.rl_tasks = train
             else:
-                self.demos, self.rl_tasks = train[:cfg.sft_tasks], train[cfg.sft_tasks:]
-                self.tok = demo_data.build_tokenizer(self.demos + self.rl_tasks,
-                                                     os.path.join(self.run_dir, "tokenizer"), cfg.vocab_size)
+                self.demos, self.rl_tasks = train[: cfg.sft_tasks], train[cfg.sft_tasks :]
+                self.tok = demo_data.build_tokenizer(
+                    self.demos + self.rl_tasks, os.path.join(self.run_dir, "tokenizer"), cfg.vocab_size
+                )
                 self.codec = demo_data.make_codec(self.tok)
             bar.update(1)
         self.eval_tasks = self.splits[cfg.eval_split]
@@ -74,8 +75,9 @@ class Demo:
             self.model = self.base.model()
         else:
             self.model = stages.build_model(cfg, len(self.tok))
-            self.rows = demo_data.sft_rows(self.demos, self.codec, cfg.world_model_rows, cfg.seed,
-                                           exclude_uids={t['uid'] for t in self.rl_tasks})
+            self.rows = demo_data.sft_rows(
+                self.demos, self.codec, cfg.world_model_rows, cfg.seed, exclude_uids={t["uid"] for t in self.rl_tasks}
+            )
         self.max_len = stages.TRAIN_LEN
 
     def _sft_stream(self, seed: int, roles: tuple[str, ...] = ROLES):
@@ -100,10 +102,12 @@ class Demo:
         self.sft_log = []
         if cfg.sft_steps:
             with self.clock("sft"), _bar(cfg.sft_steps, "sft", self.progress) as bar:
+
                 def on_step(k, m):
                     self.sft_log.append({"step": k, **m})
                     bar.update(1)
                     bar.set_postfix(nll_act=f"{m.get('nll/act', 0):.3f}", nll_reh=f"{m.get('nll/rehearse', 0):.3f}")
+
                 stages.run_sft(self.sft_trainer, self.sft_stream, self.max_len, steps=cfg.sft_steps, on_step=on_step)
         self.sft_params = stages.snapshot(self.model)
         self.sft_state = stages.host_copy(self.sft_trainer.state_dict())
@@ -113,7 +117,7 @@ class Demo:
         with self.clock(f"eval {tag}"), _bar(len(self.eval_tasks), f"eval {tag} (real tools)", self.progress) as bar:
             res = stages.evaluate_real(cfg, self.model, self.codec, self.eval_tasks, progress=bar.update)
             # the fidelity tasks keep the split's branch mix, so error responses are represented
-            fid = stages.evaluate_fidelity(cfg, self.model, self.codec, self.eval_tasks[:cfg.fidelity_tasks])
+            fid = stages.evaluate_fidelity(cfg, self.model, self.codec, self.eval_tasks[: cfg.fidelity_tasks])
         with open(os.path.join(self.run_dir, f"fidelity_{tag}.md"), "w") as f:
             f.write(fid.to_markdown())
         with open(os.path.join(self.run_dir, f"fidelity_{tag}.json"), "w") as f:
@@ -133,13 +137,23 @@ class Demo:
         if mode == "simulator":  # the frozen simulator is the SFT model
             sim_model = stages.build_model(cfg, len(self.tok))
             stages.restore(sim_model, self.sft_params)
-        step, client = stages.make_rl_step(cfg.replace(seed=cfg.rl_stream_seed), mode, self.model, self.codec,
-                                            trainer, sim_model)
-        prompts = PromptIterator(self.rl_tasks, PipelineConfig(batch_size=cfg.prompts_per_step,
-                                                               seed=cfg.rl_stream_seed,
-                                                               shuffle=True, num_epochs=None, shard_index=0,
-                                                               shard_count=1, read_threads=0, prefetch=0),
-                                 decode=None)
+        step, client = stages.make_rl_step(
+            cfg.replace(seed=cfg.rl_stream_seed), mode, self.model, self.codec, trainer, sim_model
+        )
+        prompts = PromptIterator(
+            self.rl_tasks,
+            PipelineConfig(
+                batch_size=cfg.prompts_per_step,
+                seed=cfg.rl_stream_seed,
+                shuffle=True,
+                num_epochs=None,
+                shard_index=0,
+                shard_count=1,
+                read_threads=0,
+                prefetch=0,
+            ),
+            decode=None,
+        )
         replay = self.replay_stream()
         log = []
         self.curves[tag] = []
@@ -181,8 +195,9 @@ class Demo:
 
     def more_sft(self, seconds: float) -> int:
         stages.restore(self.model, self.sft_params)
-        self.sft_trainer.load_state_dict(stages.jax.tree.map(
-            lambda x: stages.jnp.asarray(x) if isinstance(x, np.ndarray) else x, self.sft_state))
+        self.sft_trainer.load_state_dict(
+            stages.jax.tree.map(lambda x: stages.jnp.asarray(x) if isinstance(x, np.ndarray) else x, self.sft_state)
+        )
         with self.clock("more sft"):
             out = stages.run_sft(self.sft_trainer, self.sft_stream, self.max_len, seconds=seconds)
         return len(out)
@@ -191,39 +206,71 @@ class Demo:
     def base_summary(self) -> dict[str, Any]:
         cfg, mc = self.cfg, self.model.config
         by_role = collections.Counter(r.role for r in self.rows)
-        branch_share = lambda tasks: {b: sum(t.get("branch") == b for t in tasks) / max(1, len(tasks))
-                                      for b in BRANCHES}
-        return {"config": cfg.__dict__, "eval_split": cfg.eval_split, "rl_mode": cfg.rl_mode,
-                "start": ("base" if cfg.from_base else "sft"),
-                "base": (None if not cfg.from_base else
-                         {"dir": cfg.base_dir, "pretrain_steps": self.base.config.steps,
-                          "pretrain_config": dataclasses.asdict(self.base.config),
-                          "validation": self.base.manifest.get("validation")}),
-                "model": {"params": int(mc.num_params()), "layers": mc.num_layers, "hidden": mc.hidden_size,
-                          "vocab": len(self.tok)},
-                "data": {"sft_tasks": len(self.demos), "rl_tasks": len(self.rl_tasks),
-                         "sft_rows": len(self.rows), "sft_rows_by_role": {r: by_role.get(r, 0) for r in ROLES},
-                         "branch_share": {"demonstrations": branch_share(self.demos),
-                                          "rl_prompts": branch_share(self.rl_tasks),
-                                          "eval": branch_share(self.eval_tasks)},
-                         # push-backs no tool error announces (demo.data.silent_push_back), per set
-                         "silent_push_back_share": {
-                             name: sum(map(demo_data.silent_push_back, tasks)) / max(1, len(tasks))
-                             for name, tasks in (("demonstrations", self.demos), ("rl_prompts", self.rl_tasks),
-                                                 ("eval", self.eval_tasks))}},
-                "rl": {"steps": cfg.rl_steps, "prompts_per_step": cfg.prompts_per_step,
-                       "n_rollouts": cfg.n_rollouts, "lr": cfg.rl_lr,
-                       "replay_batches": cfg.rl_replay_batches, "replay_roles": cfg.rl_replay_roles,
-                       "silent_odds": cfg.rl_silent_odds},
-                "test_episodes": len(self.eval_tasks)}
+        branch_share = lambda tasks: {
+            b: sum(t.get("branch") == b for t in tasks) / max(1, len(tasks)) for b in BRANCHES
+        }
+        return {
+            "config": cfg.__dict__,
+            "eval_split": cfg.eval_split,
+            "rl_mode": cfg.rl_mode,
+            "start": ("base" if cfg.from_base else "sft"),
+            "base": (
+                None
+                if not cfg.from_base
+                else {
+                    "dir": cfg.base_dir,
+                    "pretrain_steps": self.base.config.steps,
+                    "pretrain_config": dataclasses.asdict(self.base.config),
+                    "validation": self.base.manifest.get("validation"),
+                }
+            ),
+            "model": {
+                "params": int(mc.num_params()),
+                "layers": mc.num_layers,
+                "hidden": mc.hidden_size,
+                "vocab": len(self.tok),
+            },
+            "data": {
+                "sft_tasks": len(self.demos),
+                "rl_tasks": len(self.rl_tasks),
+                "sft_rows": len(self.rows),
+                "sft_rows_by_role": {r: by_role.get(r, 0) for r in ROLES},
+                "branch_share": {
+                    "demonstrations": branch_share(self.demos),
+                    "rl_prompts": branch_share(self.rl_tasks),
+                    "eval": branch_share(self.eval_tasks),
+                },
+                # push-backs no tool error announces (demo.data.silent_push_back), per set
+                "silent_push_back_share": {
+                    name: sum(map(demo_data.silent_push_back, tasks)) / max(1, len(tasks))
+                    for name, tasks in (
+                        ("demonstrations", self.demos),
+                        ("rl_prompts", self.rl_tasks),
+                        ("eval", self.eval_tasks),
+                    )
+                },
+            },
+            "rl": {
+                "steps": cfg.rl_steps,
+                "prompts_per_step": cfg.prompts_per_step,
+                "n_rollouts": cfg.n_rollouts,
+                "lr": cfg.rl_lr,
+                "replay_batches": cfg.rl_replay_batches,
+                "replay_roles": cfg.rl_replay_roles,
+                "silent_odds": cfg.rl_silent_odds,
+            },
+            "test_episodes": len(self.eval_tasks),
+        }
 
 
 def rl_train_stats(log: list[dict[str, Any]]) -> dict[str, Any]:
     """Means over RL steps of what the training rollouts looked like (why a reward did or did not vary)."""
     if not log:
         return {}
-    keys = sorted({k for m in log for k in m if k.startswith("termination/")} |
-                  {"episode/score_mean", "act/rows", "rehearse/rows", "act/reward_mean", "rehearse/reward_mean"})
+    keys = sorted(
+        {k for m in log for k in m if k.startswith("termination/")}
+        | {"episode/score_mean", "act/rows", "rehearse/rows", "act/reward_mean", "rehearse/reward_mean"}
+    )
     out = {k: float(np.mean([m.get(k) or 0.0 for m in log])) for k in keys}
     half = max(1, len(log) // 2)
     out["score_first_half"] = float(np.mean([m.get("episode/score_mean", 0.0) for m in log[:half]]))
@@ -239,6 +286,7 @@ def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[st
     log = d.rl(cfg.rl_mode)
     ev_a, fid_a = d.evaluate("after")
     from envace_jax.demo.rehearsal_table import export_model
+
     export_model(d.model, run_dir, d.codec)  # the RL result, for launch/demo.py --rehearsal_sweep and outside use
     s = d.base_summary()
     s["eval"] = {"before": ev_b, "after": ev_a}
@@ -249,11 +297,18 @@ def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[st
         ev_m, fid_m = d.evaluate("more_sft")
         s["eval"]["more_sft"], s["fidelity"]["more_sft"] = ev_m, fid_m
         s["more_sft_success"], s["more_sft_success_ci"] = ev_m["success"], ev_m["success_ci"]
-    s.update(real_success_before=ev_b["success"], real_success_after=ev_a["success"],
-             real_success_ci_before=ev_b["success_ci"], real_success_ci_after=ev_a["success_ci"],
-             real_score_before=ev_b["score"], real_score_after=ev_a["score"],
-             fidelity_before=fid_b["overall"]["exact"], fidelity_after=fid_a["overall"]["exact"],
-             fidelity_field_before=fid_b["overall"]["field"], fidelity_field_after=fid_a["overall"]["field"])
+    s.update(
+        real_success_before=ev_b["success"],
+        real_success_after=ev_a["success"],
+        real_success_ci_before=ev_b["success_ci"],
+        real_success_ci_after=ev_a["success_ci"],
+        real_score_before=ev_b["score"],
+        real_score_after=ev_a["score"],
+        fidelity_before=fid_b["overall"]["exact"],
+        fidelity_after=fid_a["overall"]["exact"],
+        fidelity_field_before=fid_b["overall"]["field"],
+        fidelity_field_after=fid_a["overall"]["field"],
+    )
     for tag, ev, fid in (("before", ev_b, fid_b), ("after", ev_a, fid_a)):
         s[f"success_by_branch_{tag}"] = ev["success_by_branch"]
         s[f"success_by_push_back_kind_{tag}"] = ev["success_by_push_back_kind"]
@@ -266,15 +321,18 @@ def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[st
     s["rl"]["train"] = rl_train_stats(log)
     s["rl"]["curve"] = d.curve("rl", ev_b, ev_a)
     s["timing"] = {k: v.as_dict() for k, v in d.timing.items()}
-    s["timing"]["total"] = {"wall_s": round(sum(v.wall for v in d.timing.values()), 2),
-                            "cpu_s": round(sum(v.cpu for v in d.timing.values()), 2)}
+    s["timing"]["total"] = {
+        "wall_s": round(sum(v.wall for v in d.timing.values()), 2),
+        "cpu_s": round(sum(v.cpu for v in d.timing.values()), 2),
+    }
     rep.check_summary(s)
     rep.write_report(run_dir, s, log)
     return s
 
 
-def run_compare(cfg: DemoConfig, run_dir: str, *, progress: bool = True,
-                modes: tuple[str, ...] = ("real", "simulator", "rehearsal")) -> dict[str, Any]:
+def run_compare(
+    cfg: DemoConfig, run_dir: str, *, progress: bool = True, modes: tuple[str, ...] = ("real", "simulator", "rehearsal")
+) -> dict[str, Any]:
     """The same RL budget from one start in each mode, plus more SFT for the rehearsal run's wall time; one
     table (compare.md/.json) with success per branch kind and the share of the real-tools gain each recovers."""
     d = Demo(cfg, run_dir, progress)
@@ -287,9 +345,13 @@ def run_compare(cfg: DemoConfig, run_dir: str, *, progress: bool = True,
         log = d.rl(mode, tag=f"rl_{mode}")
         ev, fid = d.evaluate(f"after_{mode}")
         wall = d.timing[f"rl_{mode}"].wall
-        out["modes"][mode] = {"eval": ev, "fidelity": fid, "rl_wall_s": wall,
-                              "train_reward_last": log[-1].get("episode/score_mean") if log else None,
-                              "curve": d.curve(f"rl_{mode}", ev_b, ev)}
+        out["modes"][mode] = {
+            "eval": ev,
+            "fidelity": fid,
+            "rl_wall_s": wall,
+            "train_reward_last": log[-1].get("episode/score_mean") if log else None,
+            "curve": d.curve(f"rl_{mode}", ev_b, ev),
+        }
         results.append((f"RL {mode}", wall, ev, fid))
     if cfg.more_sft:
         wall = d.timing[f"rl_{modes[-1]}"].wall
@@ -304,23 +366,36 @@ def run_compare(cfg: DemoConfig, run_dir: str, *, progress: bool = True,
     for name, wall, ev, fid in results:
         gain = ev["success"] - ev_b["success"]
         share = "-" if wall is None or not real_gain or real_gain <= 0 else f"{gain / real_gain:.2f}"
-        rows.append([name, "-" if wall is None else f"{wall:.0f}", f"{ev['success']:.3f}",
-                     rep._fmt_ci(ev["success_ci"])]
-                    + [f"{ev['success_by_branch'][b]:.3f}" for b in branches]
-                    + [f"{ev['success_by_push_back_kind'].get(k, float('nan')):.3f}" for k in kinds]
-                    + [f"{ev['score']:.3f}", f"{fid['overall']['exact']:.3f}",
-                       f"{fid['kinds']['optimistic_hallucination']:.3f}", share,
-                       "-" if wall is None else ("yes" if rep.cis_separate(ev["success_ci"], ev_b["success_ci"])
-                                                 else "no")])
-    out["real_gain_recovered"] = {name: (ev["success"] - ev_b["success"]) / real_gain
-                                  for name, wall, ev, _ in results[1:] if real_gain and real_gain > 0}
-    header = (["model", "wall s", "real success", "95% CI"] + [f"success {b}" for b in branches]
-              + [f"push-back, {k}" for k in kinds]
-              + ["score", "REHEARSE exact", "optimistic halluc.", "share of real-tools gain", "CI apart from start"])
+        rows.append(
+            [name, "-" if wall is None else f"{wall:.0f}", f"{ev['success']:.3f}", rep._fmt_ci(ev["success_ci"])]
+            + [f"{ev['success_by_branch'][b]:.3f}" for b in branches]
+            + [f"{ev['success_by_push_back_kind'].get(k, float('nan')):.3f}" for k in kinds]
+            + [
+                f"{ev['score']:.3f}",
+                f"{fid['overall']['exact']:.3f}",
+                f"{fid['kinds']['optimistic_hallucination']:.3f}",
+                share,
+                "-" if wall is None else ("yes" if rep.cis_separate(ev["success_ci"], ev_b["success_ci"]) else "no"),
+            ]
+        )
+    out["real_gain_recovered"] = {
+        name: (ev["success"] - ev_b["success"]) / real_gain
+        for name, wall, ev, _ in results[1:]
+        if real_gain and real_gain > 0
+    }
+    header = (
+        ["model", "wall s", "real success", "95% CI"]
+        + [f"success {b}" for b in branches]
+        + [f"push-back, {k}" for k in kinds]
+        + ["score", "REHEARSE exact", "optimistic halluc.", "share of real-tools gain", "CI apart from start"]
+    )
     text = rep.table(rows, header)
     with open(os.path.join(run_dir, "compare.md"), "w") as f:
-        f.write(f"# RL modes from one start ({cfg.eval_split} split, {len(d.eval_tasks)} real-tool episodes)\n\n"
-                + text + "\n")
+        f.write(
+            f"# RL modes from one start ({cfg.eval_split} split, {len(d.eval_tasks)} real-tool episodes)\n\n"
+            + text
+            + "\n"
+        )
     with open(os.path.join(run_dir, "compare.json"), "w") as f:
         json.dump(nan_to_none(out), f, indent=1, allow_nan=False)
     out["table"] = text
@@ -342,12 +417,18 @@ def run_leverage(cfg: DemoConfig, run_dir: str, *, ks: tuple[int, ...] = (1, 4, 
 
     with d.clock("leverage"), _bar(max(ks), f"pass@k (T={cfg.temperature:g})", progress) as bar:
         table = measure_leverage(run_real, d.eval_tasks, ks=ks, temperature=cfg.temperature, progress=bar.update)
-    text = (f"# Leverage of the RL start ({cfg.eval_split} split, {len(d.eval_tasks)} tasks, real tools)\n\n"
-            f"Greedy success and pass@k over {table.samples} samples per task at the training temperature.\n\n"
-            + table.to_markdown())
+    text = (
+        f"# Leverage of the RL start ({cfg.eval_split} split, {len(d.eval_tasks)} tasks, real tools)\n\n"
+        f"Greedy success and pass@k over {table.samples} samples per task at the training temperature.\n\n"
+        + table.to_markdown()
+    )
     with open(os.path.join(run_dir, "leverage.md"), "w") as f:
         f.write(text)
     with open(os.path.join(run_dir, "leverage.json"), "w") as f:
-        json.dump(nan_to_none({"ks": list(table.ks), "temperature": table.temperature, "rows": table.rows}), f,
-                  indent=1, allow_nan=False)
+        json.dump(
+            nan_to_none({"ks": list(table.ks), "temperature": table.temperature, "rows": table.rows}),
+            f,
+            indent=1,
+            allow_nan=False,
+        )
     return table

@@ -25,8 +25,8 @@ The corpus is the setting EnvACE is for:
 The ``deep`` preset (``make pretrain-deep``) continues a base instead of starting from scratch: it loads the base
 at ``init_from`` with its tokenizer, makes it ``grow_factor`` times deeper with ``models.grow.grow_depth`` (the
 same function at step 0) and trains on the same corpus plus tank rows. Trained on tank rows, the 2-layer base
-names the fuller of two tanks at chance and a 4-layer copy 94% of the time (docs/results.md, "Depth is what the comparison
-lacks").
+names the fuller of two tanks at chance and a 4-layer copy 94% of the time (docs/results.md, "Depth is what the
+comparison lacks").
 
 Batches are a pure function of the step (``IndexedBatches``), so a killed run resumes from its last Orbax
 checkpoint exactly. The output directory holds ``model/`` (Hugging Face safetensors), ``tokenizer/``,
@@ -58,10 +58,21 @@ from envace_jax.rl.types import ACT, REHEARSE, Generation
 PRETRAIN_SEED_OFFSET = 104729
 MEMORY_GROUP = "act+memory"
 TANK_GROUP = "act+tank"
-TANK_SEED = 11          # the tank conversations trained on (comparison_probe scores held-out ones of seed 99)
+TANK_SEED = 11  # the tank conversations trained on (comparison_probe scores held-out ones of seed 99)
 # Fields a continued base must share with the base it continues (its corpus, tokenizer and layer shapes).
-SHARED_WITH_INIT = ("seed", "demonstrations", "push_back_share", "world_model_rows", "tokenizer_tasks", "vocab_size",
-                    "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim")
+SHARED_WITH_INIT = (
+    "seed",
+    "demonstrations",
+    "push_back_share",
+    "world_model_rows",
+    "tokenizer_tasks",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+)
 # Rows are padded to a multiple of 64 up to this length: a rehearsal memory adds ~100-200 tokens to an
 # ACT prompt (plain rows are at most ~250), and a left-truncated row would lose its system prompt.
 MAX_LEN = 512
@@ -72,7 +83,7 @@ class PretrainConfig:
     seed: int = 0
     # ---- corpus (train split only)
     demonstrations: int = 8192
-    push_back_share: float = 0.04     # rare but present: RL can only sharpen what sampling already emits
+    push_back_share: float = 0.04  # rare but present: RL can only sharpen what sampling already emits
     world_model_rows: int = 8192
     tokenizer_tasks: int = 2048
     vocab_size: int = 2048
@@ -85,31 +96,38 @@ class PretrainConfig:
     head_dim: int = DEMO.head_dim
     # ---- optimisation
     steps: int = 6000
-    batch_rows: int = 32              # half ACT, half REHEARSE
+    batch_rows: int = 32  # half ACT, half REHEARSE
     micro_batch_size: int = 16
     lr: float = 3e-3
-    warmup: int = 100                 # then ``schedule``
-    schedule: str = "cosine"          # after warmup: "cosine" or "linear" decay to 0 at ``steps``, or "constant"
+    warmup: int = 100  # then ``schedule``
+    schedule: str = "cosine"  # after warmup: "cosine" or "linear" decay to 0 at ``steps``, or "constant"
     # ---- continuing a base (the ``deep`` preset)
-    init_from: str = ""               # a base directory to continue (its weights and tokenizer); "" = from scratch
-    grow_factor: int = 1              # the continued model is this many times deeper (``num_layers`` is the result)
-    tank_share: int = 0               # ACT rows of a batch that are tank-world comparison rows
-    tank_tasks: int = 16384           # tank conversations to draw those rows from
+    init_from: str = ""  # a base directory to continue (its weights and tokenizer); "" = from scratch
+    grow_factor: int = 1  # the continued model is this many times deeper (``num_layers`` is the result)
+    tank_share: int = 0  # ACT rows of a batch that are tank-world comparison rows
+    tank_tasks: int = 16384  # tank conversations to draw those rows from
     # ---- rehearsal-memory rows
-    memory_from: float = 0.8          # fraction of the steps after which memory rows join the ACT half
-    memory_share: float = 0.25        # of the ACT rows of a batch
-    memory_tasks: int = 1024          # demonstrations whose memories are built
+    memory_from: float = 0.8  # fraction of the steps after which memory rows join the ACT half
+    memory_share: float = 0.25  # of the ACT rows of a batch
+    memory_tasks: int = 1024  # demonstrations whose memories are built
     memory_max_chars: int = 600
-    memory_temperature: float = 0.6   # sampling of the imagined episodes (as the demo's test-time table)
+    memory_temperature: float = 0.6  # sampling of the imagined episodes (as the demo's test-time table)
     # ---- bookkeeping
-    eval_every: int = 1000            # validation curve (0: only at the end)
+    eval_every: int = 1000  # validation curve (0: only at the end)
     validation_tasks: int = 256
     validation_push_back_share: float = 0.5
     checkpoint_every: int = 200
 
     def __post_init__(self):
-        for name in ("demonstrations", "tokenizer_tasks", "steps", "batch_rows", "micro_batch_size",
-                     "validation_tasks", "checkpoint_every"):
+        for name in (
+            "demonstrations",
+            "tokenizer_tasks",
+            "steps",
+            "batch_rows",
+            "micro_batch_size",
+            "validation_tasks",
+            "checkpoint_every",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"pretrain {name} must be >= 1, got {getattr(self, name)}")
         for name in ("world_model_rows", "memory_tasks", "eval_every", "warmup", "tank_share", "tank_tasks"):
@@ -123,8 +141,10 @@ class PretrainConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"pretrain schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.grow_factor < 1 or (self.grow_factor > 1 and not self.init_from):
-            raise ValueError(f"pretrain grow_factor must be >= 1, and above 1 only with init_from (a base to grow); "
-                             f"got grow_factor={self.grow_factor}, init_from={self.init_from!r}")
+            raise ValueError(
+                f"pretrain grow_factor must be >= 1, and above 1 only with init_from (a base to grow); "
+                f"got grow_factor={self.grow_factor}, init_from={self.init_from!r}"
+            )
         if self.tank_share and not self.tank_tasks:
             raise ValueError("pretrain tank_share > 0 needs tank_tasks > 0")
         split_shares(self.batch_rows, self.memory_share, self.tank_share)  # the ACT half must hold them all
@@ -146,10 +166,25 @@ def default() -> PretrainConfig:
 
 def tiny() -> PretrainConfig:
     """Seconds-long, for tests and CI."""
-    return PretrainConfig(demonstrations=24, push_back_share=0.25, world_model_rows=16, tokenizer_tasks=24,
-                          vocab_size=512, **MICRO.fields(), steps=6, batch_rows=8, micro_batch_size=8, warmup=0,
-                          memory_from=0.5, memory_share=0.5, memory_tasks=4, memory_max_chars=300,
-                          eval_every=0, validation_tasks=8, checkpoint_every=2)
+    return PretrainConfig(
+        demonstrations=24,
+        push_back_share=0.25,
+        world_model_rows=16,
+        tokenizer_tasks=24,
+        vocab_size=512,
+        **MICRO.fields(),
+        steps=6,
+        batch_rows=8,
+        micro_batch_size=8,
+        warmup=0,
+        memory_from=0.5,
+        memory_share=0.5,
+        memory_tasks=4,
+        memory_max_chars=300,
+        eval_every=0,
+        validation_tasks=8,
+        checkpoint_every=2,
+    )
 
 
 def deep() -> PretrainConfig:
@@ -157,8 +192,17 @@ def deep() -> PretrainConfig:
     4 of the 16 ACT rows of a batch tank rows (``comparison_probe.py --mode mixed --form tool --grow 2 --steps
     3000 --share 4 --lr 3e-4``: a gentler recipe than the probe's share 10 at lr 1e-3, which cost the start 0.10
     of validation success)."""
-    return default().replace(init_from="assets/demo_base", grow_factor=2, num_layers=4, steps=3000, lr=3e-4,
-                             warmup=0, schedule="constant", tank_share=4, memory_share=0.0)
+    return default().replace(
+        init_from="assets/demo_base",
+        grow_factor=2,
+        num_layers=4,
+        steps=3000,
+        lr=3e-4,
+        warmup=0,
+        schedule="constant",
+        tank_share=4,
+        memory_share=0.0,
+    )
 
 
 PRESETS = {"default": default, "tiny": tiny, "deep": deep}
@@ -166,9 +210,14 @@ PRESETS = {"default": default, "tiny": tiny, "deep": deep}
 
 # ----------------------------------------------------------------------------- corpus
 
+
 def demonstrations(cfg: PretrainConfig) -> list[dict[str, Any]]:
-    return [demo_data.normalize_task(t) for t in generate_tasks(cfg.demonstrations, PRETRAIN_SEED_OFFSET + cfg.seed,
-                                                                "train", push_back_share=cfg.push_back_share)]
+    return [
+        demo_data.normalize_task(t)
+        for t in generate_tasks(
+            cfg.demonstrations, PRETRAIN_SEED_OFFSET + cfg.seed, "train", push_back_share=cfg.push_back_share
+        )
+    ]
 
 
 def corpus_rows(cfg: PretrainConfig, demos: Sequence[Mapping[str, Any]], codec) -> list[Generation]:
@@ -222,8 +271,7 @@ class IndexedBatches:
         return out
 
 
-def split_shares(batch_rows: int, memory_share: float,
-                 tank_share: int = 0) -> tuple[dict[str, int], dict[str, int]]:
+def split_shares(batch_rows: int, memory_share: float, tank_share: int = 0) -> tuple[dict[str, int], dict[str, int]]:
     """Rows per batch of each group before and after memory rows join (ACT half, REHEARSE half); tank and
     memory rows take their places in the ACT half, which keeps at least one plain demonstration row."""
     act = batch_rows // 2 + batch_rows % 2
@@ -232,17 +280,23 @@ def split_shares(batch_rows: int, memory_share: float,
     if memory_share > 0 and mem == 0:
         mem = 1
     if act - tank_share - mem < 1:
-        raise ValueError(f"pretrain: {tank_share} tank and {mem} memory rows leave no demonstration row in the "
-                         f"{act} ACT rows of a {batch_rows}-row batch")
+        raise ValueError(
+            f"pretrain: {tank_share} tank and {mem} memory rows leave no demonstration row in the "
+            f"{act} ACT rows of a {batch_rows}-row batch"
+        )
     tank = {TANK_GROUP: tank_share} if tank_share else {}
-    return ({ACT: act - tank_share, **tank, REHEARSE: reh},
-            {ACT: act - tank_share - mem, **tank, MEMORY_GROUP: mem, REHEARSE: reh})
+    return (
+        {ACT: act - tank_share, **tank, REHEARSE: reh},
+        {ACT: act - tank_share - mem, **tank, MEMORY_GROUP: mem, REHEARSE: reh},
+    )
 
 
 # ----------------------------------------------------------------------------- memory rows
 
-def rehearsal_memories(model, codec, tasks: Sequence[Mapping[str, Any]], cfg: PretrainConfig,
-                       demo_cfg) -> dict[str, str]:
+
+def rehearsal_memories(
+    model, codec, tasks: Sequence[Mapping[str, Any]], cfg: PretrainConfig, demo_cfg
+) -> dict[str, str]:
     """uid -> a rehearsal memory built by the test-time code (``TestTimeRehearsal.rehearse``) with ``model``.
 
     Each task gets N = 1 or 2 imagined episodes, parallel or sequential (alternating by task), sampled at
@@ -258,11 +312,12 @@ def rehearsal_memories(model, codec, tasks: Sequence[Mapping[str, Any]], cfg: Pr
     for i, t in enumerate(tasks):
         plans.setdefault((1 + i % 2, ("parallel", "sequential")[(i // 2) % 2]), []).append(t)
     for (n, mode), group in sorted(plans.items()):
-        rcfg = RehearsalConfig(n=n, mode=mode, max_memory_chars=cfg.memory_max_chars,
-                               temperature=cfg.memory_temperature, seed=cfg.seed)
+        rcfg = RehearsalConfig(
+            n=n, mode=mode, max_memory_chars=cfg.memory_max_chars, temperature=cfg.memory_temperature, seed=cfg.seed
+        )
         ttr = TestTimeRehearsal(rcfg, rollout_cfg, codec, client, judge=None, make_env=None)
         for s in range(0, len(group), demo_cfg.eval_batch):
-            chunk = [dict(t) for t in group[s:s + demo_cfg.eval_batch]]
+            chunk = [dict(t) for t in group[s : s + demo_cfg.eval_batch]]
             for t, r in zip(chunk, ttr.rehearse(chunk)):
                 out[t["uid"]] = r.memory
             client.reset()
@@ -284,8 +339,9 @@ def reference_trace(task: Mapping[str, Any], index: int = 1):
         elif m["role"] == "assistant":
             for c in m.get("tool_calls") or []:
                 resp = answers[c["id"]]
-                steps.append(StepTrace(turn, c["function"]["name"], c["function"]["arguments"], resp,
-                                       is_failed_result(resp)))
+                steps.append(
+                    StepTrace(turn, c["function"]["name"], c["function"]["arguments"], resp, is_failed_result(resp))
+                )
             if not m.get("tool_calls"):
                 final = m["content"]
     return RehearsalTrace(index, steps, final, "", None)
@@ -294,8 +350,10 @@ def reference_trace(task: Mapping[str, Any], index: int = 1):
 def reference_memories(tasks: Sequence[Mapping[str, Any]], max_chars: int) -> list[str]:
     from envace_jax.eval.rehearsal import build_template_memory
 
-    return [build_template_memory([reference_trace(t, k) for k in range(1, 1 + 1 + i % 2)], max_chars)
-            for i, t in enumerate(tasks)]
+    return [
+        build_template_memory([reference_trace(t, k) for k in range(1, 1 + 1 + i % 2)], max_chars)
+        for i, t in enumerate(tasks)
+    ]
 
 
 def memory_rows(tasks: Sequence[Mapping[str, Any]], memories: Mapping[str, str], codec) -> list[Generation]:
@@ -312,9 +370,11 @@ def memory_rows(tasks: Sequence[Mapping[str, Any]], memories: Mapping[str, str],
 
 # ----------------------------------------------------------------------------- the shipped base
 
+
 @dataclasses.dataclass
 class Base:
     """A pretrained base directory (``model/``, ``tokenizer/``, ``manifest.json``) and its corpus."""
+
     directory: str
     config: PretrainConfig
     manifest: dict[str, Any]
@@ -348,9 +408,11 @@ def load_base(directory: str) -> Base:
     need = [os.path.join(directory, p) for p in ("manifest.json", "model/config.json", "tokenizer/tokenizer.json")]
     missing = [p for p in need if not os.path.exists(p)]
     if missing:
-        raise FileNotFoundError(f"demo base {directory!r} is missing {missing}: run `make pretrain` (about two hours "
-                                "on 2 CPU cores; it resumes if interrupted), or use `--preset=legacy` to train "
-                                "from scratch")
+        raise FileNotFoundError(
+            f"demo base {directory!r} is missing {missing}: run `make pretrain` (about two hours "
+            "on 2 CPU cores; it resumes if interrupted), or use `--preset=legacy` to train "
+            "from scratch"
+        )
     with open(os.path.join(directory, "manifest.json")) as f:
         manifest = json.load(f)
     fields = {f.name for f in dataclasses.fields(PretrainConfig)}
@@ -360,12 +422,20 @@ def load_base(directory: str) -> Base:
 
 # ----------------------------------------------------------------------------- the run
 
+
 def build_model(cfg: PretrainConfig, vocab: int):
     from envace_jax.models import qwen3
 
-    mc = qwen3.Qwen3Config.tiny(vocab, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                                num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                                head_dim=cfg.head_dim, tie_word_embeddings=True)
+    mc = qwen3.Qwen3Config.tiny(
+        vocab,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        tie_word_embeddings=True,
+    )
     return qwen3.init_model(mc, seed=cfg.seed)
 
 
@@ -377,18 +447,26 @@ def init_model(cfg: PretrainConfig, out_dir: str, demos: Sequence[Mapping[str, A
 
     tok_dir = os.path.join(out_dir, "tokenizer")
     if not cfg.init_from:
-        tok_tasks = demos[:cfg.tokenizer_tasks]
-        tok = demo_data.build_tokenizer(tok_tasks, tok_dir, cfg.vocab_size,
-                                        extra_texts=reference_memories(tok_tasks, cfg.memory_max_chars)
-                                        if cfg.memory_step is not None else ())
+        tok_tasks = demos[: cfg.tokenizer_tasks]
+        tok = demo_data.build_tokenizer(
+            tok_tasks,
+            tok_dir,
+            cfg.vocab_size,
+            extra_texts=reference_memories(tok_tasks, cfg.memory_max_chars) if cfg.memory_step is not None else (),
+        )
         return tok, build_model(cfg, len(tok)), None
     base = load_base(cfg.init_from)
-    differ = [f"{k} (base {getattr(base.config, k)!r}, here {getattr(cfg, k)!r})" for k in SHARED_WITH_INIT
-              if getattr(base.config, k) != getattr(cfg, k)]
+    differ = [
+        f"{k} (base {getattr(base.config, k)!r}, here {getattr(cfg, k)!r})"
+        for k in SHARED_WITH_INIT
+        if getattr(base.config, k) != getattr(cfg, k)
+    ]
     if base.config.num_layers * cfg.grow_factor != cfg.num_layers:
         differ.append(f"num_layers (base {base.config.num_layers} x grow_factor {cfg.grow_factor} != {cfg.num_layers})")
     if differ:
-        raise ValueError(f"pretrain init_from={cfg.init_from!r}: the base differs from this config in " + ", ".join(differ))
+        raise ValueError(
+            f"pretrain init_from={cfg.init_from!r}: the base differs from this config in " + ", ".join(differ)
+        )
     base.copy_tokenizer(tok_dir)  # the run's directory holds its tokenizer; the one in memory is the base's
     return base.tokenizer, grow_depth(base.model(), cfg.grow_factor), base
 
@@ -406,9 +484,17 @@ def _demo_cfg(cfg: PretrainConfig):
     """The demo settings whose rollout and sampler shapes the pretraining evaluations use."""
     from envace_jax.demo.config import DemoConfig
 
-    return DemoConfig(seed=cfg.seed, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-                      intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
-                      num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, micro_batch_size=cfg.micro_batch_size)
+    return DemoConfig(
+        seed=cfg.seed,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        micro_batch_size=cfg.micro_batch_size,
+    )
 
 
 def validate(model, codec, tasks, demo_cfg) -> dict[str, Any]:
@@ -416,8 +502,10 @@ def validate(model, codec, tasks, demo_cfg) -> dict[str, Any]:
     from envace_jax.demo import stages
 
     res = stages.evaluate_real(demo_cfg, model, codec, tasks)
-    out = {"success": float(np.mean(res.successes)) if res.n else float("nan"),
-           "score": float(np.mean(res.scores)) if res.n else float("nan")}
+    out = {
+        "success": float(np.mean(res.successes)) if res.n else float("nan"),
+        "score": float(np.mean(res.scores)) if res.n else float("nan"),
+    }
     for b in BRANCHES:
         s = res.by_branch.get(b, [])
         out[f"success_{b}"] = float(np.mean([is_success(x) for x in s])) if s else float("nan")
@@ -428,11 +516,20 @@ class _Batches:
     """Step ``k``'s rows: the plain groups before ``cfg.memory_step``, from it on with rehearsal-memory rows, built
     once at that step from the model as it is then and kept in ``memories.json`` for a resumed run."""
 
-    def __init__(self, cfg: PretrainConfig, groups: dict[str, list[Generation]], model, codec,
-                 demos: Sequence[Mapping[str, Any]], demo_cfg, out_dir: str, log: Callable[[str], None]):
+    def __init__(
+        self,
+        cfg: PretrainConfig,
+        groups: dict[str, list[Generation]],
+        model,
+        codec,
+        demos: Sequence[Mapping[str, Any]],
+        demo_cfg,
+        out_dir: str,
+        log: Callable[[str], None],
+    ):
         self.cfg, self.groups, self.model, self.codec, self.demo_cfg = cfg, groups, model, codec, demo_cfg
         self.log = log
-        self.tasks = demos[:cfg.memory_tasks]
+        self.tasks = demos[: cfg.memory_tasks]
         self.path = os.path.join(out_dir, "memories.json")
         self.before, self.after = split_shares(cfg.batch_rows, cfg.memory_share, cfg.tank_share)
         self._batches: IndexedBatches | None = None
@@ -455,8 +552,10 @@ class _Batches:
             with open(self.path, "w") as f:
                 json.dump(memories, f)
             self.groups[MEMORY_GROUP] = memory_rows(self.tasks, memories, self.codec)
-            self.log(f"pretrain: {len(self.groups[MEMORY_GROUP])} rehearsal-memory ACT rows from {len(memories)} "
-                     f"tasks at step {k} ({time.perf_counter() - t0:.0f} s)")
+            self.log(
+                f"pretrain: {len(self.groups[MEMORY_GROUP])} rehearsal-memory ACT rows from {len(memories)} "
+                f"tasks at step {k} ({time.perf_counter() - t0:.0f} s)"
+            )
         if self._phase != in_memory_phase:
             use = self.after if in_memory_phase and self.groups[MEMORY_GROUP] else self.before
             self._batches, self._phase = IndexedBatches(self.groups, use, self.cfg.seed), in_memory_phase
@@ -485,8 +584,13 @@ class _Curve:
             f.write(json.dumps(point) + "\n")
 
 
-def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
-                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict[str, Any]:
+def run_pretrain(
+    cfg: PretrainConfig,
+    out_dir: str,
+    *,
+    progress: bool = True,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+) -> dict[str, Any]:
     """Trains the base and writes ``out_dir``; rerunning resumes from ``out_dir/checkpoints``. A SIGTERM saves the
     step it finished and exits 0 (``SystemExit``)."""
     import jax
@@ -504,18 +608,33 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
     tok, model, base = init_model(cfg, out_dir, demos)
     codec = demo_data.make_codec(tok)
     rows = corpus_rows(cfg, demos, codec)
-    groups: dict[str, list[Generation]] = {ACT: [r for r in rows if r.role == ACT],
-                                           REHEARSE: [r for r in rows if r.role == REHEARSE], MEMORY_GROUP: [],
-                                           TANK_GROUP: tank_rows(cfg, codec)}
-    val = [demo_data.normalize_task(t) for t in generate_tasks(cfg.validation_tasks, cfg.seed, "validation",
-                                                               push_back_share=cfg.validation_push_back_share)]
-    log(f"pretrain corpus: {len(demos)} demonstrations ({sum(t['branch'] != BRANCHES[0] for t in demos)} push-back), "
+    groups: dict[str, list[Generation]] = {
+        ACT: [r for r in rows if r.role == ACT],
+        REHEARSE: [r for r in rows if r.role == REHEARSE],
+        MEMORY_GROUP: [],
+        TANK_GROUP: tank_rows(cfg, codec),
+    }
+    val = [
+        demo_data.normalize_task(t)
+        for t in generate_tasks(
+            cfg.validation_tasks, cfg.seed, "validation", push_back_share=cfg.validation_push_back_share
+        )
+    ]
+    log(
+        f"pretrain corpus: {len(demos)} demonstrations ({sum(t['branch'] != BRANCHES[0] for t in demos)} push-back), "
         f"{len(groups[ACT])} ACT rows, {len(groups[REHEARSE])} REHEARSE rows ({cfg.world_model_rows} world-model), "
         f"{len(groups[TANK_GROUP])} tank rows; {time.perf_counter() - t_start:.0f} s"
-        + (f"; continuing {cfg.init_from} grown to {model.config.num_layers} layers" if base else ""))
+        + (f"; continuing {cfg.init_from} grown to {model.config.num_layers} layers" if base else "")
+    )
 
-    optim = OptimConfig(lr=cfg.lr, schedule=cfg.schedule, warmup_steps=cfg.warmup, total_steps=cfg.steps,
-                        weight_decay=0.0, grad_clip=1.0)
+    optim = OptimConfig(
+        lr=cfg.lr,
+        schedule=cfg.schedule,
+        warmup_steps=cfg.warmup,
+        total_steps=cfg.steps,
+        weight_decay=0.0,
+        grad_clip=1.0,
+    )
     trainer = Trainer(model, optim, LossConfig(), micro_batch_size=cfg.micro_batch_size, pad_micro_batches=True)
     ckpt_dir = os.path.abspath(os.path.join(out_dir, "checkpoints"))
     batches = _Batches(cfg, groups, model, codec, demos, demo_cfg, out_dir, log)
@@ -535,34 +654,56 @@ def run_pretrain(cfg: PretrainConfig, out_dir: str, *, progress: bool = True,
         return f"{m.get(f'nll/{role}', 0):.3f}"
 
     done = run_loop(
-        total_steps=cfg.steps, checkpointer=Checkpointer(ckpt_dir, max_to_keep=2,
-                                                          save_interval_steps=cfg.checkpoint_every),
+        total_steps=cfg.steps,
+        checkpointer=Checkpointer(ckpt_dir, max_to_keep=2, save_interval_steps=cfg.checkpoint_every),
         step_fn=lambda k: trainer.update(stages.sft_batch(batches(k), MAX_LEN), kind="sft"),
-        state=trainer.state_dict, load=load, hooks=[Hook(validation, every=cfg.eval_every, at_last=False)],
-        progress=Progress("pretrain" if progress else None,
-                          postfix=lambda m: {"nll_act": nll(m, "act"), "nll_reh": nll(m, "rehearse")},
-                          line=lambda k, m: f"pretrain step {k}/{cfg.steps}: nll act {nll(m, 'act')} rehearse "
-                                            f"{nll(m, 'rehearse')}, {time.perf_counter() - t_start:.0f} s"),
-        log=log, resumed_line="pretrain: resumed at step {step}",
-        preempted_line="pretrain: preempted at step {step}; rerun to resume")
+        state=trainer.state_dict,
+        load=load,
+        hooks=[Hook(validation, every=cfg.eval_every, at_last=False)],
+        progress=Progress(
+            "pretrain" if progress else None,
+            postfix=lambda m: {"nll_act": nll(m, "act"), "nll_reh": nll(m, "rehearse")},
+            line=lambda k, m: (
+                f"pretrain step {k}/{cfg.steps}: nll act {nll(m, 'act')} rehearse "
+                f"{nll(m, 'rehearse')}, {time.perf_counter() - t_start:.0f} s"
+            ),
+        ),
+        log=log,
+        resumed_line="pretrain: resumed at step {step}",
+        preempted_line="pretrain: preempted at step {step}; rerun to resume",
+    )
     if done.preempted:
         raise SystemExit(0)
     final = {"step": cfg.steps, **validate(model, codec, val, demo_cfg)}
     if not curve.points or curve.points[-1]["step"] != cfg.steps:
         curve.points.append(final)
-    hf_io.save_hf(model, os.path.join(out_dir, "model"), eos_token_ids=codec.stop_token_ids,
-                  pad_token_id=tok.pad_token_id)
-    manifest = {"config": dataclasses.asdict(cfg), "params": int(model.config.num_params()), "vocab": len(tok),
-                "corpus": {"demonstrations": len(demos),
-                           "push_back_demonstrations": sum(t["branch"] != BRANCHES[0] for t in demos),
-                           "act_rows": len(groups[ACT]), "rehearse_rows": len(groups[REHEARSE]),
-                           "memory_rows": len(groups[MEMORY_GROUP]), "tank_rows": len(groups[TANK_GROUP])},
-                "validation": {"tasks": len(val), "push_back_share": cfg.validation_push_back_share, **final},
-                "curve": curve.points, "wall_s_this_run": round(time.perf_counter() - t_start, 1),
-                "jax": jax.__version__}
+    hf_io.save_hf(
+        model, os.path.join(out_dir, "model"), eos_token_ids=codec.stop_token_ids, pad_token_id=tok.pad_token_id
+    )
+    manifest = {
+        "config": dataclasses.asdict(cfg),
+        "params": int(model.config.num_params()),
+        "vocab": len(tok),
+        "corpus": {
+            "demonstrations": len(demos),
+            "push_back_demonstrations": sum(t["branch"] != BRANCHES[0] for t in demos),
+            "act_rows": len(groups[ACT]),
+            "rehearse_rows": len(groups[REHEARSE]),
+            "memory_rows": len(groups[MEMORY_GROUP]),
+            "tank_rows": len(groups[TANK_GROUP]),
+        },
+        "validation": {"tasks": len(val), "push_back_share": cfg.validation_push_back_share, **final},
+        "curve": curve.points,
+        "wall_s_this_run": round(time.perf_counter() - t_start, 1),
+        "jax": jax.__version__,
+    }
     if base is not None:  # where it started: the base's own validation (the grown copy computes the same)
-        manifest["init"] = {"from": cfg.init_from, "grow_factor": cfg.grow_factor,
-                            "num_layers": base.config.num_layers, "validation": base.manifest.get("validation")}
+        manifest["init"] = {
+            "from": cfg.init_from,
+            "grow_factor": cfg.grow_factor,
+            "num_layers": base.config.num_layers,
+            "validation": base.manifest.get("validation"),
+        }
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     plot_curve(curve.points, os.path.join(out_dir, "curve.png"))

@@ -26,15 +26,24 @@ def export_model(model, run_dir: str, codec=None) -> str:
     from envace_jax.models import hf_io
 
     out = os.path.join(run_dir, MODEL_DIR)
-    ids = {} if codec is None else {"eos_token_ids": codec.stop_token_ids,
-                                    "pad_token_id": codec.renderer.tokenizer.pad_token_id}
+    ids = (
+        {}
+        if codec is None
+        else {"eos_token_ids": codec.stop_token_ids, "pad_token_id": codec.renderer.tokenizer.pad_token_id}
+    )
     hf_io.save_hf(model, out, **ids)
     return out
 
 
-def run_rehearsal_table(cfg: DemoConfig, run_dir: str, *, ns: Sequence[int] = (0, 1, 2),
-                        modes: Sequence[str] = ("parallel", "sequential"), num_tasks: int | None = None,
-                        model_dir: str | None = None) -> dict[str, Any]:
+def run_rehearsal_table(
+    cfg: DemoConfig,
+    run_dir: str,
+    *,
+    ns: Sequence[int] = (0, 1, 2),
+    modes: Sequence[str] = ("parallel", "sequential"),
+    num_tasks: int | None = None,
+    model_dir: str | None = None,
+) -> dict[str, Any]:
     from envace_jax.chat import load_tokenizer
     from envace_jax.eval import demo_eval
     from envace_jax.models import hf_io
@@ -50,20 +59,30 @@ def run_rehearsal_table(cfg: DemoConfig, run_dir: str, *, ns: Sequence[int] = (0
     # The tasks go through the same tfds + grain path as in the demo run (reused from run_dir/data when it
     # exists), so the prompts are the very records the model was trained and evaluated on.
     split = cfg.eval_split
-    tasks = demo_data.write_and_read({split: demo_data.held_out_tasks(cfg, split)}, os.path.join(run_dir, "data"))[split]
+    tasks = demo_data.write_and_read({split: demo_data.held_out_tasks(cfg, split)}, os.path.join(run_dir, "data"))[
+        split
+    ]
     tasks = tasks[: num_tasks or len(tasks)]
     # The rehearsal memory goes into the system prompt: leave room for it.
     rollout = stages.rollout_config(cfg, "real", greedy=True)
     rollout = dataclasses.replace(rollout, max_model_len=max(cfg.max_model_len, 1536))
-    base = RehearsalConfig(n=0, max_tokens_per_rehearsal=1024, max_memory_chars=cfg.rehearsal_max_memory_chars,
-                           temperature=cfg.rehearsal_temperature, place_memory=cfg.rehearsal_place_memory,
-                           seed=cfg.seed)
-    result, _ = demo_eval.sweep(tasks, codec, stages.make_client(model, codec), rollout, base, ns, modes,
-                                make_env=demo_data.make_real_env)
-    header = (f"# Test-time rehearsal on the demo suite ({cfg.eval_split} split, {len(tasks)} tasks, real tools, "
-              f"greedy)\n\nModel: {model_dir}. N imagined episodes (REHEARSE plays the tools, no logged results) "
-              f"are condensed into a memory in the system prompt before the one real episode "
-              f"(placed: {cfg.rehearsal_place_memory}).\n\n")
+    base = RehearsalConfig(
+        n=0,
+        max_tokens_per_rehearsal=1024,
+        max_memory_chars=cfg.rehearsal_max_memory_chars,
+        temperature=cfg.rehearsal_temperature,
+        place_memory=cfg.rehearsal_place_memory,
+        seed=cfg.seed,
+    )
+    result, _ = demo_eval.sweep(
+        tasks, codec, stages.make_client(model, codec), rollout, base, ns, modes, make_env=demo_data.make_real_env
+    )
+    header = (
+        f"# Test-time rehearsal on the demo suite ({cfg.eval_split} split, {len(tasks)} tasks, real tools, "
+        f"greedy)\n\nModel: {model_dir}. N imagined episodes (REHEARSE plays the tools, no logged results) "
+        f"are condensed into a memory in the system prompt before the one real episode "
+        f"(placed: {cfg.rehearsal_place_memory}).\n\n"
+    )
     with open(os.path.join(run_dir, "rehearsal_sweep.md"), "w", encoding="utf-8") as f:
         f.write(header + result.to_markdown())
     with open(os.path.join(run_dir, "rehearsal_sweep.json"), "w", encoding="utf-8") as f:

@@ -38,7 +38,9 @@ from envace_jax.sampling import Sampler
 TRAIN_LEN = 384
 LENGTH_MULTIPLE = 64
 # Batch sizes 8 and 16 too: the rolling batch's later calls hold few rows (episodes end at different steps)
-SAMPLER_BUCKETS = dict(batch_buckets=(8, 16, 32, 128, 512), length_buckets=(32, 128, 256), window_buckets=(256, 512, 1024))
+SAMPLER_BUCKETS = dict(
+    batch_buckets=(8, 16, 32, 128, 512), length_buckets=(32, 128, 256), window_buckets=(256, 512, 1024)
+)
 
 
 class Clock:
@@ -60,9 +62,16 @@ class Clock:
 
 
 def build_model(cfg: DemoConfig, vocab: int) -> qwen3.Qwen3:
-    mc = qwen3.Qwen3Config.tiny(vocab, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                                num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                                head_dim=cfg.head_dim, tie_word_embeddings=True)
+    mc = qwen3.Qwen3Config.tiny(
+        vocab,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        tie_word_embeddings=True,
+    )
     return qwen3.init_model(mc, seed=cfg.seed)
 
 
@@ -86,6 +95,7 @@ def make_trainer(model, cfg: DemoConfig, lr: float, warmup: int) -> Trainer:
 
 
 # ----------------------------------------------------------------------------- SFT
+
 
 def _epochs(items: Sequence[Generation], rng: np.random.Generator):
     """Endless stream of ``items``, each pass a fresh permutation."""
@@ -115,12 +125,20 @@ def sft_batches(rows: Sequence[Generation], batch_rows: int, seed: int):
 
 def sft_batch(rows: Sequence[Generation], max_len: int) -> TrainBatch:
     n = len(rows)
-    return build_batch(rows, np.zeros(n, np.float32), np.zeros(n, np.int32), max_len=max_len, pad_id=0,
-                       length_multiple=LENGTH_MULTIPLE)
+    return build_batch(
+        rows, np.zeros(n, np.float32), np.zeros(n, np.int32), max_len=max_len, pad_id=0, length_multiple=LENGTH_MULTIPLE
+    )
 
 
-def run_sft(trainer: Trainer, batches, max_len: int, *, steps: int | None = None, seconds: float | None = None,
-            on_step: Callable[[int, dict], None] | None = None) -> list[dict[str, float]]:
+def run_sft(
+    trainer: Trainer,
+    batches,
+    max_len: int,
+    *,
+    steps: int | None = None,
+    seconds: float | None = None,
+    on_step: Callable[[int, dict], None] | None = None,
+) -> list[dict[str, float]]:
     """SFT for ``steps`` optimizer steps, or until ``seconds`` of wall time have passed."""
     if (steps is None) == (seconds is None):
         raise ValueError("run_sft needs exactly one of steps= or seconds=")
@@ -136,13 +154,21 @@ def run_sft(trainer: Trainer, batches, max_len: int, *, steps: int | None = None
 
 # ----------------------------------------------------------------------------- rollouts
 
+
 def rollout_config(cfg: DemoConfig, mode: str, greedy: bool) -> RolloutConfig:
     t = 0.0 if greedy else cfg.temperature
-    return RolloutConfig(mode=mode, max_steps=cfg.max_steps, max_assistant_turns=6, max_user_turns=2,
-                         max_model_len=cfg.max_model_len,
-                         act=RoleSampling(temperature=t, max_new_tokens=cfg.act_max_new_tokens),
-                         rehearse=RoleSampling(temperature=t, max_new_tokens=cfg.rehearse_max_new_tokens),
-                         sequential_simulation=False, rolling=cfg.rolling, seed=cfg.seed)
+    return RolloutConfig(
+        mode=mode,
+        max_steps=cfg.max_steps,
+        max_assistant_turns=6,
+        max_user_turns=2,
+        max_model_len=cfg.max_model_len,
+        act=RoleSampling(temperature=t, max_new_tokens=cfg.act_max_new_tokens),
+        rehearse=RoleSampling(temperature=t, max_new_tokens=cfg.rehearse_max_new_tokens),
+        sequential_simulation=False,
+        rolling=cfg.rolling,
+        seed=cfg.seed,
+    )
 
 
 def make_client(model, codec, cfg: DemoConfig | None = None, slots: int | None = None):
@@ -151,16 +177,26 @@ def make_client(model, codec, cfg: DemoConfig | None = None, slots: int | None =
     if cfg is not None and cfg.rolling:
         # The rolling state lives across calls, so its capacity is fixed: the caller's context limit
         # plus a generation (REHEARSE prompts stay below it); windows are still sized per call.
-        sampler = Sampler(model, cache_size=cfg.max_model_len + max(cfg.act_max_new_tokens, cfg.rehearse_max_new_tokens),
-                          **SAMPLER_BUCKETS)
-        return RollingSamplerClient(sampler, codec.stop_token_ids, slots=slots or cfg.rolling_slots,
-                                    eager_refill=cfg.rolling_eager_refill)
+        sampler = Sampler(
+            model,
+            cache_size=cfg.max_model_len + max(cfg.act_max_new_tokens, cfg.rehearse_max_new_tokens),
+            **SAMPLER_BUCKETS,
+        )
+        return RollingSamplerClient(
+            sampler, codec.stop_token_ids, slots=slots or cfg.rolling_slots, eager_refill=cfg.rolling_eager_refill
+        )
     return SamplerClient(Sampler(model, **SAMPLER_BUCKETS), stop_token_ids=codec.stop_token_ids)
 
 
 def make_engine(cfg: DemoConfig, mode: str, codec, client, *, greedy: bool, simulator=None) -> RolloutEngine:
-    return RolloutEngine(rollout_config(cfg, mode, greedy), codec, client, ChecklistTurnJudge(RuleJudge()),
-                         simulator=simulator, make_env=make_real_env if mode == "real" else None)
+    return RolloutEngine(
+        rollout_config(cfg, mode, greedy),
+        codec,
+        client,
+        ChecklistTurnJudge(RuleJudge()),
+        simulator=simulator,
+        make_env=make_real_env if mode == "real" else None,
+    )
 
 
 @dataclasses.dataclass
@@ -168,8 +204,8 @@ class EvalResult:
     scores: list[float]
     successes: list[bool]
     by_world: dict[str, list[float]]
-    by_branch: dict[str, list[float]]    # branch kind (data.demo_tasks.BRANCHES) -> scores
-    by_type: dict[str, list[float]]      # task type ("bank/overdraw") -> scores
+    by_branch: dict[str, list[float]]  # branch kind (data.demo_tasks.BRANCHES) -> scores
+    by_type: dict[str, list[float]]  # task type ("bank/overdraw") -> scores
     terminations: dict[str, int]
     tool_calls_mean: float
     samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # a few transcripts, for diagnosis
@@ -182,8 +218,15 @@ class EvalResult:
         return len(self.scores)
 
 
-def evaluate_real(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, Any]],
-                  progress: Callable[[int], None] | None = None, *, greedy: bool = True) -> EvalResult:
+def evaluate_real(
+    cfg: DemoConfig,
+    model,
+    codec,
+    tasks: Sequence[Mapping[str, Any]],
+    progress: Callable[[int], None] | None = None,
+    *,
+    greedy: bool = True,
+) -> EvalResult:
     """Episodes of ``tasks`` against the REAL tools (nothing rehearsed), greedy unless ``greedy=False``
     (then at the training temperature with ``cfg.seed``); success = every checklist item of every turn passed."""
     client = make_client(model, codec, cfg, slots=cfg.eval_batch)
@@ -196,7 +239,7 @@ def evaluate_real(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, An
     # slots, a finished episode's slot going to the next task at once.
     group = len(tasks) if engine.rolling else cfg.eval_batch
     for s in range(0, len(tasks), group):
-        chunk = list(tasks[s:s + group])
+        chunk = list(tasks[s : s + group])
         eps = engine.run(chunk, [t["uid"] for t in chunk])
         client.reset()
         for t, e in zip(chunk, eps):
@@ -209,12 +252,27 @@ def evaluate_real(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, An
             if t.get("branch") == PUSH_BACK:
                 by_kind.setdefault("silent" if silent_push_back(t) else "announced", []).append(float(e.score))
             if len(samples) < 8:
-                samples.append({"uid": t["uid"], "score": float(e.score), "termination": e.termination,
-                                "messages": e.messages[len(t["messages"]) - 1:]})
+                samples.append(
+                    {
+                        "uid": t["uid"],
+                        "score": float(e.score),
+                        "termination": e.termination,
+                        "messages": e.messages[len(t["messages"]) - 1 :],
+                    }
+                )
         if progress:
             progress(len(chunk))
-    return EvalResult(scores, [is_success(s) for s in scores], by_world, by_branch, by_type, terms,
-                      float(np.mean(calls)) if calls else 0.0, samples, by_kind)
+    return EvalResult(
+        scores,
+        [is_success(s) for s in scores],
+        by_world,
+        by_branch,
+        by_type,
+        terms,
+        float(np.mean(calls)) if calls else 0.0,
+        samples,
+        by_kind,
+    )
 
 
 def evaluate_fidelity(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str, Any]]):
@@ -223,13 +281,17 @@ def evaluate_fidelity(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str
 
     cases = fidelity.demo_cases(list(tasks))
     client = make_client(model, codec, cfg, slots=cfg.eval_batch)
-    rehearser = fidelity.PolicyRehearser(codec, client, RoleSampling(temperature=0.0,
-                                                                     max_new_tokens=cfg.rehearse_max_new_tokens),
-                                         batch_size=cfg.eval_batch)
+    rehearser = fidelity.PolicyRehearser(
+        codec,
+        client,
+        RoleSampling(temperature=0.0, max_new_tokens=cfg.rehearse_max_new_tokens),
+        batch_size=cfg.eval_batch,
+    )
     return fidelity.evaluate_fidelity(cases, rehearser)
 
 
 # ----------------------------------------------------------------------------- RL
+
 
 def make_rl_step(cfg: DemoConfig, mode: str, model, codec, trainer: Trainer, simulator_model=None):
     from envace_jax.config import RLSection
@@ -239,10 +301,24 @@ def make_rl_step(cfg: DemoConfig, mode: str, model, codec, trainer: Trainer, sim
     sim_client = make_client(simulator_model, codec, cfg) if simulator_model is not None else None
     # The reference's step (row-mean baseline, 0.1 empty-output penalty, recomputed old log-probs, one
     # optimizer step) on the demo's short rows, with the update's exact shortcuts unless turned off.
-    rl = RLSection(n_rollouts=cfg.n_rollouts, micro_batch_size=cfg.micro_batch_size, max_row_length=TRAIN_LEN,
-                   length_multiple=LENGTH_MULTIPLE, old_logprobs_from_update=cfg.rl_update_shortcuts,
-                   skip_zero_advantage_rows=cfg.rl_update_shortcuts)
-    step = build_rl_step(rl, rollout_config(cfg, mode, greedy=False), codec, client, ChecklistTurnJudge(RuleJudge()),
-                         trainer, simulator=sim_client, make_env=make_real_env if mode == "real" else None,
-                         pad_id=0, seed=cfg.seed)
+    rl = RLSection(
+        n_rollouts=cfg.n_rollouts,
+        micro_batch_size=cfg.micro_batch_size,
+        max_row_length=TRAIN_LEN,
+        length_multiple=LENGTH_MULTIPLE,
+        old_logprobs_from_update=cfg.rl_update_shortcuts,
+        skip_zero_advantage_rows=cfg.rl_update_shortcuts,
+    )
+    step = build_rl_step(
+        rl,
+        rollout_config(cfg, mode, greedy=False),
+        codec,
+        client,
+        ChecklistTurnJudge(RuleJudge()),
+        trainer,
+        simulator=sim_client,
+        make_env=make_real_env if mode == "real" else None,
+        pad_id=0,
+        seed=cfg.seed,
+    )
     return step, client

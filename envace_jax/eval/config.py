@@ -55,14 +55,15 @@ class TinySpec:
     # large vocabulary, merges span words and a prompt shrinks to a few hundred tokens.
     tokenizer_corpus: str = "demo"
     pre_split: str = "qwen"
-    max_token_chars: int = 0        # 0 = unlimited
+    max_token_chars: int = 0  # 0 = unlimited
 
     def __post_init__(self):
         _at_least(self, "model.tiny", ("hidden", "layers", "heads", "kv_heads", "head_dim"), 1)
         _at_least(self, "model.tiny", ("max_token_chars",), 0)
         if self.tokenizer_corpus not in TOKENIZER_CORPORA:
-            raise ValueError(f"config.model.tiny.tokenizer_corpus={self.tokenizer_corpus!r}; "
-                             f"choose one of {TOKENIZER_CORPORA}")
+            raise ValueError(
+                f"config.model.tiny.tokenizer_corpus={self.tokenizer_corpus!r}; choose one of {TOKENIZER_CORPORA}"
+            )
         if self.pre_split not in PRE_SPLITS:
             raise ValueError(f"config.model.tiny.pre_split={self.pre_split!r}; choose one of {PRE_SPLITS}")
 
@@ -71,8 +72,8 @@ class TinySpec:
 class ModelSpec:
     """Which policy to load: a local HF checkpoint (``model_path``), or ``random_tiny`` (CI)."""
 
-    model_path: str = ""            # local Qwen3 HF checkpoint directory (policy=model)
-    tokenizer_path: str = ""        # default: model_path (random_tiny: a demo tokenizer built into output_dir)
+    model_path: str = ""  # local Qwen3 HF checkpoint directory (policy=model)
+    tokenizer_path: str = ""  # default: model_path (random_tiny: a demo tokenizer built into output_dir)
     random_tiny: bool = False
     dtype: str = "float32"
     tiny: TinySpec = TinySpec()
@@ -102,24 +103,30 @@ class SamplerShapes:
 
 @dataclasses.dataclass(frozen=True)
 class RehearsalConfig:
-    n: int = 0                              # imagined episodes per task (0: act directly)
+    n: int = 0  # imagined episodes per task (0: act directly)
     mode: str = "parallel"
     max_tokens_per_rehearsal: int = 2048
     memory: str = "template"
     max_memory_chars: int = 1500
     placement: str = "system"
-    place_memory: str = "always"            # or "on_mistake" (MEMORY_GATES)
-    grounding: str = "none"                 # "reference" keeps the few-shot logged results (privileged)
-    user_turns: str = "first"               # "all" rehearses every scripted user turn
+    place_memory: str = "always"  # or "on_mistake" (MEMORY_GATES)
+    grounding: str = "none"  # "reference" keeps the few-shot logged results (privileged)
+    user_turns: str = "first"  # "all" rehearses every scripted user turn
     summary: RoleSampling = RoleSampling(temperature=0.0, max_new_tokens=256)
     # sampling temperature of the imagined episodes (both roles); None: the committed run's. With a greedy
     # committed run, N > 1 parallel rehearsals at temperature None are N copies of one episode.
     temperature: float | None = None
-    seed: int = 0                           # an eval run sets it to the run's ``seed``
+    seed: int = 0  # an eval run sets it to the run's ``seed``
 
     def __post_init__(self):
-        choices = {"mode": REHEARSAL_MODES, "memory": MEMORY_KINDS, "placement": PLACEMENTS,
-                   "place_memory": MEMORY_GATES, "grounding": ("none", "reference"), "user_turns": ("first", "all")}
+        choices = {
+            "mode": REHEARSAL_MODES,
+            "memory": MEMORY_KINDS,
+            "placement": PLACEMENTS,
+            "place_memory": MEMORY_GATES,
+            "grounding": ("none", "reference"),
+            "user_turns": ("first", "all"),
+        }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"rehearsal.{name}={getattr(self, name)!r}; choose one of {allowed}")
@@ -154,17 +161,19 @@ class RehearsalSection(RehearsalConfig):
 @dataclasses.dataclass(frozen=True)
 class BfclConfig:
     categories: tuple[str, ...] = ("multi_turn_base",)
-    limit: int = 0                      # entries per category (0 = all)
-    max_steps_per_turn: int = 20        # BFCL's MAXIMUM_STEP_LIMIT
-    batch_size: int = 16                # entries played at once
+    limit: int = 0  # entries per category (0 = all)
+    max_steps_per_turn: int = 20  # BFCL's MAXIMUM_STEP_LIMIT
+    batch_size: int = 16  # entries played at once
 
     def __post_init__(self):
         if not self.categories:
             raise ValueError("config.bfcl.categories is empty")
         for c in self.categories:
             if c not in bfcl.MULTI_TURN_CATEGORIES + bfcl.SINGLE_TURN_CATEGORIES:
-                raise ValueError(f"config.bfcl.categories: unsupported category {c!r}; expected some of "
-                                 f"{bfcl.MULTI_TURN_CATEGORIES + bfcl.SINGLE_TURN_CATEGORIES}")
+                raise ValueError(
+                    f"config.bfcl.categories: unsupported category {c!r}; expected some of "
+                    f"{bfcl.MULTI_TURN_CATEGORIES + bfcl.SINGLE_TURN_CATEGORIES}"
+                )
         _at_least(self, "bfcl", ("max_steps_per_turn", "batch_size"), 1)
         _at_least(self, "bfcl", ("limit",), 0)
 
@@ -173,10 +182,10 @@ class BfclConfig:
 class Tau2Config:
     domains: tuple[str, ...] = tau2.DOMAINS
     split: str = "test"
-    limit: int = 0                      # tasks per domain (0 = all)
-    user: str = "scripted"              # scripted (offline, CI) | model
-    user_model_path: str = ""           # user=model: the user's checkpoint (empty: the policy's weights)
-    max_steps: int = 30                 # agent + user messages before the run is cut (tau2: max_steps)
+    limit: int = 0  # tasks per domain (0 = all)
+    user: str = "scripted"  # scripted (offline, CI) | model
+    user_model_path: str = ""  # user=model: the user's checkpoint (empty: the policy's weights)
+    max_steps: int = 30  # agent + user messages before the run is cut (tau2: max_steps)
     batch_size: int = 8
 
     def __post_init__(self):
@@ -217,24 +226,26 @@ REHEARSERS = ("oracle", "constant", "model")
 class FidelityBenchConfig:
     """Suite ``fidelity`` (``eval.fidelity_bench``): REHEARSE on the benchmarks' logged calls."""
 
-    bfcl_categories: tuple[str, ...] = ("multi_turn_base",)   # multi-turn categories (empty: none)
+    bfcl_categories: tuple[str, ...] = ("multi_turn_base",)  # multi-turn categories (empty: none)
     tau2_domains: tuple[str, ...] = ("airline", "retail", "telecom")
     tau2_split: str = "test"
-    demo_tasks: int = 0               # demo reference conversations (0: none)
+    demo_tasks: int = 0  # demo reference conversations (0: none)
     demo_split: str = "test"
-    limit: int = 0                    # entries / tasks per BFCL category and tau2 domain (0 = all)
-    with_reference: bool = False      # put the replay into the record's reference_messages (an upper bound)
-    rehearser: str = "oracle"         # oracle | constant | model
-    batch_size: int = 16              # REHEARSE prompts per generate call (model)
-    seed: int = 0                     # an eval run sets it to the run's ``seed``
+    limit: int = 0  # entries / tasks per BFCL category and tau2 domain (0 = all)
+    with_reference: bool = False  # put the replay into the record's reference_messages (an upper bound)
+    rehearser: str = "oracle"  # oracle | constant | model
+    batch_size: int = 16  # REHEARSE prompts per generate call (model)
+    seed: int = 0  # an eval run sets it to the run's ``seed``
 
     def __post_init__(self):
         if self.rehearser not in REHEARSERS:
             raise ValueError(f"config.fidelity.rehearser={self.rehearser!r}; choose one of {REHEARSERS}")
         for c in self.bfcl_categories:
             if c not in bfcl.MULTI_TURN_CATEGORIES:
-                raise ValueError(f"config.fidelity.bfcl_categories: {c!r} has no logged multi-turn replay; "
-                                 f"expected some of {bfcl.MULTI_TURN_CATEGORIES}")
+                raise ValueError(
+                    f"config.fidelity.bfcl_categories: {c!r} has no logged multi-turn replay; "
+                    f"expected some of {bfcl.MULTI_TURN_CATEGORIES}"
+                )
         for d in self.tau2_domains:
             if d not in tau2.DOMAINS:
                 raise ValueError(f"config.fidelity.tau2_domains: unknown domain {d!r}; expected some of {tau2.DOMAINS}")
@@ -254,15 +265,15 @@ class FidelityBenchConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    suite: str = "bfcl"                  # bfcl | tau2 | demo | rehearsal_sweep
-    policy: str = "oracle"               # oracle (replays ground truth) | model
-    output_dir: str = ""                 # results.json, results.md, <category>.jsonl go here
+    suite: str = "bfcl"  # bfcl | tau2 | demo | rehearsal_sweep
+    policy: str = "oracle"  # oracle (replays ground truth) | model
+    output_dir: str = ""  # results.json, results.md, <category>.jsonl go here
     seed: int = 0
-    write_entries: bool = True           # per-entry <category>.jsonl files
+    write_entries: bool = True  # per-entry <category>.jsonl files
     model: ModelSpec = ModelSpec()
-    sampling: RoleSampling = RoleSampling(temperature=0.0, max_new_tokens=1024)   # greedy
+    sampling: RoleSampling = RoleSampling(temperature=0.0, max_new_tokens=1024)  # greedy
     sampler: SamplerShapes = SamplerShapes()
-    max_model_len: int = 32768           # prompt + generated tokens per conversation
+    max_model_len: int = 32768  # prompt + generated tokens per conversation
     enable_thinking: bool = True
     rehearsal: RehearsalSection = RehearsalSection()
     bfcl: BfclConfig = BfclConfig()
@@ -276,8 +287,10 @@ class EvalConfig:
         if self.policy not in POLICIES:
             raise ValueError(f"config.policy={self.policy!r}; choose one of {POLICIES}")
         if self.max_model_len <= self.sampling.max_new_tokens:
-            raise ValueError(f"config.max_model_len={self.max_model_len} must exceed "
-                             f"config.sampling.max_new_tokens={self.sampling.max_new_tokens}")
+            raise ValueError(
+                f"config.max_model_len={self.max_model_len} must exceed "
+                f"config.sampling.max_new_tokens={self.sampling.max_new_tokens}"
+            )
 
 
 def eval_config_dict(suite: str):
@@ -286,7 +299,7 @@ def eval_config_dict(suite: str):
     from envace_jax.config import to_config_dict
 
     d = to_config_dict(EvalConfig(suite=suite))
-    for section in ("rehearsal", "fidelity"):   # these seeds follow the run's ``seed``: not knobs of their own
+    for section in ("rehearsal", "fidelity"):  # these seeds follow the run's ``seed``: not knobs of their own
         del d[section]["seed"]
     return d
 

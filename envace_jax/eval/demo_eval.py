@@ -21,19 +21,28 @@ from envace_jax.eval.rehearsal import RehearsalConfig, RehearsalRun, TestTimeReh
 
 def load_tasks(cfg: DemoSuiteConfig) -> list[dict[str, Any]]:
     from envace_jax.data.demo_tasks import generate_tasks
+
     return generate_tasks(cfg.num_tasks, cfg.seed, cfg.split)
 
 
 def _judge():
     from envace_jax.rl.judges import RuleJudge
+
     return RuleJudge()
 
 
-def _category(name: str, uids: Sequence[str], scores: Sequence[float], details: Sequence[dict],
-              extra: dict[str, Any] | None = None) -> CategoryResult:
+def _category(
+    name: str,
+    uids: Sequence[str],
+    scores: Sequence[float],
+    details: Sequence[dict],
+    extra: dict[str, Any] | None = None,
+) -> CategoryResult:
     passed = [is_success(s) for s in scores]
-    rows = [EntryResult(u, ok, None if ok else (d.get("termination") or "score_below_1"), dict(d, score=s))
-            for u, s, d, ok in zip(uids, scores, details, passed)]
+    rows = [
+        EntryResult(u, ok, None if ok else (d.get("termination") or "score_below_1"), dict(d, score=s))
+        for u, s, d, ok in zip(uids, scores, details, passed)
+    ]
     n = max(1, len(rows))
     out = {"score_mean": sum(scores) / n}
     out.update(extra or {})
@@ -43,6 +52,7 @@ def _category(name: str, uids: Sequence[str], scores: Sequence[float], details: 
 def evaluate_oracle(tasks: Sequence[dict[str, Any]]) -> CategoryResult:
     """The reference conversations, judged turn by turn exactly as a rollout's turns are."""
     from envace_jax.rl.reward import episode_score, score_conversation
+
     judge = _judge()
     scores, details = [], []
     for t in tasks:
@@ -66,35 +76,57 @@ def make_rehearsal_runner(tasks: Sequence[dict[str, Any]], codec, client, rollou
 
     def run(rcfg: RehearsalConfig) -> RehearsalRun:
         client_reset = getattr(client, "reset", None)
-        if client_reset is not None:   # rows cached by an earlier setting belong to other episodes
+        if client_reset is not None:  # rows cached by an earlier setting belong to other episodes
             client_reset()
         label = "demo" if rcfg.n == 0 else f"demo after {rcfg.n} {rcfg.mode} rehearsal(s)"
         with progress.stage(f"{label}: {len(tasks)} tasks"), progress.EpisodeBar(len(tasks), label) as bar:
-            ttr = TestTimeRehearsal(rcfg, rollout_cfg, codec, client, ChecklistTurnJudge(_judge()), make_env,
-                                    episode_bar=bar, stage_lines=True)
+            ttr = TestTimeRehearsal(
+                rcfg,
+                rollout_cfg,
+                codec,
+                client,
+                ChecklistTurnJudge(_judge()),
+                make_env,
+                episode_bar=bar,
+                stage_lines=True,
+            )
             return ttr.run(list(tasks))
+
     return run
 
 
 def _from_run(name: str, run: RehearsalRun) -> CategoryResult:
     n = max(1, len(run.committed))
-    details = [dict(e.metrics(), extra_generated_tokens=o.generated_tokens, extra_prompt_tokens=o.prompt_tokens)
-               for e, o in zip(run.committed, run.rehearsals)]
-    extra = {"extra_generated_tokens_mean": sum(o.generated_tokens for o in run.rehearsals) / n,
-             "extra_prompt_tokens_mean": sum(o.prompt_tokens for o in run.rehearsals) / n,
-             "memory_chars_mean": sum(len(o.memory) for o in run.rehearsals) / n}
+    details = [
+        dict(e.metrics(), extra_generated_tokens=o.generated_tokens, extra_prompt_tokens=o.prompt_tokens)
+        for e, o in zip(run.committed, run.rehearsals)
+    ]
+    extra = {
+        "extra_generated_tokens_mean": sum(o.generated_tokens for o in run.rehearsals) / n,
+        "extra_prompt_tokens_mean": sum(o.prompt_tokens for o in run.rehearsals) / n,
+        "memory_chars_mean": sum(len(o.memory) for o in run.rehearsals) / n,
+    }
     return _category(name, [e.uid for e in run.committed], run.scores, details, extra)
 
 
-def evaluate_model(tasks: Sequence[dict[str, Any]], codec, client, rollout_cfg,
-                   rehearsal: RehearsalConfig = RehearsalConfig()) -> CategoryResult:
+def evaluate_model(
+    tasks: Sequence[dict[str, Any]], codec, client, rollout_cfg, rehearsal: RehearsalConfig = RehearsalConfig()
+) -> CategoryResult:
     run = make_rehearsal_runner(tasks, codec, client, rollout_cfg)(rehearsal)
     name = "demo" if rehearsal.n == 0 else f"demo_rehearsal_{rehearsal.mode}_n{rehearsal.n}"
     return _from_run(name, run)
 
 
-def sweep(tasks: Sequence[dict[str, Any]], codec, client, rollout_cfg, base: RehearsalConfig,
-          ns: Sequence[int], modes: Sequence[str], make_env=None):
+def sweep(
+    tasks: Sequence[dict[str, Any]],
+    codec,
+    client,
+    rollout_cfg,
+    base: RehearsalConfig,
+    ns: Sequence[int],
+    modes: Sequence[str],
+    make_env=None,
+):
     """Score/success versus N and mode: (``eval.rehearsal.SweepResult``, one results category per cell).
 
     N = 0 does not depend on the mode: it runs once and is reported under every mode.

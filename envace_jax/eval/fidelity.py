@@ -57,20 +57,21 @@ ERROR_KEYS = ("error", "error_tool_call")  # what ``chat.simulator.is_failed_res
 
 # ----------------------------------------------------------------------------- cases
 
+
 @dataclasses.dataclass
 class FidelityCase:
     """One logged tool call with its real response, and what the REHEARSE prompt needs."""
 
-    domain: str                       # e.g. "demo/bank", "bfcl/multi_turn_base", "tau2/airline"
+    domain: str  # e.g. "demo/bank", "bfcl/multi_turn_base", "tau2/airline"
     task_uid: str
-    record: Mapping[str, Any]         # task record as the rollout sees it (tools, reference_messages)
-    history: list[dict[str, Any]]     # messages before the assistant message that made the call
-    caller_text: str                  # that assistant message's raw text, calls included
-    call: tuple[str, str, dict]       # (call_id, tool name, arguments)
-    real_content: str                 # the real tool's response, as the caller read it
-    real_error: bool                  # the environment's own failure flag for this call
+    record: Mapping[str, Any]  # task record as the rollout sees it (tools, reference_messages)
+    history: list[dict[str, Any]]  # messages before the assistant message that made the call
+    caller_text: str  # that assistant message's raw text, calls included
+    call: tuple[str, str, dict]  # (call_id, tool name, arguments)
+    real_content: str  # the real tool's response, as the caller read it
+    real_error: bool  # the environment's own failure flag for this call
     state_changed: bool | None = None  # executing it changed the real environment's state (None: unknown)
-    tool_label: str | None = None     # the benchmark's own label of the tool (tau2: read/write/...), if any
+    tool_label: str | None = None  # the benchmark's own label of the tool (tau2: read/write/...), if any
 
     @property
     def tool(self) -> str:
@@ -82,9 +83,11 @@ def caller_raw_text(message: Mapping[str, Any]) -> str:
     ``\\n<tool_call>\\n{json}\\n</tool_call>`` (the layout ``parse_tool_calls`` reads)."""
     content = message.get("content") or ""
     calls = "".join(
-        CALL_SEPARATOR + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
-                                    ensure_ascii=False) + "\n</tool_call>"
-        for c in message.get("tool_calls") or [])
+        CALL_SEPARATOR
+        + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]}, ensure_ascii=False)
+        + "\n</tool_call>"
+        for c in message.get("tool_calls") or []
+    )
     return content + calls
 
 
@@ -94,12 +97,18 @@ def _flagged_error(content: str, flag: Any, error_prefixes: Sequence[str]) -> bo
     return _view_is_error(_json_or_none(content)) or any(content.startswith(p) for p in error_prefixes)
 
 
-CallKey = tuple[int, str]   # (index of the calling message in the conversation, call id)
+CallKey = tuple[int, str]  # (index of the calling message in the conversation, call id)
 
 
-def cases_from_conversation(record: Mapping[str, Any], conversation: Sequence[Mapping[str, Any]], domain: str, *,
-                            error_prefixes: Sequence[str] = (), state_changes: Mapping[CallKey, bool] | None = None,
-                            tool_labels: Mapping[CallKey, str] | None = None) -> list[FidelityCase]:
+def cases_from_conversation(
+    record: Mapping[str, Any],
+    conversation: Sequence[Mapping[str, Any]],
+    domain: str,
+    *,
+    error_prefixes: Sequence[str] = (),
+    state_changes: Mapping[CallKey, bool] | None = None,
+    tool_labels: Mapping[CallKey, str] | None = None,
+) -> list[FidelityCase]:
     """One case per answered call of the assistant messages of ``conversation``.
 
     Tool messages are matched to calls by ``tool_call_id``. A tool message may carry ``"error"``
@@ -125,12 +134,20 @@ def cases_from_conversation(record: Mapping[str, Any], conversation: Sequence[Ma
         content = tool_msg.get("content")
         content = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
         fn = call["function"]
-        cases.append(FidelityCase(
-            domain=domain, task_uid=uid, record=record, history=[dict(m) for m in conversation[:i]],
-            caller_text=caller_raw_text(msg), call=(call["id"], fn["name"], fn["arguments"]),
-            real_content=content,
-            real_error=_flagged_error(content, tool_msg.get("error"), error_prefixes),
-            state_changed=state_changes.get((i, call["id"])), tool_label=tool_labels.get((i, call["id"]))))
+        cases.append(
+            FidelityCase(
+                domain=domain,
+                task_uid=uid,
+                record=record,
+                history=[dict(m) for m in conversation[:i]],
+                caller_text=caller_raw_text(msg),
+                call=(call["id"], fn["name"], fn["arguments"]),
+                real_content=content,
+                real_error=_flagged_error(content, tool_msg.get("error"), error_prefixes),
+                state_changed=state_changes.get((i, call["id"])),
+                tool_label=tool_labels.get((i, call["id"])),
+            )
+        )
     return cases
 
 
@@ -156,8 +173,12 @@ BFCL_ERROR_PREFIXES = ("Error during execution",)
 TAU2_ERROR_PREFIXES = ("Error:",)
 
 
-def bfcl_cases(entries: Sequence[Mapping[str, Any]], ground_truth: Mapping[str, Sequence[Sequence[str]]], *,
-               with_reference: bool = False) -> list[FidelityCase]:
+def bfcl_cases(
+    entries: Sequence[Mapping[str, Any]],
+    ground_truth: Mapping[str, Sequence[Sequence[str]]],
+    *,
+    with_reference: bool = False,
+) -> list[FidelityCase]:
     """Replays each entry's ground truth on a fresh BFCL environment and makes one case per call.
 
     Turn by turn: the turn's user messages, then one assistant message per ground-truth call (as a
@@ -188,14 +209,27 @@ def bfcl_cases(entries: Sequence[Mapping[str, Any]], ground_truth: Mapping[str, 
                 before = state_fingerprint(env)
                 res = env.execute(name, kwargs)
                 changes[(len(conv), cid)] = state_fingerprint(env) != before
-                conv.append({"role": "assistant", "content": "", "tool_calls": [
-                    {"id": cid, "type": "function", "function": {"name": name, "arguments": kwargs}}]})
-                conv.append({"role": "tool", "name": name, "tool_call_id": cid, "content": res.content,
-                             "error": res.error})
+                conv.append(
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {"id": cid, "type": "function", "function": {"name": name, "arguments": kwargs}}
+                        ],
+                    }
+                )
+                conv.append(
+                    {"role": "tool", "name": name, "tool_call_id": cid, "content": res.content, "error": res.error}
+                )
         if with_reference:
             record = dict(record, reference_messages=conv)
-        out += cases_from_conversation(record, conv, f"bfcl/{bfcl.category_of(entry['id'])}",
-                                       error_prefixes=BFCL_ERROR_PREFIXES, state_changes=changes)
+        out += cases_from_conversation(
+            record,
+            conv,
+            f"bfcl/{bfcl.category_of(entry['id'])}",
+            error_prefixes=BFCL_ERROR_PREFIXES,
+            state_changes=changes,
+        )
     return out
 
 
@@ -217,12 +251,19 @@ def tau2_cases(domain: str, tasks: Sequence[Any], *, with_reference: bool = Fals
             raise ValueError(f"tau2 task {record['uid']!r}: {e}") from None
         if with_reference:
             record = dict(record, reference_messages=conv[1:])
-        out += cases_from_conversation(record, conv, f"tau2/{domain}", error_prefixes=TAU2_ERROR_PREFIXES,
-                                       state_changes=changes, tool_labels=labels)
+        out += cases_from_conversation(
+            record,
+            conv,
+            f"tau2/{domain}",
+            error_prefixes=TAU2_ERROR_PREFIXES,
+            state_changes=changes,
+            tool_labels=labels,
+        )
     return out
 
 
 # ----------------------------------------------------------------------------- comparison
+
 
 def _json_or_none(text: Any) -> Any:
     if not isinstance(text, str):
@@ -324,15 +365,26 @@ def compare(prediction_text: str, real_content: str, real_error: bool) -> dict[s
     real = real_view(real_content, real_error)
     real_is_error = _view_is_error(real)
     if parse_error is not None:
-        return {"exact": 0.0, "structure": 0.0, "field": 0.0, "parsed": 0.0,
-                "error_agreement": float(real_is_error), "predicted_error": True, "real_error": real_is_error}
+        return {
+            "exact": 0.0,
+            "structure": 0.0,
+            "field": 0.0,
+            "parsed": 0.0,
+            "error_agreement": float(real_is_error),
+            "predicted_error": True,
+            "real_error": real_is_error,
+        }
     pred = json.loads(result)
     pred_is_error = _view_is_error(pred)
-    return {"exact": float(canonical(pred) == canonical(real)),
-            "structure": float(skeleton(pred) == skeleton(real)),
-            "field": field_score(pred, real), "parsed": 1.0,
-            "error_agreement": float(pred_is_error == real_is_error),
-            "predicted_error": pred_is_error, "real_error": real_is_error}
+    return {
+        "exact": float(canonical(pred) == canonical(real)),
+        "structure": float(skeleton(pred) == skeleton(real)),
+        "field": field_score(pred, real),
+        "parsed": 1.0,
+        "error_agreement": float(pred_is_error == real_is_error),
+        "predicted_error": pred_is_error,
+        "real_error": real_is_error,
+    }
 
 
 # ----------------------------------------------------------------------------- rehearsers
@@ -342,8 +394,11 @@ Rehearser = Callable[[Sequence[FidelityCase]], list[str]]
 
 def oracle_rehearser(cases: Sequence[FidelityCase]) -> list[str]:
     """Returns each logged real response (its JSON view) in the REHEARSE output format."""
-    return [f"\n<execution_result>\n{json.dumps(real_view(c.real_content, c.real_error), ensure_ascii=False)}"
-            f"\n</execution_result>" for c in cases]
+    return [
+        f"\n<execution_result>\n{json.dumps(real_view(c.real_content, c.real_error), ensure_ascii=False)}"
+        f"\n</execution_result>"
+        for c in cases
+    ]
 
 
 def constant_rehearser(payload: Any = None) -> Rehearser:
@@ -352,6 +407,7 @@ def constant_rehearser(payload: Any = None) -> Rehearser:
 
     def rehearse(cases: Sequence[FidelityCase]) -> list[str]:
         return [f"\n<execution_result>\n{text}\n</execution_result>" for _ in cases]
+
     return rehearse
 
 
@@ -359,9 +415,16 @@ class PolicyRehearser:
     """REHEARSE played by a ``PolicyClient``: prompts built by the codec, ``batch_size`` rows per
     ``generate`` call (all at once by default). Counts prompt and generated tokens."""
 
-    def __init__(self, codec: Any, client: Any, sampling: RoleSampling = RoleSampling(temperature=0.0,
-                                                                                         max_new_tokens=256),
-                 *, batch_size: int | None = None, seed: int = 0, progress_bar: bool = False):
+    def __init__(
+        self,
+        codec: Any,
+        client: Any,
+        sampling: RoleSampling = RoleSampling(temperature=0.0, max_new_tokens=256),
+        *,
+        batch_size: int | None = None,
+        seed: int = 0,
+        progress_bar: bool = False,
+    ):
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"PolicyRehearser batch_size must be >= 1, got {batch_size}")
         self.codec, self.client, self.sampling = codec, client, sampling
@@ -380,7 +443,7 @@ class PolicyRehearser:
         texts: list[str] = []
         bar = progress.count_bar(len(reqs), "REHEARSE", "call") if self.progress_bar else None
         for start in range(0, len(reqs), size):
-            chunk = reqs[start:start + size]
+            chunk = reqs[start : start + size]
             outs = self.client.generate(chunk)
             if len(outs) != len(chunk):
                 raise RuntimeError(f"policy client returned {len(outs)} outputs for {len(chunk)} requests")
@@ -395,8 +458,13 @@ class PolicyRehearser:
         return texts
 
 
-def evaluate_fidelity(cases: Sequence[FidelityCase], rehearser: Rehearser | Any, *,
-                      codec: Any = None, sampling: RoleSampling | None = None) -> FidelityReport:
+def evaluate_fidelity(
+    cases: Sequence[FidelityCase],
+    rehearser: Rehearser | Any,
+    *,
+    codec: Any = None,
+    sampling: RoleSampling | None = None,
+) -> FidelityReport:
     """Scores ``rehearser`` on ``cases``. ``rehearser`` is a callable (cases -> raw texts) or a
     ``PolicyClient`` (then ``codec`` is required and all prompts go in one ``generate`` call)."""
     if hasattr(rehearser, "generate") and not isinstance(rehearser, PolicyRehearser):
@@ -413,7 +481,22 @@ def evaluate_fidelity(cases: Sequence[FidelityCase], rehearser: Rehearser | Any,
         if not isinstance(text, str):
             raise TypeError(f"rehearser prediction for {c.task_uid}/{c.tool} is {type(text).__name__}, not str")
         m = compare(text, c.real_content, c.real_error)
-        scores.append(CallScore(c.domain, c.tool, c.task_uid, m["exact"], m["structure"], m["field"],
-                                m["error_agreement"], m["parsed"], m["real_error"], m["predicted_error"],
-                                text[:500], c.real_content[:500], c.state_changed, c.tool_label))
+        scores.append(
+            CallScore(
+                c.domain,
+                c.tool,
+                c.task_uid,
+                m["exact"],
+                m["structure"],
+                m["field"],
+                m["error_agreement"],
+                m["parsed"],
+                m["real_error"],
+                m["predicted_error"],
+                text[:500],
+                c.real_content[:500],
+                c.state_changed,
+                c.tool_label,
+            )
+        )
     return FidelityReport(scores)

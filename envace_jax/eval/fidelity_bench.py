@@ -24,26 +24,33 @@ from typing import Any
 
 from envace_jax.eval import fidelity as F
 from envace_jax.eval import progress
-from envace_jax.eval.config import (REHEARSERS, DemoSuiteConfig,  # knobs live with every eval knob
-                                    FidelityBenchConfig)
+from envace_jax.eval.config import (
+    REHEARSERS,
+    DemoSuiteConfig,  # knobs live with every eval knob
+    FidelityBenchConfig,
+)
 from envace_jax.eval.results import CategoryResult, EntryResult
+
 
 def benchmark_cases(cfg: FidelityBenchConfig) -> list[F.FidelityCase]:
     """Every logged call of the configured BFCL categories, tau2 domains and demo tasks, in that order."""
     cases: list[F.FidelityCase] = []
     if cfg.bfcl_categories:
         from envace_jax.envs import bfcl
+
         for cat in cfg.bfcl_categories:
             entries = bfcl.load_entries(cat)
-            entries = entries[:cfg.limit] if cfg.limit else entries
+            entries = entries[: cfg.limit] if cfg.limit else entries
             cases += F.bfcl_cases(entries, bfcl.load_ground_truth(cat), with_reference=cfg.with_reference)
     if cfg.tau2_domains:
         from envace_jax.envs import tau2
+
         for dom in cfg.tau2_domains:
             tasks = tau2.load_tasks(dom, cfg.tau2_split)
-            cases += F.tau2_cases(dom, tasks[:cfg.limit] if cfg.limit else tasks, with_reference=cfg.with_reference)
+            cases += F.tau2_cases(dom, tasks[: cfg.limit] if cfg.limit else tasks, with_reference=cfg.with_reference)
     if cfg.demo_tasks:
         from envace_jax.eval import demo_eval
+
         suite = DemoSuiteConfig(num_tasks=cfg.demo_tasks, seed=cfg.seed, split=cfg.demo_split)
         cases += F.demo_cases(demo_eval.load_tasks(suite))
     return cases
@@ -71,18 +78,37 @@ def categories(report: F.FidelityReport) -> list[CategoryResult]:
     for dom, rows in by_domain.items():
         entries = []
         for n, s in enumerate(rows):
-            why = None if s.exact == 1.0 else ("unparsed" if not s.parsed else
-                                               "error_flag_differs" if not s.error_agreement else "response_differs")
-            entries.append(EntryResult(f"{s.task_uid}#{n}:{s.tool}", s.exact == 1.0, why,
-                                       {"kind": s.kind, "real_error": s.real_error, "field": s.field,
-                                        "tool_label": s.tool_label}))
+            why = (
+                None
+                if s.exact == 1.0
+                else (
+                    "unparsed"
+                    if not s.parsed
+                    else "error_flag_differs"
+                    if not s.error_agreement
+                    else "response_differs"
+                )
+            )
+            entries.append(
+                EntryResult(
+                    f"{s.task_uid}#{n}:{s.tool}",
+                    s.exact == 1.0,
+                    why,
+                    {"kind": s.kind, "real_error": s.real_error, "field": s.field, "tool_label": s.tool_label},
+                )
+            )
         d, kinds = summ["by_domain"][dom], summ["by_domain_kind"][dom]
-        extra = {"field": d["field"], "error_agreement": d["error_agreement"],
-                 "exact_read_only": kinds["read_only"]["exact"], "exact_state_changing": kinds["state_changing"]["exact"],
-                 "state_changing_calls": d["state_changing"], "real_errors": d["real_errors"],
-                 "optimistic_hallucination": d["optimistic_hallucination"],
-                 "pessimistic_hallucination": d["pessimistic_hallucination"]}
-        out.append(CategoryResult(dom.replace("/", "_"), entries, extra))   # the name is also a file name
+        extra = {
+            "field": d["field"],
+            "error_agreement": d["error_agreement"],
+            "exact_read_only": kinds["read_only"]["exact"],
+            "exact_state_changing": kinds["state_changing"]["exact"],
+            "state_changing_calls": d["state_changing"],
+            "real_errors": d["real_errors"],
+            "optimistic_hallucination": d["optimistic_hallucination"],
+            "pessimistic_hallucination": d["pessimistic_hallucination"],
+        }
+        out.append(CategoryResult(dom.replace("/", "_"), entries, extra))  # the name is also a file name
     return out
 
 
@@ -96,8 +122,9 @@ def write_report(report: F.FidelityReport, out_dir: str) -> dict[str, str]:
     return {"fidelity_md": "fidelity.md", "fidelity_json": "fidelity.json"}
 
 
-def run(cfg: FidelityBenchConfig, out_dir: str, *, codec: Any = None, client: Any = None,
-        sampling: Any = None) -> tuple[F.FidelityReport, list[CategoryResult], dict[str, str]]:
+def run(
+    cfg: FidelityBenchConfig, out_dir: str, *, codec: Any = None, client: Any = None, sampling: Any = None
+) -> tuple[F.FidelityReport, list[CategoryResult], dict[str, str]]:
     """Builds the cases, scores the configured rehearser, writes the fidelity files."""
     with progress.stage("fidelity: replaying the logged calls"):
         cases = benchmark_cases(cfg)
@@ -106,5 +133,12 @@ def run(cfg: FidelityBenchConfig, out_dir: str, *, codec: Any = None, client: An
     return report, categories(report), write_report(report, out_dir)
 
 
-__all__ = ["FidelityBenchConfig", "REHEARSERS", "benchmark_cases", "categories", "make_rehearser", "run",
-           "write_report"]
+__all__ = [
+    "FidelityBenchConfig",
+    "REHEARSERS",
+    "benchmark_cases",
+    "categories",
+    "make_rehearser",
+    "run",
+    "write_report",
+]

@@ -53,10 +53,10 @@ class CallScore:
     parsed: float
     real_error: bool
     predicted_error: bool
-    prediction: str                   # raw rehearser text (truncated) for inspection
+    prediction: str  # raw rehearser text (truncated) for inspection
     real: str
     state_changed: bool | None = None  # the real call changed the environment's state (None: not replayed)
-    tool_label: str | None = None     # the benchmark's own label of the tool (tau2: read/write/...), if any
+    tool_label: str | None = None  # the benchmark's own label of the tool (tau2: read/write/...), if any
 
     @property
     def kind(self) -> str:
@@ -70,7 +70,7 @@ class CallScore:
 
 
 def _num(x: float) -> str:
-    return "n/a" if x != x else f"{x:.3f}"   # an empty group's NaN
+    return "n/a" if x != x else f"{x:.3f}"  # an empty group's NaN
 
 
 def _rate(hits: int, n: int) -> float:
@@ -81,9 +81,13 @@ def hallucination_counts(rows: Sequence[CallScore]) -> dict[str, int]:
     """Numerators and denominators of the two rates (see the module doc)."""
     errors = [r for r in rows if r.real_error]
     successes = [r for r in rows if not r.real_error]
-    return {"real_errors": len(errors), "optimistic": sum(not r.predicted_error for r in errors),
-            "real_successes": len(successes), "pessimistic": sum(bool(r.predicted_error) for r in successes),
-            "pessimistic_unparsed": sum(r.parsed == 0.0 for r in successes)}
+    return {
+        "real_errors": len(errors),
+        "optimistic": sum(not r.predicted_error for r in errors),
+        "real_successes": len(successes),
+        "pessimistic": sum(bool(r.predicted_error) for r in successes),
+        "pessimistic_unparsed": sum(r.parsed == 0.0 for r in successes),
+    }
 
 
 def _stats(rows: Sequence[CallScore]) -> dict[str, Any]:
@@ -105,10 +109,12 @@ def _by_kind(rows: Sequence[CallScore]) -> dict[str, dict[str, Any]]:
 
 def kind_headline(summary: Mapping[str, Any]) -> dict[str, float]:
     """The four figures a run summary carries (exact match per kind, and the two rates)."""
-    return {"fidelity_state_changing": summary["by_kind"]["state_changing"]["exact"],
-            "fidelity_read_only": summary["by_kind"]["read_only"]["exact"],
-            "optimistic_hallucination": summary["optimistic_hallucination"],
-            "pessimistic_hallucination": summary["pessimistic_hallucination"]}
+    return {
+        "fidelity_state_changing": summary["by_kind"]["state_changing"]["exact"],
+        "fidelity_read_only": summary["by_kind"]["read_only"]["exact"],
+        "optimistic_hallucination": summary["optimistic_hallucination"],
+        "pessimistic_hallucination": summary["pessimistic_hallucination"],
+    }
 
 
 @dataclasses.dataclass
@@ -132,18 +138,27 @@ class FidelityReport:
                 by_label.setdefault(s.tool_label, []).append(s)
         overall = _stats(self.scores)
         kinds = _by_kind(self.scores)
-        return {"overall": overall,
-                "by_domain": {k: _stats(v) for k, v in sorted(by_domain.items())},
-                "by_tool": {k: _stats(v) for k, v in sorted(by_tool.items())},
-                "by_kind": kinds,
-                "by_kind_outcome": {k: {o: _stats([r for r in self.scores if r.kind == k and r.outcome == o])
-                                        for o in OUTCOMES} for k in kinds},
-                "by_domain_kind": {d: _by_kind(v) for d, v in sorted(by_domain.items())},
-                "by_label": {lab: {"count": len(v), "state_changing": sum(r.state_changed is True for r in v),
-                                   "read_only": sum(r.state_changed is False for r in v)}
-                             for lab, v in sorted(by_label.items())},
-                "optimistic_hallucination": overall["optimistic_hallucination"],
-                "pessimistic_hallucination": overall["pessimistic_hallucination"]}
+        return {
+            "overall": overall,
+            "by_domain": {k: _stats(v) for k, v in sorted(by_domain.items())},
+            "by_tool": {k: _stats(v) for k, v in sorted(by_tool.items())},
+            "by_kind": kinds,
+            "by_kind_outcome": {
+                k: {o: _stats([r for r in self.scores if r.kind == k and r.outcome == o]) for o in OUTCOMES}
+                for k in kinds
+            },
+            "by_domain_kind": {d: _by_kind(v) for d, v in sorted(by_domain.items())},
+            "by_label": {
+                lab: {
+                    "count": len(v),
+                    "state_changing": sum(r.state_changed is True for r in v),
+                    "read_only": sum(r.state_changed is False for r in v),
+                }
+                for lab, v in sorted(by_label.items())
+            },
+            "optimistic_hallucination": overall["optimistic_hallucination"],
+            "pessimistic_hallucination": overall["pessimistic_hallucination"],
+        }
 
     def to_json(self, *, with_calls: bool = False) -> str:
         """The summary (and every call) as strict JSON: an empty group's NaN is written as null."""
@@ -158,9 +173,12 @@ class FidelityReport:
         rule = "|---|---:|---:|---:|---:|---:|---:|---:|"
 
         def row(name: str, s: Mapping[str, Any]) -> str:
-            return (f"| {name} | {s['count']} | {s['real_errors']} | " +
-                    " | ".join(f"{s[m]:.3f}" for m in ("exact", "structure", "field", "error_agreement", "parsed"))
-                    + " |")
+            return (
+                f"| {name} | {s['count']} | {s['real_errors']} | "
+                + " | ".join(f"{s[m]:.3f}" for m in ("exact", "structure", "field", "error_agreement", "parsed"))
+                + " |"
+            )
+
         lines = ["### Rehearsal fidelity by domain", "", head, rule, row("all", summ["overall"])]
         lines += [row(k, v) for k, v in summ["by_domain"].items()]
         lines += ["", "### Rehearsal fidelity by tool", "", head, rule]
@@ -170,39 +188,79 @@ class FidelityReport:
 
     def _kind_markdown(self, summ: Mapping[str, Any]) -> list[str]:
         def kind_row(kind: str, outcome: str, s: Mapping[str, Any]) -> str:
-            return (f"| {_KIND_WORDS[kind]} | {outcome} | {s['count']} | " +
-                    " | ".join(_num(s[m]) for m in ("exact", "field", "error_agreement", "parsed")) + " |")
-        lines = ["### Rehearsal fidelity by kind of call", "",
-                 "State-changing: executing the call in the logged conversation changed the real environment's "
-                 "state (compared before and after); read-only: it did not. Error: the real response is an error.",
-                 "", "| kind | real response | calls | exact | field | error agreement | parsed |",
-                 "|---|---|---:|---:|---:|---:|---:|"]
+            return (
+                f"| {_KIND_WORDS[kind]} | {outcome} | {s['count']} | "
+                + " | ".join(_num(s[m]) for m in ("exact", "field", "error_agreement", "parsed"))
+                + " |"
+            )
+
+        lines = [
+            "### Rehearsal fidelity by kind of call",
+            "",
+            "State-changing: executing the call in the logged conversation changed the real environment's "
+            "state (compared before and after); read-only: it did not. Error: the real response is an error.",
+            "",
+            "| kind | real response | calls | exact | field | error agreement | parsed |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
         for kind, stats in summ["by_kind"].items():
             for outcome in OUTCOMES:
                 lines.append(kind_row(kind, outcome, summ["by_kind_outcome"][kind][outcome]))
             lines.append(kind_row(kind, "all", stats))
         h = hallucination_counts(self.scores)
-        lines += ["", f"Optimistic hallucination (real error rehearsed as a success): {h['optimistic']}/"
-                      f"{h['real_errors']} = {_num(summ['optimistic_hallucination'])}.",
-                  f"Pessimistic hallucination (real success rehearsed as an error; an unparseable prediction counts "
-                  f"as an error): {h['pessimistic']}/{h['real_successes']} = {_num(summ['pessimistic_hallucination'])}"
-                  f" ({h['pessimistic_unparsed']} of them unparseable).", "",
-                  "### By domain and kind of call", "",
-                  "| domain | kind | calls | real errors | exact | field | error agreement | optimistic | pessimistic |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"Optimistic hallucination (real error rehearsed as a success): {h['optimistic']}/"
+            f"{h['real_errors']} = {_num(summ['optimistic_hallucination'])}.",
+            f"Pessimistic hallucination (real success rehearsed as an error; an unparseable prediction counts "
+            f"as an error): {h['pessimistic']}/{h['real_successes']} = {_num(summ['pessimistic_hallucination'])}"
+            f" ({h['pessimistic_unparsed']} of them unparseable).",
+            "",
+            "### By domain and kind of call",
+            "",
+            "| domain | kind | calls | real errors | exact | field | error agreement | optimistic | pessimistic |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for dom, kinds in summ["by_domain_kind"].items():
             for kind, s in kinds.items():
-                lines.append(f"| {dom} | {_KIND_WORDS[kind]} | {s['count']} | {s['real_errors']} | " + " | ".join(
-                    _num(s[m]) for m in ("exact", "field", "error_agreement", "optimistic_hallucination",
-                                            "pessimistic_hallucination")) + " |")
+                lines.append(
+                    f"| {dom} | {_KIND_WORDS[kind]} | {s['count']} | {s['real_errors']} | "
+                    + " | ".join(
+                        _num(s[m])
+                        for m in (
+                            "exact",
+                            "field",
+                            "error_agreement",
+                            "optimistic_hallucination",
+                            "pessimistic_hallucination",
+                        )
+                    )
+                    + " |"
+                )
         if summ["by_label"]:
-            lines += ["", "### Benchmark tool labels and the executed state change", "",
-                      "The split above is by what the call did to the real state; this is the benchmark's own label.",
-                      "", "| label | calls | changed state | left state unchanged |", "|---|---:|---:|---:|"]
-            lines += [f"| {lab} | {v['count']} | {v['state_changing']} | {v['read_only']} |"
-                      for lab, v in summ["by_label"].items()]
+            lines += [
+                "",
+                "### Benchmark tool labels and the executed state change",
+                "",
+                "The split above is by what the call did to the real state; this is the benchmark's own label.",
+                "",
+                "| label | calls | changed state | left state unchanged |",
+                "|---|---:|---:|---:|",
+            ]
+            lines += [
+                f"| {lab} | {v['count']} | {v['state_changing']} | {v['read_only']} |"
+                for lab, v in summ["by_label"].items()
+            ]
         return lines
 
 
-__all__ = ["CallScore", "FidelityReport", "KINDS", "MEASURES", "OUTCOMES", "UNKNOWN_KIND", "hallucination_counts",
-           "kind_headline"]
+__all__ = [
+    "CallScore",
+    "FidelityReport",
+    "KINDS",
+    "MEASURES",
+    "OUTCOMES",
+    "UNKNOWN_KIND",
+    "hallucination_counts",
+    "kind_headline",
+]

@@ -43,7 +43,7 @@ class Conversation:
 @dataclasses.dataclass
 class AgentTurn:
     text: str
-    finish_reason: str = "stop"     # "stop" | "length" | "cache_full" | LENGTH_BUDGET (nothing generated)
+    finish_reason: str = "stop"  # "stop" | "length" | "cache_full" | LENGTH_BUDGET (nothing generated)
     prompt_tokens: int = 0
     generated_tokens: int = 0
 
@@ -56,8 +56,10 @@ class Agent(Protocol):
 
 def tool_call_text(calls: Sequence[tuple[str, Mapping[str, Any]]], reply: str = "") -> str:
     """Assistant text in Qwen3's native form: ``<tool_call>{"name", "arguments"}</tool_call>`` blocks."""
-    blocks = [f'<tool_call>\n{json.dumps({"name": n, "arguments": dict(a)}, ensure_ascii=False)}\n</tool_call>'
-              for n, a in calls]
+    blocks = [
+        f"<tool_call>\n{json.dumps({'name': n, 'arguments': dict(a)}, ensure_ascii=False)}\n</tool_call>"
+        for n, a in calls
+    ]
     return "\n".join(([reply] if reply else []) + blocks) if blocks else reply
 
 
@@ -77,11 +79,12 @@ def number_calls(msg: dict[str, Any], prefix: str) -> None:
 
 # ----------------------------------------------------------------------------- model agent
 
+
 @dataclasses.dataclass
 class _Rendered:
-    ids: list[int]          # prompt + generated ids the client holds for this key
-    gen_ids: list[int]      # the last sampled turn (its closing ids depend on how it ended)
-    n_messages: int         # messages rendered into ids, plus the assistant message we produced
+    ids: list[int]  # prompt + generated ids the client holds for this key
+    gen_ids: list[int]  # the last sampled turn (its closing ids depend on how it ended)
+    n_messages: int  # messages rendered into ids, plus the assistant message we produced
     tools_key: str
 
 
@@ -100,7 +103,7 @@ class ModelAgent:
         tools_key = json.dumps(c.tools, sort_keys=True, default=str)
         st = self._state.get(c.key)
         if st is not None and st.tools_key == tools_key and len(c.messages) > st.n_messages:
-            new = c.messages[st.n_messages:]
+            new = c.messages[st.n_messages :]
             if all(m.get("role") == "tool" for m in new):
                 return st.ids + self.codec.close_assistant(st.gen_ids) + self.codec.tool_block(new)
             if len(new) == 1 and new[0].get("role") == "user":
@@ -125,8 +128,9 @@ class ModelAgent:
         for i, prompt, g in zip(slots, prompts, gens):
             c = conversations[i]
             ids = list(g.ids)
-            self._state[c.key] = _Rendered(prompt + ids, ids, len(c.messages) + 1,
-                                           json.dumps(c.tools, sort_keys=True, default=str))
+            self._state[c.key] = _Rendered(
+                prompt + ids, ids, len(c.messages) + 1, json.dumps(c.tools, sort_keys=True, default=str)
+            )
             outs[i] = AgentTurn(self.codec.decode(ids), g.finish_reason, len(prompt), len(ids))
         return outs  # type: ignore[return-value]
 
@@ -137,6 +141,7 @@ class ModelAgent:
 
 
 # ----------------------------------------------------------------------------- model loading
+
 
 def bfcl_corpus(repeat: int = 3) -> list[str]:
     """BFCL multi-turn texts as the policy sees them: every tool schema of multi_turn_base (with the
@@ -153,8 +158,9 @@ def bfcl_corpus(repeat: int = 3) -> list[str]:
             docs.setdefault(d["name"], d)
         questions += [m["content"] for turn in e["question"] for m in turn if m.get("role") == "user"]
     schemas = [bfcl.function_doc_to_schema(d) for _, d in sorted(docs.items())]
-    texts = [render_chat_text([{"role": "user", "content": "hi"}], schemas[i: i + 10])
-             for i in range(0, len(schemas), 10)]
+    texts = [
+        render_chat_text([{"role": "user", "content": "hi"}], schemas[i : i + 10]) for i in range(0, len(schemas), 10)
+    ]
     return repeat * texts + [user_turn(q) for q in questions]
 
 
@@ -173,16 +179,30 @@ def load_policy(spec: ModelSpec, work_dir: str, seed: int = 0):
             tok = load_tokenizer(tok_dir)
         else:
             corpus = demo_corpus() + (bfcl_corpus() if tiny.tokenizer_corpus == "demo+bfcl" else [])
-            tok = build_demo_tokenizer(corpus, tok_dir, vocab_size=tiny.vocab_size, pre_split=tiny.pre_split,
-                                       max_token_chars=tiny.max_token_chars or None)
-        cfg = qwen3.Qwen3Config.tiny(len(tok), hidden_size=tiny.hidden, num_layers=tiny.layers, num_heads=tiny.heads,
-                                     num_kv_heads=tiny.kv_heads, head_dim=tiny.head_dim, param_dtype=spec.dtype,
-                                     dtype=spec.dtype)
+            tok = build_demo_tokenizer(
+                corpus,
+                tok_dir,
+                vocab_size=tiny.vocab_size,
+                pre_split=tiny.pre_split,
+                max_token_chars=tiny.max_token_chars or None,
+            )
+        cfg = qwen3.Qwen3Config.tiny(
+            len(tok),
+            hidden_size=tiny.hidden,
+            num_layers=tiny.layers,
+            num_heads=tiny.heads,
+            num_kv_heads=tiny.kv_heads,
+            head_dim=tiny.head_dim,
+            param_dtype=spec.dtype,
+            dtype=spec.dtype,
+        )
         # One compiled init program: the eager path compiles one per parameter shape (~1 s each on CI).
         return qwen3.init_model(cfg, seed=seed, one_program=True), tok
     if not spec.model_path:
-        raise ValueError("config.model.model_path is empty: give a local Qwen3 checkpoint directory "
-                         "(or set config.model.random_tiny=True for a CI smoke run)")
+        raise ValueError(
+            "config.model.model_path is empty: give a local Qwen3 checkpoint directory "
+            "(or set config.model.random_tiny=True for a CI smoke run)"
+        )
     if not os.path.isdir(spec.model_path):
         raise ValueError(f"config.model.model_path={spec.model_path!r} is not a local directory")
     tok = load_tokenizer(spec.tokenizer_path or spec.model_path)
@@ -192,8 +212,16 @@ def load_policy(spec: ModelSpec, work_dir: str, seed: int = 0):
     return model, tok
 
 
-def build_model_agent(spec: ModelSpec, sampling: RoleSampling, *, max_model_len: int, work_dir: str,
-                      enable_thinking: bool = True, seed: int = 0, shapes: SamplerShapes = SamplerShapes()):
+def build_model_agent(
+    spec: ModelSpec,
+    sampling: RoleSampling,
+    *,
+    max_model_len: int,
+    work_dir: str,
+    enable_thinking: bool = True,
+    seed: int = 0,
+    shapes: SamplerShapes = SamplerShapes(),
+):
     """(agent, codec, client) for a model policy; the client keeps KV caches across turns."""
     from envace_jax.chat import Qwen3ChatCodec
     from envace_jax.rl.policy_client import SamplerClient
@@ -201,8 +229,13 @@ def build_model_agent(spec: ModelSpec, sampling: RoleSampling, *, max_model_len:
 
     model, tok = load_policy(spec, work_dir, seed)
     codec = Qwen3ChatCodec(tok, enable_thinking=enable_thinking, simulator_thinking=enable_thinking)
-    sampler = Sampler(model, cache_size=max_model_len, max_chunk=shapes.max_chunk,
-                      batch_buckets=shapes.batch_buckets or None, length_buckets=shapes.length_buckets or None,
-                      window_buckets=shapes.window_buckets or None)
+    sampler = Sampler(
+        model,
+        cache_size=max_model_len,
+        max_chunk=shapes.max_chunk,
+        batch_buckets=shapes.batch_buckets or None,
+        length_buckets=shapes.length_buckets or None,
+        window_buckets=shapes.window_buckets or None,
+    )
     client = SamplerClient(sampler, codec.stop_token_ids)
     return ModelAgent(codec, client, sampling, max_model_len=max_model_len, seed=seed), codec, client

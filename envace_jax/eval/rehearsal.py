@@ -76,8 +76,10 @@ _RESPONSE_CHARS = 160
 
 # ----------------------------------------------------------------------------- imagined episodes
 
+
 class _Advance:
     """Verdict of the imagined turn judge: no reward, never terminates (the engine moves on)."""
+
     turn_reward = 0.0
     terminate = False
     api_failed_count = 0
@@ -112,7 +114,7 @@ def imagined_record(record: Mapping[str, Any], cfg: RehearsalConfig, memory: str
     if cfg.user_turns == "first":
         users = [i for i, m in enumerate(ref) if m.get("role") == "user"]
         if len(users) > 1:
-            ref = ref[:users[1]]
+            ref = ref[: users[1]]
     if cfg.grounding == "none":
         ref = [dict(m) for m in ref if m.get("role") == "user"]
     if not ref:  # a record without a reference conversation still plays its first user message
@@ -139,6 +141,7 @@ def with_memory(record: Mapping[str, Any], memory: str, placement: str = "system
 
 # ----------------------------------------------------------------------------- traces and memory
 
+
 @dataclasses.dataclass
 class StepTrace:
     turn: int
@@ -146,17 +149,18 @@ class StepTrace:
     arguments: Any
     response: str
     error: bool
-    problem: str | None = None       # why the tool schema rejects the call (None: it matches)
+    problem: str | None = None  # why the tool schema rejects the call (None: it matches)
 
 
 @dataclasses.dataclass
 class RehearsalTrace:
     """What one imagined episode did, in the memory's terms."""
-    index: int                       # 1-based rehearsal number
+
+    index: int  # 1-based rehearsal number
     steps: list[StepTrace]
-    final_answer: str | None         # the last tool-free reply (think stripped)
+    final_answer: str | None  # the last tool-free reply (think stripped)
     termination: str
-    malformed_call: str | None       # the parse error text when ACT wrote a broken call
+    malformed_call: str | None  # the parse error text when ACT wrote a broken call
 
 
 def trace_of(ep: Episode, index: int, start: int) -> RehearsalTrace:
@@ -173,14 +177,25 @@ def trace_of(ep: Episode, index: int, start: int) -> RehearsalTrace:
             calls = m.get("tool_calls") or []
             if not calls:
                 final = strip_think(m.get("content") or "").strip()
-            answers = {t.get("tool_call_id"): t.get("content", "") for t in msgs[i + 1:i + 1 + len(calls)]
-                       if t.get("role") == "tool"}
+            answers = {
+                t.get("tool_call_id"): t.get("content", "")
+                for t in msgs[i + 1 : i + 1 + len(calls)]
+                if t.get("role") == "tool"
+            }
             for c in calls:
                 fn = c["function"]
                 if c["id"] in answers:
                     resp = answers[c["id"]]
-                    steps.append(StepTrace(turn, fn["name"], fn["arguments"], resp, is_failed_result(resp),
-                                           call_problem(fn["name"], fn["arguments"], tools)))
+                    steps.append(
+                        StepTrace(
+                            turn,
+                            fn["name"],
+                            fn["arguments"],
+                            resp,
+                            is_failed_result(resp),
+                            call_problem(fn["name"], fn["arguments"], tools),
+                        )
+                    )
         elif m.get("role") == "tool" and m.get("name") == "error_tool_call" and "tool_call_id" not in m:
             malformed = str(m.get("content", ""))
     return RehearsalTrace(index, steps, final, ep.termination or "", malformed)
@@ -192,7 +207,7 @@ def _call_text(name: str, args: Any) -> str:
 
 def _short(text: str, n: int = _RESPONSE_CHARS) -> str:
     text = " ".join(str(text).split())
-    return text if len(text) <= n else text[:n - 3] + "..."
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _best(traces: Sequence[RehearsalTrace]) -> RehearsalTrace | None:
@@ -212,8 +227,10 @@ def build_template_memory(traces: Sequence[RehearsalTrace], max_chars: int, *, m
     ``mistakes_only``: "Avoid" lists the calls the tool schema rejects, not every imagined failure."""
     if not traces:
         return ""
-    lines = [f"{MEMORY_HEADER}: {len(traces)} private rehearsal{'s' if len(traces) != 1 else ''} of this task. "
-             "Their tool responses were imagined, not real."]
+    lines = [
+        f"{MEMORY_HEADER}: {len(traces)} private rehearsal{'s' if len(traces) != 1 else ''} of this task. "
+        "Their tool responses were imagined, not real."
+    ]
     seen: set[str] = set()
     avoid = []
     for t in traces:
@@ -226,17 +243,23 @@ def build_template_memory(traces: Sequence[RehearsalTrace], max_chars: int, *, m
     if avoid:
         lines += ["Avoid (calls that failed in rehearsal):"] + avoid
     if any(t.malformed_call for t in traces):
-        lines.append('A rehearsal wrote a malformed tool call; write each call as <tool_call>{"name": ..., '
-                     '"arguments": {...}}</tool_call>.')
+        lines.append(
+            'A rehearsal wrote a malformed tool call; write each call as <tool_call>{"name": ..., '
+            '"arguments": {...}}</tool_call>.'
+        )
     best = _best(traces)
     if best is not None:
         lines.append(f"Plan that ran without errors (rehearsal {best.index}):")
-        lines += [f"{k}. {_call_text(s.name, s.arguments)} -> {_short(s.response)}" for k, s in enumerate(best.steps, 1)]
+        lines += [
+            f"{k}. {_call_text(s.name, s.arguments)} -> {_short(s.response)}" for k, s in enumerate(best.steps, 1)
+        ]
     elif not avoid:
         lines.append("No rehearsal made a tool call.")
     for t in traces:
-        parts = [f"{_call_text(s.name, s.arguments)} -> {'ERROR ' if s.error else ''}{_short(s.response, 80)}"
-                 for s in t.steps]
+        parts = [
+            f"{_call_text(s.name, s.arguments)} -> {'ERROR ' if s.error else ''}{_short(s.response, 80)}"
+            for s in t.steps
+        ]
         if t.final_answer is not None and t.final_answer:
             ending = f"answered: {_short(t.final_answer, 120)}"
         else:
@@ -248,16 +271,18 @@ def build_template_memory(traces: Sequence[RehearsalTrace], max_chars: int, *, m
         if len(nxt) > max_chars:
             room = max_chars - len(out) - (1 if out else 0)
             if room > 20:
-                out = (out + "\n" if out else "") + line[:room - 3] + "..."
+                out = (out + "\n" if out else "") + line[: room - 3] + "..."
             break
         out = nxt
     return out
 
 
-SUMMARY_SYSTEM = ("You privately rehearsed a tool-use task; the tool responses in those rehearsals were imagined "
-                  "by you, not real. Write a short memory for your one real attempt: the calls to make, in "
-                  "order, with their arguments; which calls failed and why; what to do differently. "
-                  "Plain text, no tool calls, at most {chars} characters.")
+SUMMARY_SYSTEM = (
+    "You privately rehearsed a tool-use task; the tool responses in those rehearsals were imagined "
+    "by you, not real. Write a short memory for your one real attempt: the calls to make, in "
+    "order, with their arguments; which calls failed and why; what to do differently. "
+    "Plain text, no tool calls, at most {chars} characters."
+)
 
 
 def summary_messages(record: Mapping[str, Any], traces: Sequence[RehearsalTrace], max_chars: int) -> list[dict]:
@@ -265,8 +290,10 @@ def summary_messages(record: Mapping[str, Any], traces: Sequence[RehearsalTrace]
     text of every rehearsal so far (given four times the memory budget)."""
     user = next((m.get("content", "") for m in record["messages"] if m.get("role") == "user"), "")
     trace_text = build_template_memory(traces, 4 * max_chars)
-    return [{"role": "system", "content": SUMMARY_SYSTEM.format(chars=max_chars)},
-            {"role": "user", "content": f"Task:\n{user}\n\nRehearsals:\n{trace_text}"}]
+    return [
+        {"role": "system", "content": SUMMARY_SYSTEM.format(chars=max_chars)},
+        {"role": "user", "content": f"Task:\n{user}\n\nRehearsals:\n{trace_text}"},
+    ]
 
 
 def _clean_summary(text: str, max_chars: int) -> str:
@@ -274,19 +301,20 @@ def _clean_summary(text: str, max_chars: int) -> str:
     if not body:
         return ""
     body = f"{MEMORY_HEADER} (condensed by the policy; rehearsed tool responses were imagined):\n{body}"
-    return body if len(body) <= max_chars else body[:max_chars - 3] + "..."
+    return body if len(body) <= max_chars else body[: max_chars - 3] + "..."
 
 
 # ----------------------------------------------------------------------------- runner
+
 
 @dataclasses.dataclass
 class TaskRehearsal:
     uid: str
     memory: str
     traces: list[RehearsalTrace]
-    memories: list[str]              # memory after each rehearsal round (sequential) or once (parallel)
-    generated_tokens: int = 0        # extra tokens generated (imagined ACT + REHEARSE + summaries)
-    prompt_tokens: int = 0           # extra prompt tokens fed to the policy for them
+    memories: list[str]  # memory after each rehearsal round (sequential) or once (parallel)
+    generated_tokens: int = 0  # extra tokens generated (imagined ACT + REHEARSE + summaries)
+    prompt_tokens: int = 0  # extra prompt tokens fed to the policy for them
     imagined: list[Episode] = dataclasses.field(default_factory=list)
 
 
@@ -311,9 +339,20 @@ class TestTimeRehearsal:
 
     __test__ = False  # not a pytest class, despite the name
 
-    def __init__(self, cfg: RehearsalConfig, rollout_cfg: RolloutConfig, codec, policy, judge,
-                 make_env: Callable[[dict], Any], *, simulator=None, imagined_judge=advance_judge,
-                 episode_bar: progress.EpisodeBar | None = None, stage_lines: bool = False):
+    def __init__(
+        self,
+        cfg: RehearsalConfig,
+        rollout_cfg: RolloutConfig,
+        codec,
+        policy,
+        judge,
+        make_env: Callable[[dict], Any],
+        *,
+        simulator=None,
+        imagined_judge=advance_judge,
+        episode_bar: progress.EpisodeBar | None = None,
+        stage_lines: bool = False,
+    ):
         self.cfg, self.codec, self.policy, self.judge, self.make_env = cfg, codec, policy, judge, make_env
         self.simulator, self.imagined_judge = simulator, imagined_judge
         self.episode_bar = episode_bar  # advanced as the committed run's episodes end
@@ -322,10 +361,13 @@ class TestTimeRehearsal:
         cap = cfg.max_tokens_per_rehearsal
         temp = {} if cfg.temperature is None else {"temperature": float(cfg.temperature)}
         self.imagined_cfg = dataclasses.replace(
-            rollout_cfg, mode="simulator" if simulator is not None else "rehearsal",
+            rollout_cfg,
+            mode="simulator" if simulator is not None else "rehearsal",
             act=dataclasses.replace(rollout_cfg.act, max_new_tokens=min(rollout_cfg.act.max_new_tokens, cap), **temp),
-            rehearse=dataclasses.replace(rollout_cfg.rehearse,
-                                         max_new_tokens=min(rollout_cfg.rehearse.max_new_tokens, cap), **temp))
+            rehearse=dataclasses.replace(
+                rollout_cfg.rehearse, max_new_tokens=min(rollout_cfg.rehearse.max_new_tokens, cap), **temp
+            ),
+        )
         self.imagined_engines: list[ImaginedEngine] = []
 
     # ---------------------------------------------------------------- imagined runs
@@ -336,8 +378,9 @@ class TestTimeRehearsal:
 
     def _imagine(self, records: list[dict], uids: list[str], round_: int) -> list[Episode]:
         cfg = dataclasses.replace(self.imagined_cfg, seed=self.imagined_cfg.seed + 7919 * (round_ + 1) + self.cfg.seed)
-        engine = ImaginedEngine(cfg, self.codec, self.policy, self.imagined_judge, simulator=self.simulator,
-                                on_step=self._budget_hook)
+        engine = ImaginedEngine(
+            cfg, self.codec, self.policy, self.imagined_judge, simulator=self.simulator, on_step=self._budget_hook
+        )
         self.imagined_engines.append(engine)
         rounds = 1 if self.cfg.mode == "parallel" else self.cfg.n
         what = f"rehearsal round {round_ + 1}/{rounds}: {len(records)} imagined episodes"
@@ -373,8 +416,9 @@ class TestTimeRehearsal:
         starts = [len(r["messages"]) for r in records]
         if cfg.mode == "parallel":
             base = [imagined_record(r, cfg) for r in records]
-            eps = self._imagine([b for b in base for _ in range(n)],
-                                [f"{o.uid}#rehearsal{k + 1}" for o in outs for k in range(n)], 0)
+            eps = self._imagine(
+                [b for b in base for _ in range(n)], [f"{o.uid}#rehearsal{k + 1}" for o in outs for k in range(n)], 0
+            )
             for t, out in enumerate(outs):
                 for k in range(n):
                     ep = eps[t * n + k]
@@ -397,11 +441,18 @@ class TestTimeRehearsal:
     def run(self, records: Sequence[dict]) -> RehearsalRun:
         records = list(records)
         rehearsals = self.rehearse(records)
-        committed = [with_memory(r, o.memory, self.cfg.placement) if o.memory else r
-                     for r, o in zip(records, rehearsals)]
+        committed = [
+            with_memory(r, o.memory, self.cfg.placement) if o.memory else r for r, o in zip(records, rehearsals)
+        ]
         bar = self.episode_bar
-        engine = RolloutEngine(self.real_cfg, self.codec, self.policy, self.judge, make_env=self.make_env,
-                               on_step=None if bar is None else bar.on_step)
+        engine = RolloutEngine(
+            self.real_cfg,
+            self.codec,
+            self.policy,
+            self.judge,
+            make_env=self.make_env,
+            on_step=None if bar is None else bar.on_step,
+        )
         if bar is not None:
             bar.start()
         episodes = engine.run(committed, [o.uid for o in rehearsals])
@@ -412,18 +463,27 @@ class TestTimeRehearsal:
 
 # ----------------------------------------------------------------------------- sweep
 
+
 def summarize_run(run: RehearsalRun) -> dict[str, Any]:
     scores = run.scores
     wins = sum(is_success(s) for s in scores)
     n = max(1, len(scores))
     mean, ci = (sum(scores) / len(scores) if scores else float("nan")), mean_ci(scores)
-    return {"mode": run.config.mode, "n": run.config.n, "memory": run.config.memory,
-            "place_memory": run.config.place_memory, "tasks": len(scores),
-            "score": mean, "score_ci95": ci, "success": wins / n, "success_ci95": wilson_ci(wins, len(scores)),
-            "extra_generated_tokens": sum(o.generated_tokens for o in run.rehearsals) / n,
-            "extra_prompt_tokens": sum(o.prompt_tokens for o in run.rehearsals) / n,
-            "memory_chars": sum(len(o.memory) for o in run.rehearsals) / n,
-            "memory_placed": sum(bool(o.memory) for o in run.rehearsals) / n}
+    return {
+        "mode": run.config.mode,
+        "n": run.config.n,
+        "memory": run.config.memory,
+        "place_memory": run.config.place_memory,
+        "tasks": len(scores),
+        "score": mean,
+        "score_ci95": ci,
+        "success": wins / n,
+        "success_ci95": wilson_ci(wins, len(scores)),
+        "extra_generated_tokens": sum(o.generated_tokens for o in run.rehearsals) / n,
+        "extra_prompt_tokens": sum(o.prompt_tokens for o in run.rehearsals) / n,
+        "memory_chars": sum(len(o.memory) for o in run.rehearsals) / n,
+        "memory_placed": sum(bool(o.memory) for o in run.rehearsals) / n,
+    }
 
 
 @dataclasses.dataclass
@@ -434,19 +494,28 @@ class SweepResult:
         return json.dumps({"rows": self.rows}, indent=2)
 
     def to_markdown(self) -> str:
-        lines = ["| mode | N | memory placed | tasks | score (95% CI) | success (95% CI) | extra gen tokens/task | "
-                 "extra prompt tokens/task | memory chars |", "|---|---:|---|---:|---|---|---:|---:|---:|"]
+        lines = [
+            "| mode | N | memory placed | tasks | score (95% CI) | success (95% CI) | extra gen tokens/task | "
+            "extra prompt tokens/task | memory chars |",
+            "|---|---:|---|---:|---|---|---:|---:|---:|",
+        ]
         for r in self.rows:
             placed = "-" if r["n"] == 0 else f"{r.get('place_memory', 'always')}: {r.get('memory_placed', 0):.0%}"
-            lines.append(f"| {r['mode']} | {r['n']} | {placed} | {r['tasks']} | {r['score']:.3f} "
-                         f"[{r['score_ci95'][0]:.3f}, {r['score_ci95'][1]:.3f}] | {r['success']:.3f} "
-                         f"[{r['success_ci95'][0]:.3f}, {r['success_ci95'][1]:.3f}] | "
-                         f"{r['extra_generated_tokens']:.1f} | {r['extra_prompt_tokens']:.1f} | {r['memory_chars']:.0f} |")
+            lines.append(
+                f"| {r['mode']} | {r['n']} | {placed} | {r['tasks']} | {r['score']:.3f} "
+                f"[{r['score_ci95'][0]:.3f}, {r['score_ci95'][1]:.3f}] | {r['success']:.3f} "
+                f"[{r['success_ci95'][0]:.3f}, {r['success_ci95'][1]:.3f}] | "
+                f"{r['extra_generated_tokens']:.1f} | {r['extra_prompt_tokens']:.1f} | {r['memory_chars']:.0f} |"
+            )
         return "\n".join(lines) + "\n"
 
 
-def rehearsal_sweep(run: Callable[[RehearsalConfig], RehearsalRun], base: RehearsalConfig = RehearsalConfig(),
-                    ns: Sequence[int] = (0, 1, 2, 4), modes: Sequence[str] = MODES) -> SweepResult:
+def rehearsal_sweep(
+    run: Callable[[RehearsalConfig], RehearsalRun],
+    base: RehearsalConfig = RehearsalConfig(),
+    ns: Sequence[int] = (0, 1, 2, 4),
+    modes: Sequence[str] = MODES,
+) -> SweepResult:
     """Score versus N and versus extra tokens: ``run(cfg)`` executes one setting (typically
     ``TestTimeRehearsal(cfg, ...).run(records)``). N = 0 does not depend on the mode: it runs once and
     is reported under every mode."""

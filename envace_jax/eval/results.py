@@ -54,14 +54,14 @@ class EntryResult:
     id: str
     valid: bool
     error_type: str | None = None
-    detail: dict[str, Any] = dataclasses.field(default_factory=dict)   # score parts, counts, termination
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)  # score parts, counts, termination
 
 
 @dataclasses.dataclass
 class CategoryResult:
     name: str
     entries: list[EntryResult]
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)    # suite-specific means (e.g. checklist score)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # suite-specific means (e.g. checklist score)
 
     @property
     def count(self) -> int:
@@ -78,8 +78,13 @@ class CategoryResult:
             if not e.valid:
                 key = e.error_type or "unknown"
                 errors[key] = errors.get(key, 0) + 1
-        out = {"count": n, "valid": v, "accuracy": (v / n) if n else float("nan"),
-               "accuracy_ci95": wilson_ci(v, n), "errors": dict(sorted(errors.items()))}
+        out = {
+            "count": n,
+            "valid": v,
+            "accuracy": (v / n) if n else float("nan"),
+            "accuracy_ci95": wilson_ci(v, n),
+            "errors": dict(sorted(errors.items())),
+        }
         out.update(self.extra)
         return out
 
@@ -98,13 +103,20 @@ def nan_to_none(x: Any) -> Any:
 _finite = nan_to_none
 
 
-def results_dict(suite: str, policy: str, categories: Sequence[CategoryResult],
-                 config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def results_dict(
+    suite: str, policy: str, categories: Sequence[CategoryResult], config: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     names = [c.name for c in categories]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate category names in results: {names}")
-    return _finite({"suite": suite, "policy": policy, "config": dict(config or {}),
-                    "categories": {c.name: c.row() for c in categories}})
+    return _finite(
+        {
+            "suite": suite,
+            "policy": policy,
+            "config": dict(config or {}),
+            "categories": {c.name: c.row() for c in categories},
+        }
+    )
 
 
 def _fmt(x: Any) -> str:
@@ -120,25 +132,39 @@ def to_markdown(results: Mapping[str, Any]) -> str:
     extra_keys: list[str] = []
     for row in cats.values():
         for k, v in row.items():
-            if k not in ("count", "valid", "accuracy", "accuracy_ci95", "errors") and k not in extra_keys \
-                    and isinstance(v, (int, float)) and not isinstance(v, bool):
+            if (
+                k not in ("count", "valid", "accuracy", "accuracy_ci95", "errors")
+                and k not in extra_keys
+                and isinstance(v, (int, float))
+                and not isinstance(v, bool)
+            ):
                 extra_keys.append(k)
     head = ["category", "count", "valid", "accuracy", "95% CI"] + extra_keys + ["top failure"]
-    lines = [f"# {results['suite']} ({results['policy']} policy)", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        f"# {results['suite']} ({results['policy']} policy)",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for name, row in cats.items():
         ci = row.get("accuracy_ci95") or [None, None]
         errs = row.get("errors") or {}
         top = max(errs.items(), key=lambda kv: kv[1]) if errs else None
-        cells = [name, str(row["count"]), str(row["valid"]), _fmt(row["accuracy"]),
-                 f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"] + [_fmt(row.get(k)) for k in extra_keys]
+        cells = [
+            name,
+            str(row["count"]),
+            str(row["valid"]),
+            _fmt(row["accuracy"]),
+            f"[{_fmt(ci[0])}, {_fmt(ci[1])}]",
+        ] + [_fmt(row.get(k)) for k in extra_keys]
         cells.append(f"{top[0]} ({top[1]})" if top else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def write_results(out_dir: str, results: Mapping[str, Any],
-                  per_entry: Mapping[str, Sequence[EntryResult]] | None = None) -> tuple[str, str]:
+def write_results(
+    out_dir: str, results: Mapping[str, Any], per_entry: Mapping[str, Sequence[EntryResult]] | None = None
+) -> tuple[str, str]:
     """Writes results.json, results.md (and <category>.jsonl per-entry files); returns both paths."""
     os.makedirs(out_dir, exist_ok=True)
     jpath, mpath = os.path.join(out_dir, "results.json"), os.path.join(out_dir, "results.md")

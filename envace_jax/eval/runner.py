@@ -24,17 +24,31 @@ def _agent(cfg: EvalConfig, out_dir: str, model_path: str | None = None):
     spec = cfg.model if model_path is None else dataclasses.replace(cfg.model, model_path=model_path)
     what = spec.model_path or ("a random tiny model" if spec.random_tiny else "the model (no model_path)")
     with progress.stage(f"loading {what}"):
-        return build_model_agent(spec, cfg.sampling, max_model_len=cfg.max_model_len, work_dir=out_dir,
-                                 enable_thinking=cfg.enable_thinking, seed=cfg.seed, shapes=cfg.sampler)
+        return build_model_agent(
+            spec,
+            cfg.sampling,
+            max_model_len=cfg.max_model_len,
+            work_dir=out_dir,
+            enable_thinking=cfg.enable_thinking,
+            seed=cfg.seed,
+            shapes=cfg.sampler,
+        )
 
 
 def _rollout_cfg(cfg: EvalConfig):
     from envace_jax.rl.rollout import RolloutConfig
 
     d = cfg.demo
-    return RolloutConfig(mode="real", max_steps=d.max_steps, max_assistant_turns=d.max_assistant_turns,
-                         max_user_turns=d.max_user_turns, max_model_len=cfg.max_model_len, act=cfg.sampling,
-                         rehearse=cfg.sampling, seed=cfg.seed)
+    return RolloutConfig(
+        mode="real",
+        max_steps=d.max_steps,
+        max_assistant_turns=d.max_assistant_turns,
+        max_user_turns=d.max_user_turns,
+        max_model_len=cfg.max_model_len,
+        act=cfg.sampling,
+        rehearse=cfg.sampling,
+        seed=cfg.seed,
+    )
 
 
 def run_eval(config: Any) -> dict[str, Any]:
@@ -63,10 +77,12 @@ def _run_suite(cfg: EvalConfig, out_dir: str) -> tuple[list[R.CategoryResult], s
     extra_files: dict[str, str] = {}
     if cfg.suite == "bfcl":
         from envace_jax.eval import bfcl_eval
+
         agent = "oracle" if cfg.policy == "oracle" else _agent(cfg, out_dir)[0]
         cats = bfcl_eval.evaluate(agent, cfg.bfcl)
     elif cfg.suite == "tau2":
         from envace_jax.eval import tau2_eval
+
         if cfg.policy == "oracle":
             cats = tau2_eval.evaluate("oracle", cfg.tau2)
         else:
@@ -79,6 +95,7 @@ def _run_suite(cfg: EvalConfig, out_dir: str) -> tuple[list[R.CategoryResult], s
     elif cfg.suite == "fidelity":
         # REHEARSE on the benchmarks' logged calls; the rehearser (oracle | constant | model) names the run
         from envace_jax.eval import fidelity_bench
+
         fcfg = dataclasses.replace(cfg.fidelity, seed=cfg.seed)
         codec = client = None
         if fcfg.rehearser == "model":
@@ -87,6 +104,7 @@ def _run_suite(cfg: EvalConfig, out_dir: str) -> tuple[list[R.CategoryResult], s
         policy = fcfg.rehearser
     else:
         from envace_jax.eval import demo_eval
+
         tasks = demo_eval.load_tasks(cfg.demo)
         if cfg.policy == "oracle":
             if cfg.suite == "rehearsal_sweep":
@@ -98,8 +116,15 @@ def _run_suite(cfg: EvalConfig, out_dir: str) -> tuple[list[R.CategoryResult], s
             if cfg.suite == "demo":
                 cats = [demo_eval.evaluate_model(tasks, codec, client, _rollout_cfg(cfg), rehearsal)]
             else:
-                sweep, cats = demo_eval.sweep(tasks, codec, client, _rollout_cfg(cfg), rehearsal,
-                                              cfg.rehearsal.sweep_ns, cfg.rehearsal.sweep_modes)
+                sweep, cats = demo_eval.sweep(
+                    tasks,
+                    codec,
+                    client,
+                    _rollout_cfg(cfg),
+                    rehearsal,
+                    cfg.rehearsal.sweep_ns,
+                    cfg.rehearsal.sweep_modes,
+                )
                 with open(os.path.join(out_dir, "sweep.md"), "w", encoding="utf-8") as f:
                     f.write(sweep.to_markdown())
                 with open(os.path.join(out_dir, "sweep.json"), "w", encoding="utf-8") as f:

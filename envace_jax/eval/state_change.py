@@ -34,8 +34,9 @@ from typing import Any, Iterator, Mapping, Sequence
 BFCL_UNOBSERVABLE_ATTRS = frozenset({"_last_modified", "_flight_cost_lookup"})
 
 
-def logged_calls(conversation: Sequence[Mapping[str, Any]], roles: Sequence[str] = ("assistant",)
-                 ) -> Iterator[tuple[int, Mapping[str, Any], Mapping[str, Any], Mapping[str, Any] | None]]:
+def logged_calls(
+    conversation: Sequence[Mapping[str, Any]], roles: Sequence[str] = ("assistant",)
+) -> Iterator[tuple[int, Mapping[str, Any], Mapping[str, Any], Mapping[str, Any] | None]]:
     """``(message index, message, call, answering tool message or None)`` for each call made by a
     message of one of ``roles``, in call order. Answers are the tool messages right after the message,
     matched by ``tool_call_id``."""
@@ -43,7 +44,7 @@ def logged_calls(conversation: Sequence[Mapping[str, Any]], roles: Sequence[str]
         if msg.get("role") not in roles or not msg.get("tool_calls"):
             continue
         answers: dict[Any, Mapping[str, Any]] = {}
-        for later in conversation[i + 1:]:
+        for later in conversation[i + 1 :]:
             if later.get("role") != "tool":
                 break
             answers[later.get("tool_call_id")] = later
@@ -54,6 +55,7 @@ def logged_calls(conversation: Sequence[Mapping[str, Any]], roles: Sequence[str]
 
 
 # ----------------------------------------------------------------------------- fingerprints
+
 
 def _plain(value: Any, path: str, seen: dict[int, str], skip: frozenset) -> Any:
     """A JSON-able picture of ``value``; an object met twice is a reference to its first path, so
@@ -80,8 +82,9 @@ def _plain(value: Any, path: str, seen: dict[int, str], skip: frozenset) -> Any:
         return ["<set>"] + sorted(members, key=lambda m: json.dumps(m, sort_keys=True))
     if hasattr(value, "__dict__"):
         attrs = {k: v for k, v in vars(value).items() if k not in skip}
-        return ["<obj>", type(value).__qualname__] + [[k, _plain(attrs[k], f"{path}.{k}", seen, skip)]
-                                                      for k in sorted(attrs)]
+        return ["<obj>", type(value).__qualname__] + [
+            [k, _plain(attrs[k], f"{path}.{k}", seen, skip)] for k in sorted(attrs)
+        ]
     return ["<repr>", type(value).__qualname__, repr(value)]
 
 
@@ -105,11 +108,14 @@ def state_fingerprint(env: Any) -> str:
         if env.environment is None:
             raise RuntimeError("state_fingerprint: the tau2 environment needs a reset first")
         return json.dumps([env.environment.get_db_hash(), env.environment.get_user_db_hash()])
-    raise TypeError(f"state_fingerprint: no state reader for {type(env).__name__}; "
-                    "expected a demo world, a BfclMultiTurnEnv or a Tau2Env")
+    raise TypeError(
+        f"state_fingerprint: no state reader for {type(env).__name__}; "
+        "expected a demo world, a BfclMultiTurnEnv or a Tau2Env"
+    )
 
 
 # ----------------------------------------------------------------------------- replay
+
 
 def _same_response(replayed: str, logged: str) -> bool:
     """Equal text, or equal JSON values: stored logs may re-serialise a JSON response (spacing, key order)."""
@@ -140,9 +146,11 @@ def replay_state_changes(env: Any, conversation: Sequence[Mapping[str, Any]]) ->
         logged = answer.get("content")
         logged = logged if isinstance(logged, str) else json.dumps(logged, ensure_ascii=False)
         if not _same_response(res.content, logged) or ("error" in answer and bool(answer["error"]) != res.error):
-            raise ValueError(f"replay of call {call['id']!r} ({fn.get('name')!r}, message {i}) returned "
-                             f"{res.content[:200]!r} (error={res.error}); the log says {logged[:200]!r}: "
-                             "the log was not made from this environment state")
+            raise ValueError(
+                f"replay of call {call['id']!r} ({fn.get('name')!r}, message {i}) returned "
+                f"{res.content[:200]!r} (error={res.error}); the log says {logged[:200]!r}: "
+                "the log was not made from this environment state"
+            )
         after = state_fingerprint(env)
         out[(i, call["id"])] = after != before
         before = after
@@ -162,5 +170,11 @@ def tau2_tool_labels(env: Any, conversation: Sequence[Mapping[str, Any]]) -> dic
     return out
 
 
-__all__ = ["BFCL_UNOBSERVABLE_ATTRS", "logged_calls", "object_fingerprint", "replay_state_changes",
-           "state_fingerprint", "tau2_tool_labels"]
+__all__ = [
+    "BFCL_UNOBSERVABLE_ATTRS",
+    "logged_calls",
+    "object_fingerprint",
+    "replay_state_changes",
+    "state_fingerprint",
+    "tau2_tool_labels",
+]

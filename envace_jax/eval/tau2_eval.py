@@ -31,17 +31,19 @@ from envace_jax.eval.config import Tau2Config  # the suite's knobs live with eve
 from envace_jax.eval.harness import LENGTH_BUDGET, Agent, AgentTurn, Conversation, number_calls, parse_turn
 from envace_jax.eval.results import CategoryResult, EntryResult, is_success
 
-GREETING = "Hi! How can I help you today?"   # tau2's orchestrator opens with the agent's greeting too
+GREETING = "Hi! How can I help you today?"  # tau2's orchestrator opens with the agent's greeting too
 
 
 def _stop_tokens() -> tuple[str, ...]:
     from tau2.user.base import OUT_OF_SCOPE, STOP, TRANSFER
+
     return (STOP, TRANSFER, OUT_OF_SCOPE)
 
 
 def user_system_prompt(task: Any) -> str:
     """tau2's own user-simulator system prompt for ``task`` (its guidelines plus the scenario)."""
     from tau2.user.user_simulator import UserSimulator
+
     return UserSimulator(instructions=task.user_scenario.instructions, llm=None).system_prompt
 
 
@@ -55,14 +57,16 @@ def scripted_opening(task: Any) -> str:
 
 # ----------------------------------------------------------------------------- oracle
 
+
 def evaluate_oracle(domain: str, tasks: Sequence[Any]) -> CategoryResult:
     env = T.Tau2Env(domain)
     rows = []
     for task in tasks:
         msgs = T.golden_messages(domain, task, env=env)
         res = T.evaluate(domain, task, msgs)
-        rows.append(_row(task, res, {"calls": sum(len(m.get("tool_calls") or []) for m in msgs
-                                                  if m["role"] == "assistant")}))
+        rows.append(
+            _row(task, res, {"calls": sum(len(m.get("tool_calls") or []) for m in msgs if m["role"] == "assistant")})
+        )
     return CategoryResult(domain, rows, _means(rows))
 
 
@@ -76,18 +80,21 @@ def _row(task: Any, res: dict[str, Any], detail: dict[str, Any]) -> EntryResult:
 
 def _means(rows: Sequence[EntryResult]) -> dict[str, Any]:
     n = max(1, len(rows))
-    return {"reward_mean": sum(r.detail.get("reward", 0.0) for r in rows) / n,
-            "calls_mean": sum(r.detail.get("calls", 0) for r in rows) / n}
+    return {
+        "reward_mean": sum(r.detail.get("reward", 0.0) for r in rows) / n,
+        "calls_mean": sum(r.detail.get("calls", 0) for r in rows) / n,
+    }
 
 
 # ----------------------------------------------------------------------------- live episodes
+
 
 @dataclasses.dataclass
 class _Episode:
     task: Any
     env: T.Tau2Env
-    agent: Conversation                 # the agent's view (our messages, graded by tau2)
-    user: Conversation                  # the user's view (roles flipped)
+    agent: Conversation  # the agent's view (our messages, graded by tau2)
+    user: Conversation  # the user's view (roles flipped)
     phase: str = "user"
     steps: int = 0
     calls: int = 0
@@ -97,12 +104,16 @@ class _Episode:
 
 def _start(domain: str, task: Any, k: int) -> _Episode:
     env = T.Tau2Env(domain, task)
-    agent = Conversation(key=f"tau2/{domain}/{task.id}/agent/{k}",
-                         messages=[{"role": "system", "content": env.policy},
-                                   {"role": "assistant", "content": GREETING}], tools=env.tool_schemas)
-    user = Conversation(key=f"tau2/{domain}/{task.id}/user/{k}",
-                        messages=[{"role": "system", "content": user_system_prompt(task)},
-                                  {"role": "user", "content": GREETING}], tools=[])
+    agent = Conversation(
+        key=f"tau2/{domain}/{task.id}/agent/{k}",
+        messages=[{"role": "system", "content": env.policy}, {"role": "assistant", "content": GREETING}],
+        tools=env.tool_schemas,
+    )
+    user = Conversation(
+        key=f"tau2/{domain}/{task.id}/user/{k}",
+        messages=[{"role": "system", "content": user_system_prompt(task)}, {"role": "user", "content": GREETING}],
+        tools=[],
+    )
     return _Episode(task, env, agent, user)
 
 
@@ -116,9 +127,10 @@ def _on_agent(ep: _Episode, out: AgentTurn) -> None:
     ep.agent.messages.append(msg)
     if calls and error is None:
         for (name, args), tc in zip(calls, msg["tool_calls"]):
-            res = ep.env.execute(name, copy.deepcopy(args))   # the env must not alias our record
-            ep.agent.messages.append({"role": "tool", "name": name, "tool_call_id": tc["id"],
-                                      "content": res.content, "error": res.error})
+            res = ep.env.execute(name, copy.deepcopy(args))  # the env must not alias our record
+            ep.agent.messages.append(
+                {"role": "tool", "name": name, "tool_call_id": tc["id"], "content": res.content, "error": res.error}
+            )
         ep.calls += len(calls)
         return
     # A reply (or an unparsable call, which tau2 would also show the user as text) goes to the user.
@@ -139,20 +151,22 @@ def _on_user(ep: _Episode, text: str) -> None:
 
 def _scripted_user(ep: _Episode) -> str:
     from tau2.user.base import STOP
-    if len(ep.user.messages) <= 2:   # nothing said yet beyond the greeting
+
+    if len(ep.user.messages) <= 2:  # nothing said yet beyond the greeting
         return scripted_opening(ep.task)
     return STOP
 
 
-def play(domain: str, tasks: Sequence[Any], agent: Agent, cfg: Tau2Config,
-         user_agent: Agent | None = None) -> list[_Episode]:
+def play(
+    domain: str, tasks: Sequence[Any], agent: Agent, cfg: Tau2Config, user_agent: Agent | None = None
+) -> list[_Episode]:
     if cfg.user == "model" and user_agent is None:
         raise ValueError("config.tau2.user='model' needs a user model (config.tau2.user_model_path or the policy)")
     out: list[_Episode] = []
     bar = progress.EpisodeBar(len(tasks), f"tau2 {domain}")  # counts the tasks played to their end
     bar.start()
     for lo in range(0, len(tasks), cfg.batch_size):
-        group = [_start(domain, t, lo + i) for i, t in enumerate(tasks[lo: lo + cfg.batch_size])]
+        group = [_start(domain, t, lo + i) for i, t in enumerate(tasks[lo : lo + cfg.batch_size])]
         while True:
             for ep in group:
                 if not ep.done and ep.steps >= cfg.max_steps:
@@ -180,21 +194,28 @@ def play(domain: str, tasks: Sequence[Any], agent: Agent, cfg: Tau2Config,
                     user_agent.release([ep.user.key for ep in ended])
             bar.on_step(0, out + group)
         out.extend(group)
-        bar.on_step(0, out)   # the group's last episodes may have been cut at max_steps just above
+        bar.on_step(0, out)  # the group's last episodes may have been cut at max_steps just above
     bar.close()
     return out
 
 
-def evaluate_model(domain: str, tasks: Sequence[Any], agent: Agent, cfg: Tau2Config,
-                   user_agent: Agent | None = None) -> CategoryResult:
+def evaluate_model(
+    domain: str, tasks: Sequence[Any], agent: Agent, cfg: Tau2Config, user_agent: Agent | None = None
+) -> CategoryResult:
     rows = []
     for ep in play(domain, tasks, agent, cfg, user_agent):
         detail = {"termination": ep.termination, "steps": ep.steps, "calls": ep.calls}
         try:
             res = T.evaluate(domain, ep.task, ep.agent.messages, termination=ep.termination)
         except Exception as e:  # tau2 rejects trajectories it cannot replay; that is a failed run, not a crash
-            rows.append(EntryResult(str(ep.task.id), False, "evaluation_error",
-                                    dict(detail, reward=0.0, error=f"{type(e).__name__}: {e}"[:500])))
+            rows.append(
+                EntryResult(
+                    str(ep.task.id),
+                    False,
+                    "evaluation_error",
+                    dict(detail, reward=0.0, error=f"{type(e).__name__}: {e}"[:500]),
+                )
+            )
             continue
         rows.append(_row(ep.task, res, detail))
     return CategoryResult(domain, rows, _means(rows))

@@ -29,8 +29,15 @@ CONFIG_KEYS: tuple[tuple[str, str, Any, Callable[[Any], Any] | None], ...] = (
     ("initializer_range", "initializer_range", 0.02, float),
 )
 # Written as they are: what our model is, for readers of the exported config.json.
-_FIXED_HF = {"hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0, "rope_scaling": None,
-             "use_sliding_window": False, "sliding_window": None, "use_cache": True}
+_FIXED_HF = {
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "rope_scaling": None,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "use_cache": True,
+}
 
 
 def check_supported(d: Mapping[str, Any]) -> None:
@@ -53,8 +60,9 @@ def check_supported(d: Mapping[str, Any]) -> None:
         if spec:
             rtype = spec.get("rope_type", spec.get("type", "default"))
             if rtype not in ("default", None):
-                raise ValueError(f"config.{field}.rope_type={rtype!r} is not supported (only 'default' rotary "
-                                 f"embeddings)")
+                raise ValueError(
+                    f"config.{field}.rope_type={rtype!r} is not supported (only 'default' rotary embeddings)"
+                )
 
 
 def fields_from_hf(d: Mapping[str, Any]) -> dict[str, Any]:

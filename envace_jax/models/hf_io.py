@@ -67,42 +67,95 @@ _ident = lambda a, c: a
 _T = lambda a, c: a.T
 
 MAPPING: tuple[TensorMap, ...] = (
-    TensorMap("model.embed_tokens.weight", ("embed", "embedding"), False,
-              lambda c: (c.vocab_size, c.hidden_size), _ident, _ident),
+    TensorMap(
+        "model.embed_tokens.weight",
+        ("embed", "embedding"),
+        False,
+        lambda c: (c.vocab_size, c.hidden_size),
+        _ident,
+        _ident,
+    ),
     TensorMap("model.norm.weight", ("norm", "scale"), False, lambda c: (c.hidden_size,), _ident, _ident),
-    TensorMap("lm_head.weight", ("lm_head",), False, lambda c: (c.vocab_size, c.hidden_size), _T, _T,
-              untied_only=True),
+    TensorMap("lm_head.weight", ("lm_head",), False, lambda c: (c.vocab_size, c.hidden_size), _T, _T, untied_only=True),
     # HF q_proj.weight is (N*H, D) with the head index major: out[n*H + h] = sum_d W[n*H+h, d] x[d].
-    TensorMap("model.layers.{i}.self_attn.q_proj.weight", ("layers", "q_proj"), True,
-              lambda c: (c.num_heads * c.head_dim, c.hidden_size),
-              lambda a, c: a.reshape(c.num_heads, c.head_dim, c.hidden_size).transpose(2, 0, 1),
-              lambda a, c: a.transpose(1, 2, 0).reshape(c.num_heads * c.head_dim, c.hidden_size)),
-    TensorMap("model.layers.{i}.self_attn.k_proj.weight", ("layers", "k_proj"), True,
-              lambda c: (c.num_kv_heads * c.head_dim, c.hidden_size),
-              lambda a, c: a.reshape(c.num_kv_heads, c.head_dim, c.hidden_size).transpose(2, 0, 1),
-              lambda a, c: a.transpose(1, 2, 0).reshape(c.num_kv_heads * c.head_dim, c.hidden_size)),
-    TensorMap("model.layers.{i}.self_attn.v_proj.weight", ("layers", "v_proj"), True,
-              lambda c: (c.num_kv_heads * c.head_dim, c.hidden_size),
-              lambda a, c: a.reshape(c.num_kv_heads, c.head_dim, c.hidden_size).transpose(2, 0, 1),
-              lambda a, c: a.transpose(1, 2, 0).reshape(c.num_kv_heads * c.head_dim, c.hidden_size)),
-    TensorMap("model.layers.{i}.self_attn.o_proj.weight", ("layers", "o_proj"), True,
-              lambda c: (c.hidden_size, c.num_heads * c.head_dim),
-              lambda a, c: a.reshape(c.hidden_size, c.num_heads, c.head_dim).transpose(1, 2, 0),
-              lambda a, c: a.transpose(2, 0, 1).reshape(c.hidden_size, c.num_heads * c.head_dim)),
-    TensorMap("model.layers.{i}.self_attn.q_norm.weight", ("layers", "q_norm"), True,
-              lambda c: (c.head_dim,), _ident, _ident),
-    TensorMap("model.layers.{i}.self_attn.k_norm.weight", ("layers", "k_norm"), True,
-              lambda c: (c.head_dim,), _ident, _ident),
-    TensorMap("model.layers.{i}.input_layernorm.weight", ("layers", "input_norm"), True,
-              lambda c: (c.hidden_size,), _ident, _ident),
-    TensorMap("model.layers.{i}.post_attention_layernorm.weight", ("layers", "post_norm"), True,
-              lambda c: (c.hidden_size,), _ident, _ident),
-    TensorMap("model.layers.{i}.mlp.gate_proj.weight", ("layers", "gate_proj"), True,
-              lambda c: (c.intermediate_size, c.hidden_size), _T, _T),
-    TensorMap("model.layers.{i}.mlp.up_proj.weight", ("layers", "up_proj"), True,
-              lambda c: (c.intermediate_size, c.hidden_size), _T, _T),
-    TensorMap("model.layers.{i}.mlp.down_proj.weight", ("layers", "down_proj"), True,
-              lambda c: (c.hidden_size, c.intermediate_size), _T, _T),
+    TensorMap(
+        "model.layers.{i}.self_attn.q_proj.weight",
+        ("layers", "q_proj"),
+        True,
+        lambda c: (c.num_heads * c.head_dim, c.hidden_size),
+        lambda a, c: a.reshape(c.num_heads, c.head_dim, c.hidden_size).transpose(2, 0, 1),
+        lambda a, c: a.transpose(1, 2, 0).reshape(c.num_heads * c.head_dim, c.hidden_size),
+    ),
+    TensorMap(
+        "model.layers.{i}.self_attn.k_proj.weight",
+        ("layers", "k_proj"),
+        True,
+        lambda c: (c.num_kv_heads * c.head_dim, c.hidden_size),
+        lambda a, c: a.reshape(c.num_kv_heads, c.head_dim, c.hidden_size).transpose(2, 0, 1),
+        lambda a, c: a.transpose(1, 2, 0).reshape(c.num_kv_heads * c.head_dim, c.hidden_size),
+    ),
+    TensorMap(
+        "model.layers.{i}.self_attn.v_proj.weight",
+        ("layers", "v_proj"),
+        True,
+        lambda c: (c.num_kv_heads * c.head_dim, c.hidden_size),
+        lambda a, c: a.reshape(c.num_kv_heads, c.head_dim, c.hidden_size).transpose(2, 0, 1),
+        lambda a, c: a.transpose(1, 2, 0).reshape(c.num_kv_heads * c.head_dim, c.hidden_size),
+    ),
+    TensorMap(
+        "model.layers.{i}.self_attn.o_proj.weight",
+        ("layers", "o_proj"),
+        True,
+        lambda c: (c.hidden_size, c.num_heads * c.head_dim),
+        lambda a, c: a.reshape(c.hidden_size, c.num_heads, c.head_dim).transpose(1, 2, 0),
+        lambda a, c: a.transpose(2, 0, 1).reshape(c.hidden_size, c.num_heads * c.head_dim),
+    ),
+    TensorMap(
+        "model.layers.{i}.self_attn.q_norm.weight", ("layers", "q_norm"), True, lambda c: (c.head_dim,), _ident, _ident
+    ),
+    TensorMap(
+        "model.layers.{i}.self_attn.k_norm.weight", ("layers", "k_norm"), True, lambda c: (c.head_dim,), _ident, _ident
+    ),
+    TensorMap(
+        "model.layers.{i}.input_layernorm.weight",
+        ("layers", "input_norm"),
+        True,
+        lambda c: (c.hidden_size,),
+        _ident,
+        _ident,
+    ),
+    TensorMap(
+        "model.layers.{i}.post_attention_layernorm.weight",
+        ("layers", "post_norm"),
+        True,
+        lambda c: (c.hidden_size,),
+        _ident,
+        _ident,
+    ),
+    TensorMap(
+        "model.layers.{i}.mlp.gate_proj.weight",
+        ("layers", "gate_proj"),
+        True,
+        lambda c: (c.intermediate_size, c.hidden_size),
+        _T,
+        _T,
+    ),
+    TensorMap(
+        "model.layers.{i}.mlp.up_proj.weight",
+        ("layers", "up_proj"),
+        True,
+        lambda c: (c.intermediate_size, c.hidden_size),
+        _T,
+        _T,
+    ),
+    TensorMap(
+        "model.layers.{i}.mlp.down_proj.weight",
+        ("layers", "down_proj"),
+        True,
+        lambda c: (c.hidden_size, c.intermediate_size),
+        _T,
+        _T,
+    ),
 )
 
 
@@ -114,7 +167,7 @@ def expected_hf_tensors(cfg: qwen3.Qwen3Config) -> dict[str, tuple[int, ...]]:
     """HF tensor name -> shape, for every tensor a checkpoint of ``cfg`` must hold."""
     out: dict[str, tuple[int, ...]] = {}
     for m in active_mapping(cfg):
-        for i in (range(cfg.num_layers) if m.layered else [None]):
+        for i in range(cfg.num_layers) if m.layered else [None]:
             out[m.name(i)] = tuple(m.hf_shape(cfg))
     return out
 
@@ -227,8 +280,9 @@ class _Reader:
             if got != shape:
                 wrong.append(f"{self.files[name]}: tensor {name} has shape {got}, expected {shape} from the config")
             elif dtype not in _FLOAT_DTYPES:
-                wrong.append(f"{self.files[name]}: tensor {name} has dtype {dtype}, expected one of "
-                             f"{list(_FLOAT_DTYPES)}")
+                wrong.append(
+                    f"{self.files[name]}: tensor {name} has dtype {dtype}, expected one of {list(_FLOAT_DTYPES)}"
+                )
         if wrong:
             more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
             raise WeightsError("; ".join(wrong[:3]) + more)
@@ -276,9 +330,15 @@ def _stacked_builder(shape: tuple[int, ...], dtype: Any, sharding):
     return zeros, write
 
 
-def load_hf(path: str | os.PathLike, dtype: str | None = "float32", mesh: Mesh | None = None,
-            rules: shd.Rules | None = None, *, compute_dtype: str | None = None,
-            **config_overrides) -> qwen3.Qwen3:
+def load_hf(
+    path: str | os.PathLike,
+    dtype: str | None = "float32",
+    mesh: Mesh | None = None,
+    rules: shd.Rules | None = None,
+    *,
+    compute_dtype: str | None = None,
+    **config_overrides,
+) -> qwen3.Qwen3:
     """Builds a Qwen3 from a Hugging Face directory, streaming tensors into their shardings.
 
     Args:
@@ -314,8 +374,7 @@ def load_hf(path: str | os.PathLike, dtype: str | None = "float32", mesh: Mesh |
                 host = np.asarray(m.to_ours(reader.read(m.name()), cfg), dtype=pdt)
                 var.set_value(_from_host(host, sharding))
                 continue
-            layers = (np.asarray(m.to_ours(reader.read(m.name(i)), cfg), dtype=pdt)
-                      for i in range(cfg.num_layers))
+            layers = (np.asarray(m.to_ours(reader.read(m.name(i)), cfg), dtype=pdt) for i in range(cfg.num_layers))
             if mesh is None:
                 # One device: the stacked host buffer *is* the target, so no compiled writes needed.
                 host = np.empty(shape, pdt)
@@ -353,8 +412,10 @@ def load_hf(path: str | os.PathLike, dtype: str | None = "float32", mesh: Mesh |
 
 FILE_MODE, DIR_MODE = 0o644, 0o755  # an export is meant to be shared (served, uploaded), whatever the umask
 _SHARD_NAME = re.compile(r"^model-\d{5}-of-\d{5}(-v\d+)?\.safetensors$")
-_PARTIAL = re.compile(r"^\.(model[\w.-]*\.safetensors|model\.safetensors\.index\.json|config\.json|"
-                      r"generation_config\.json)\.\w+\.partial$")
+_PARTIAL = re.compile(
+    r"^\.(model[\w.-]*\.safetensors|model\.safetensors\.index\.json|config\.json|"
+    r"generation_config\.json)\.\w+\.partial$"
+)
 
 
 def _make_dirs(path: str) -> None:
@@ -454,8 +515,17 @@ def parse_size(size: int | str) -> int:
     if not m:
         raise ValueError(f"max_shard_size {size!r} is not a size like '5GB' or '500MB'")
     unit = (m.group(2) or "B").upper()
-    mult = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-            "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
+    mult = {
+        "B": 1,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "TB": 10**12,
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+        "TIB": 2**40,
+    }[unit]
     return max(1, int(float(m.group(1)) * mult))
 
 
@@ -473,7 +543,7 @@ def _plan(cfg: qwen3.Qwen3Config, itemsize: int, max_bytes: int) -> list[list[tu
     size = 0
     for m in active_mapping(cfg):
         nbytes = int(np.prod(m.hf_shape(cfg))) * itemsize
-        for i in (range(cfg.num_layers) if m.layered else [None]):
+        for i in range(cfg.num_layers) if m.layered else [None]:
             if shards[-1] and size + nbytes > max_bytes:
                 shards.append([])
                 size = 0
@@ -482,14 +552,14 @@ def _plan(cfg: qwen3.Qwen3Config, itemsize: int, max_bytes: int) -> list[list[tu
     return shards
 
 
-def _token_ids(cfg: qwen3.Qwen3Config, eos_token_ids: Sequence[int] | int | None,
-               pad_token_id: int | None) -> qwen3.Qwen3Config:
+def _token_ids(
+    cfg: qwen3.Qwen3Config, eos_token_ids: Sequence[int] | int | None, pad_token_id: int | None
+) -> qwen3.Qwen3Config:
     """``cfg`` with the given end-of-sequence and padding ids (each checked against the vocabulary)."""
     eos = (eos_token_ids,) if isinstance(eos_token_ids, (int, np.integer)) else tuple(eos_token_ids or ())
     if eos_token_ids is not None and not eos:
         raise ValueError("eos_token_ids is empty; pass None to keep the model config's")
-    bad = [int(t) for t in (*eos, *(() if pad_token_id is None else (pad_token_id,)))
-           if not 0 <= t < cfg.vocab_size]
+    bad = [int(t) for t in (*eos, *(() if pad_token_id is None else (pad_token_id,))) if not 0 <= t < cfg.vocab_size]
     if bad:
         raise ValueError(f"token id(s) {bad} are outside the model's vocabulary of {cfg.vocab_size}")
     kw: dict[str, Any] = {}
@@ -503,13 +573,22 @@ def _token_ids(cfg: qwen3.Qwen3Config, eos_token_ids: Sequence[int] | int | None
 def generation_config(cfg: qwen3.Qwen3Config) -> dict[str, Any]:
     """``generation_config.json``: the ids transformers' ``generate`` stops at and pads with."""
     eos = list(cfg.eos_token_ids)
-    gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": eos[0] if len(eos) == 1 else eos or None,
-           "pad_token_id": cfg.pad_token_id}
+    gen = {
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": eos[0] if len(eos) == 1 else eos or None,
+        "pad_token_id": cfg.pad_token_id,
+    }
     return {k: v for k, v in gen.items() if v is not None}
 
 
-def save_hf(model: qwen3.Qwen3, out_dir: str | os.PathLike, max_shard_size: int | str = "5GB", *,
-            eos_token_ids: Sequence[int] | int | None = None, pad_token_id: int | None = None) -> list[str]:
+def save_hf(
+    model: qwen3.Qwen3,
+    out_dir: str | os.PathLike,
+    max_shard_size: int | str = "5GB",
+    *,
+    eos_token_ids: Sequence[int] | int | None = None,
+    pad_token_id: int | None = None,
+) -> list[str]:
     """Writes config.json, generation_config.json and safetensors shards (plus an index if >1).
 
     Loadable by ``transformers.AutoModelForCausalLM.from_pretrained``. Tensors are
@@ -578,5 +657,5 @@ def iter_hf_tensors(model: qwen3.Qwen3) -> Iterator[tuple[str, np.ndarray]]:
     cfg = model.config
     for m in active_mapping(cfg):
         host = _to_host(_variable(model, m.path)[...])
-        for i in (range(cfg.num_layers) if m.layered else [None]):
+        for i in range(cfg.num_layers) if m.layered else [None]:
             yield m.name(i), m.to_hf(host if i is None else host[i], cfg)

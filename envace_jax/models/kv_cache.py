@@ -52,8 +52,11 @@ class KVCache:
         dt = as_dtype(dtype or cfg.dtype)
         ks, vs = cls.shapes(cfg, batch, size)
         L = cfg.num_layers
-        return cls(tuple(jnp.zeros(ks, dt) for _ in range(L)), tuple(jnp.zeros(vs, dt) for _ in range(L)),
-                   jnp.zeros((batch,), jnp.int32))
+        return cls(
+            tuple(jnp.zeros(ks, dt) for _ in range(L)),
+            tuple(jnp.zeros(vs, dt) for _ in range(L)),
+            jnp.zeros((batch,), jnp.int32),
+        )
 
 
 # Logical axes of one layer's KVCache.k and KVCache.v buffer (their layouts differ: see above).
@@ -70,8 +73,9 @@ def visible_slots(end: jax.Array, chunk: int, size: int) -> jax.Array:
     return jnp.arange(size, dtype=jnp.int32)[None, None, :] <= pos[:, :, None]
 
 
-def write_chunk(k_cache: jax.Array, v_cache: jax.Array, k_new: jax.Array, v_new: jax.Array,
-                end: jax.Array) -> tuple[jax.Array, jax.Array]:
+def write_chunk(
+    k_cache: jax.Array, v_cache: jax.Array, k_new: jax.Array, v_new: jax.Array, end: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """Scatters one layer's chunk keys/values ``[B, T, K, H]`` at slots ``end[b] + t``.
 
     Slots past the cache size are dropped, never clamped onto earlier slots.
@@ -93,7 +97,7 @@ def cached_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, visib
     """
     B, T, N, H = q.shape
     K = k_cache.shape[1]
-    qg = (q * jnp.asarray(H ** -0.5, q.dtype)).reshape(B, T, K, N // K, H)
+    qg = (q * jnp.asarray(H**-0.5, q.dtype)).reshape(B, T, K, N // K, H)
     if T == 1:
         # One decode token: per (row, kv head) this is a [G, H] x [H, S] product, which XLA CPU runs as a
         # batched dot ~8x slower than reading the cache; multiply + reduce over H streams the cache once

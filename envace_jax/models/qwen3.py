@@ -42,6 +42,7 @@ from envace_jax import sharding as shd
 from envace_jax.model_sizes import TINY
 from envace_jax.models import hf_config, vjp_ops
 from envace_jax.models.kv_cache import KVCache, cached_attention, visible_slots, write_chunk
+
 # Re-exported: outside code reaches the cache's axes through ``qwen3``.
 from envace_jax.models.kv_cache import CACHE_K_AXES, CACHE_K_SLOT_AXIS, CACHE_V_AXES, CACHE_V_SLOT_AXIS  # noqa: F401
 from envace_jax.models.numerics import as_dtype
@@ -77,8 +78,15 @@ class Qwen3Config:
     attention_block: int = 512
 
     def __post_init__(self):
-        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                  "num_kv_heads", "head_dim"):
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             v = getattr(self, f)
             if not isinstance(v, (int, np.integer)) or v <= 0:
                 raise ValueError(f"Qwen3Config.{f} must be a positive int, got {v!r}")
@@ -91,8 +99,9 @@ class Qwen3Config:
         if not isinstance(self.attention_block, (int, np.integer)) or self.attention_block < 0:
             raise ValueError(f"Qwen3Config.attention_block must be an int >= 0, got {self.attention_block!r}")
         if self.scan_layers not in (None, True, False):
-            raise ValueError(f"Qwen3Config.scan_layers must be True, False or None (by depth), "
-                             f"got {self.scan_layers!r}")
+            raise ValueError(
+                f"Qwen3Config.scan_layers must be True, False or None (by depth), got {self.scan_layers!r}"
+            )
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"Qwen3Config.remat_policy={self.remat_policy!r}; choose one of {REMAT_POLICIES}")
         as_dtype(self.param_dtype)
@@ -117,33 +126,70 @@ class Qwen3Config:
         return () if e is None else ((e,) if isinstance(e, int) else tuple(e))
 
     def num_params(self) -> int:
-        d, f, n, k, h, v = (self.hidden_size, self.intermediate_size, self.num_heads, self.num_kv_heads,
-                            self.head_dim, self.vocab_size)
+        d, f, n, k, h, v = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.vocab_size,
+        )
         per_layer = d * n * h * 2 + d * k * h * 2 + 3 * d * f + 2 * d + 2 * h
         return v * d * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + d
 
     # ---- the tiny random model (tests, the demo, CI smoke runs): the one recipe every caller sizes ----
     @classmethod
-    def tiny(cls, vocab_size: int, *, hidden_size: int = TINY.hidden_size, intermediate_size: int | None = None,
-             num_layers: int = TINY.num_layers, num_heads: int = TINY.num_heads,
-             num_kv_heads: int = TINY.num_kv_heads, head_dim: int = TINY.head_dim, **kw) -> "Qwen3Config":
+    def tiny(
+        cls,
+        vocab_size: int,
+        *,
+        hidden_size: int = TINY.hidden_size,
+        intermediate_size: int | None = None,
+        num_layers: int = TINY.num_layers,
+        num_heads: int = TINY.num_heads,
+        num_kv_heads: int = TINY.num_kv_heads,
+        head_dim: int = TINY.head_dim,
+        **kw,
+    ) -> "Qwen3Config":
         """A small Qwen3 for random init: float32, rope_theta 1e4 (short contexts), 128k positions
         (metadata only). The sizes default to ``model_sizes.TINY``; ``intermediate_size`` defaults to
         ``2 * hidden_size`` (TINY's own width at its hidden size)."""
-        base = dict(vocab_size=vocab_size, hidden_size=hidden_size,
-                    intermediate_size=2 * hidden_size if intermediate_size is None else intermediate_size,
-                    num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                    rope_theta=10000.0, max_position_embeddings=1 << 17, param_dtype="float32", dtype="float32")
+        base = dict(
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size if intermediate_size is None else intermediate_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            rope_theta=10000.0,
+            max_position_embeddings=1 << 17,
+            param_dtype="float32",
+            dtype="float32",
+        )
         base.update(kw)
         return cls(**base)
 
     # ---- presets (dense Qwen3 family; numbers from the released config.json files) ----
     @classmethod
     def _preset(cls, hidden, inter, layers, heads, kv, tie, **kw) -> "Qwen3Config":
-        base = dict(vocab_size=151936, hidden_size=hidden, intermediate_size=inter, num_layers=layers,
-                    num_heads=heads, num_kv_heads=kv, head_dim=128, tie_word_embeddings=tie,
-                    max_position_embeddings=40960, rope_theta=1_000_000.0, bos_token_id=151643,
-                    eos_token_id=151645, pad_token_id=151643, param_dtype="bfloat16", dtype="bfloat16")
+        base = dict(
+            vocab_size=151936,
+            hidden_size=hidden,
+            intermediate_size=inter,
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=kv,
+            head_dim=128,
+            tie_word_embeddings=tie,
+            max_position_embeddings=40960,
+            rope_theta=1_000_000.0,
+            bos_token_id=151643,
+            eos_token_id=151645,
+            pad_token_id=151643,
+            param_dtype="bfloat16",
+            dtype="bfloat16",
+        )
         base.update(kw)
         return cls(**base)
 
@@ -235,8 +281,13 @@ def _param(rngs: nnx.Rngs | None, shape, axes, dtype, std: float | None) -> nnx.
 
 class Embedding(nnx.Module):
     def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
-        self.embedding = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"),
-                                as_dtype(cfg.param_dtype), cfg.initializer_range)
+        self.embedding = _param(
+            rngs,
+            (cfg.vocab_size, cfg.hidden_size),
+            ("vocab", "embed"),
+            as_dtype(cfg.param_dtype),
+            cfg.initializer_range,
+        )
 
 
 class RMSNorm(nnx.Module):
@@ -248,8 +299,14 @@ class DecoderStack(nnx.Module):
     """Parameters of all decoder layers, stacked along a leading ``layers`` axis."""
 
     def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
-        L, D, F, N, K, H = (cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
-                            cfg.num_kv_heads, cfg.head_dim)
+        L, D, F, N, K, H = (
+            cfg.num_layers,
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
         pd, std = as_dtype(cfg.param_dtype), cfg.initializer_range
         p = lambda shape, axes, s=std: _param(rngs, (L, *shape), ("layers", *axes), pd, s)
         self.input_norm = p((D,), ("norm",), None)
@@ -301,8 +358,11 @@ def _self_attention(cfg: Qwen3Config, mesh, rules, q, k, v, mask):
     """No-cache attention: in query blocks when the row is long and its sequence axis is not already
     split over devices (then each device holds only its share of the queries)."""
     B, T = q.shape[:2]
-    split = mesh is not None and rules is not None and shd.logical_to_spec(
-        ("batch", "length"), rules, mesh, (B, T))[1] is not None
+    split = (
+        mesh is not None
+        and rules is not None
+        and shd.logical_to_spec(("batch", "length"), rules, mesh, (B, T))[1] is not None
+    )
     if cfg.attention_block and T > cfg.attention_block and not split:
         return _blocked_attention(q, k, v, mask, cfg.attention_block, unroll=not cfg.scans())
     # The cache-free mask is causal: query blocks skip the keys after them (vjp_ops.causal_blocks).
@@ -315,8 +375,7 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv)
     ``end + t`` first, then attended to with the rest. Returns (x, the layer's new (k_cache, v_cache)
     or None)."""
     dt = as_dtype(cfg.dtype)
-    w = {k: v.astype(dt) if k not in ("input_norm", "post_norm", "q_norm", "k_norm") else v
-         for k, v in p.items()}
+    w = {k: v.astype(dt) if k not in ("input_norm", "post_norm", "q_norm", "k_norm") else v for k, v in p.items()}
     eps = cfg.rms_norm_eps
     train = cache_kv is None
     h = rms_norm(x, w["input_norm"], eps)
@@ -373,8 +432,13 @@ class Qwen3(nnx.Module):
         self.layers = DecoderStack(cfg, rngs)
         self.norm = RMSNorm(cfg, cfg.hidden_size)
         if not cfg.tie_word_embeddings:
-            self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"),
-                                  as_dtype(cfg.param_dtype), cfg.initializer_range)
+            self.lm_head = _param(
+                rngs,
+                (cfg.hidden_size, cfg.vocab_size),
+                ("embed", "vocab"),
+                as_dtype(cfg.param_dtype),
+                cfg.initializer_range,
+            )
         # Activation sharding: set by sharding.place()/hf_io.load_hf when a mesh is used.
         self.mesh: Mesh | None = None
         self.rules: dict | None = None
@@ -425,8 +489,9 @@ class Qwen3(nnx.Module):
         layers = self.layer_params() if layer_params is None else layer_params
         ks, vs = [], []
         for p, k_cache, v_cache in zip(layers, cache.k, cache.v, strict=True):
-            x, (k_cache, v_cache) = _layer(self.config, self.mesh, self.rules, p, x, positions, visible,
-                                           (k_cache, v_cache, cache.end))
+            x, (k_cache, v_cache) = _layer(
+                self.config, self.mesh, self.rules, p, x, positions, visible, (k_cache, v_cache, cache.end)
+            )
             ks.append(k_cache)
             vs.append(v_cache)
         return x, tuple(ks), tuple(vs)
@@ -461,13 +526,17 @@ class Qwen3(nnx.Module):
             segment_ids = jnp.ones((B, T), jnp.int32)
         if positions is None:
             positions = jnp.broadcast_to(idx, (B, T))
-        mask = (idx[None, :, None] >= idx[None, None, :]) & (
-            segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)
+        mask = (
+            (idx[None, :, None] >= idx[None, None, :])
+            & (segment_ids[:, :, None] == segment_ids[:, None, :])
+            & (segment_ids[:, None, :] != 0)
+        )
         return positions, mask
 
     # -- forward --------------------------------------------------------------------------
-    def final_hidden(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                     segment_ids: jax.Array | None = None) -> jax.Array:
+    def final_hidden(
+        self, input_ids: jax.Array, positions: jax.Array | None = None, segment_ids: jax.Array | None = None
+    ) -> jax.Array:
         """Hidden states ``[B, T, D]`` after the final norm (what the vocabulary projection reads), for
         callers that fuse the projection with their loss (``rl.head_logprobs``). Cache-free; arguments
         as in ``__call__``."""
@@ -524,7 +593,8 @@ class Qwen3(nnx.Module):
             # Built once per call, shared by every layer.
             visible = visible_slots(cache.end, T, cache.size)
             x, k_all, v_all = self._run_layers_cached(
-                x, positions, visible, cache, decode_weights.layers if decode_weights is not None else None)
+                x, positions, visible, cache, decode_weights.layers if decode_weights is not None else None
+            )
         if logits_at is not None:
             x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)[:, 0]
         logits = self._head(x, decode_weights.head if decode_weights is not None else None)
@@ -541,8 +611,14 @@ class Qwen3(nnx.Module):
         return KVCache.init(self.config, batch, size, dtype)
 
 
-def init_model(cfg: Qwen3Config, *, seed: int = 0, mesh: Mesh | None = None,
-               rules: shd.Rules | None = None, one_program: bool = False) -> Qwen3:
+def init_model(
+    cfg: Qwen3Config,
+    *,
+    seed: int = 0,
+    mesh: Mesh | None = None,
+    rules: shd.Rules | None = None,
+    one_program: bool = False,
+) -> Qwen3:
     """Random init; with a mesh the parameters are created directly in their shardings.
 
     Without a mesh the default builds the parameters eagerly (one small program per parameter shape);

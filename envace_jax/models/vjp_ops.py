@@ -102,7 +102,7 @@ def _attention_fwd(qh, kh, vh, mask, K, nb):
     G = qh.shape[1] // T
     outs, probs = [], []
     for t0, t1, sk in _blocks(T, S, nb):
-        s = jnp.einsum("zmh,zsh->zms", qh[:, t0 * G:t1 * G], kh[:, :sk], preferred_element_type=F32) * (H ** -0.5)
+        s = jnp.einsum("zmh,zsh->zms", qh[:, t0 * G : t1 * G], kh[:, :sk], preferred_element_type=F32) * (H**-0.5)
         s = jnp.where(mask[:, None, t0:t1, None, :sk], s.reshape(B, K, t1 - t0, G, sk), MASK_VALUE)
         p = jax.nn.softmax(s, axis=-1).reshape(B * K, (t1 - t0) * G, sk).astype(vh.dtype)
         outs.append(_mm("zms,zsh->zmh", p, vh[:, :sk], vh.dtype))
@@ -112,8 +112,11 @@ def _attention_fwd(qh, kh, vh, mask, K, nb):
     else:
         # A row with no visible key (padding) attends uniformly to all S keys in the plain formula; its
         # blocks saw only a prefix of them, so its output is set to the mean of all values.
-        o = jnp.where(_live_rows(mask, K, G), jnp.concatenate(outs, axis=1),
-                      jnp.mean(vh.astype(F32), axis=1, keepdims=True).astype(vh.dtype))
+        o = jnp.where(
+            _live_rows(mask, K, G),
+            jnp.concatenate(outs, axis=1),
+            jnp.mean(vh.astype(F32), axis=1, keepdims=True).astype(vh.dtype),
+        )
     return o, (qh, kh, vh, mask, tuple(probs), o)
 
 
@@ -133,7 +136,7 @@ def _attention_bwd(K, nb, res, do):
     # Masked keys already have p == 0 in a row with any visible key; a row with none (padding) had
     # constant scores, so it gets no gradient: a per-row factor instead of a pass over the mask.
     live = _live_rows(mask, K, G)
-    scale = jnp.where(live, H ** -0.5, 0.0)
+    scale = jnp.where(live, H**-0.5, 0.0)
     dq, dkt, dvt = [], 0.0, 0.0
     if nb > 1:  # rows with no visible key took the mean of all values (see the forward)
         dvt = jnp.sum(jnp.where(live, 0.0, do.astype(F32)), axis=1)[:, :, None] / S

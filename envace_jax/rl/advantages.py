@@ -80,8 +80,19 @@ def _unit_stats(values, unit_valid, unit_seg, num_segments: int, ddof: int):
 
 
 @partial(jax.jit, static_argnames=("baseline", "normalize_std", "num_segments", "std_ddof", "std_eps"))
-def _advantages_core(scores, group_ids, role_ids, episode_ids, valid, *, baseline: str, normalize_std: bool,
-                     num_segments: int, std_ddof: int, std_eps: float):
+def _advantages_core(
+    scores,
+    group_ids,
+    role_ids,
+    episode_ids,
+    valid,
+    *,
+    baseline: str,
+    normalize_std: bool,
+    num_segments: int,
+    std_ddof: int,
+    std_eps: float,
+):
     """scores float ``[B]``, group/role/episode ids int ``[B]``, valid bool ``[B]`` -> float32 advantages ``[B]``.
 
     Rows whose (group, role) key does not fit in ``num_segments`` segments get NaN; invalid rows get 0.
@@ -132,9 +143,19 @@ def _check_ids(name: str, x, batch: int) -> jax.Array:
     return x
 
 
-def role_wise_advantages(scores, group_ids, role_ids, baseline: str = "row_mean", normalize_std: bool = False,
-                         *, episode_ids=None, valid=None, num_segments: int | None = None, std_ddof: int = 1,
-                         std_eps: float = 1e-6) -> jax.Array:
+def role_wise_advantages(
+    scores,
+    group_ids,
+    role_ids,
+    baseline: str = "row_mean",
+    normalize_std: bool = False,
+    *,
+    episode_ids=None,
+    valid=None,
+    num_segments: int | None = None,
+    std_ddof: int = 1,
+    std_eps: float = 1e-6,
+) -> jax.Array:
     """Role-wise GRPO advantages, one per row.
 
     Args:
@@ -177,8 +198,9 @@ def role_wise_advantages(scores, group_ids, role_ids, baseline: str = "row_mean"
     else:
         valid = jnp.asarray(valid)
         if valid.shape != (B,) or valid.dtype != jnp.bool_:
-            raise ValueError(f"valid must be a bool array of shape [{B}] like scores, got {valid.dtype} "
-                             f"{tuple(valid.shape)}")
+            raise ValueError(
+                f"valid must be a bool array of shape [{B}] like scores, got {valid.dtype} {tuple(valid.shape)}"
+            )
     if int(std_ddof) != std_ddof or std_ddof < 0:
         raise ValueError(f"std_ddof must be a non-negative integer, got {std_ddof!r}")
     if not std_eps >= 0:
@@ -191,15 +213,27 @@ def role_wise_advantages(scores, group_ids, role_ids, baseline: str = "row_mean"
     if not traced:
         distinct = int(_num_keys(group_ids, role_ids))
         if distinct > num_segments:
-            raise ValueError(f"num_segments={num_segments} is smaller than the {distinct} distinct "
-                             f"(group_id, role_id) keys in the batch")
-    return _advantages_core(scores, group_ids, role_ids, episode_ids, valid, baseline=baseline,
-                            normalize_std=bool(normalize_std), num_segments=int(num_segments),
-                            std_ddof=int(std_ddof), std_eps=float(std_eps))
+            raise ValueError(
+                f"num_segments={num_segments} is smaller than the {distinct} distinct "
+                f"(group_id, role_id) keys in the batch"
+            )
+    return _advantages_core(
+        scores,
+        group_ids,
+        role_ids,
+        episode_ids,
+        valid,
+        baseline=baseline,
+        normalize_std=bool(normalize_std),
+        num_segments=int(num_segments),
+        std_ddof=int(std_ddof),
+        std_eps=float(std_eps),
+    )
 
 
-def advantage_stats(advantages, scores, group_ids, role_ids, *, role_names: Mapping[int, str] | None = None,
-                    zero_tol: float = 0.0) -> dict[str, float]:
+def advantage_stats(
+    advantages, scores, group_ids, role_ids, *, role_names: Mapping[int, str] | None = None, zero_tol: float = 0.0
+) -> dict[str, float]:
     """Host-side per-role metrics of a batch's advantages.
 
     For every role present: ``adv/{role}/mean``, ``std``, ``min``, ``max``, ``nonzero_frac`` (rows with
@@ -213,8 +247,10 @@ def advantage_stats(advantages, scores, group_ids, role_ids, *, role_names: Mapp
     g = np.asarray(group_ids)
     r = np.asarray(role_ids)
     if not (adv.shape == sc.shape == g.shape == r.shape) or adv.ndim != 1:
-        raise ValueError(f"advantage_stats needs equal [B] shapes, got advantages {adv.shape}, scores {sc.shape}, "
-                         f"group_ids {g.shape}, role_ids {r.shape}")
+        raise ValueError(
+            f"advantage_stats needs equal [B] shapes, got advantages {adv.shape}, scores {sc.shape}, "
+            f"group_ids {g.shape}, role_ids {r.shape}"
+        )
     out: dict[str, float] = {}
     for role in np.unique(r):
         name = (role_names or {}).get(int(role), f"role{int(role)}")

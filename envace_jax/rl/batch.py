@@ -19,17 +19,17 @@ from envace_jax.rl.types import Generation
 
 @dataclasses.dataclass
 class TrainBatch:
-    tokens: np.ndarray        # int32 [B, L]
-    positions: np.ndarray     # int32 [B, L]
-    segment_ids: np.ndarray   # int32 [B, L]; 0 = padding
-    targets: np.ndarray       # int32 [B, L]; tokens shifted left
+    tokens: np.ndarray  # int32 [B, L]
+    positions: np.ndarray  # int32 [B, L]
+    segment_ids: np.ndarray  # int32 [B, L]; 0 = padding
+    targets: np.ndarray  # int32 [B, L]; tokens shifted left
     loss_weights: np.ndarray  # float32 [B, L]
     old_logprobs: np.ndarray  # float32 [B, L]
-    advantages: np.ndarray    # float32 [B]
-    role_ids: np.ndarray      # int32 [B]
-    group_ids: np.ndarray     # int32 [B]
-    temperature: np.ndarray   # float32 [B]; log-probs are computed at the row's sampling temperature
-    truncated_rows: int = 0   # rows whose prompt was left-truncated to fit
+    advantages: np.ndarray  # float32 [B]
+    role_ids: np.ndarray  # int32 [B]
+    group_ids: np.ndarray  # int32 [B]
+    temperature: np.ndarray  # float32 [B]; log-probs are computed at the row's sampling temperature
+    truncated_rows: int = 0  # rows whose prompt was left-truncated to fit
 
     @property
     def size(self) -> int:
@@ -43,9 +43,18 @@ class TrainBatch:
         """``rows`` padding rows of ``width`` tokens: segment 0 and weight 0, so they add nothing to any
         loss sum or count (group -1, temperature 1)."""
         z = lambda dt: np.zeros((rows, width), dt)
-        return cls(z(np.int32), z(np.int32), z(np.int32), z(np.int32), z(np.float32), z(np.float32),
-                   np.zeros((rows,), np.float32), np.zeros((rows,), np.int32), np.full((rows,), -1, np.int32),
-                   np.ones((rows,), np.float32))
+        return cls(
+            z(np.int32),
+            z(np.int32),
+            z(np.int32),
+            z(np.int32),
+            z(np.float32),
+            z(np.float32),
+            np.zeros((rows,), np.float32),
+            np.zeros((rows,), np.int32),
+            np.full((rows,), -1, np.int32),
+            np.ones((rows,), np.float32),
+        )
 
     def take(self, rows: Sequence[int] | np.ndarray) -> "TrainBatch":
         rows = np.asarray(rows)
@@ -108,8 +117,9 @@ def build_batch(
     token (the RL step's rows of episodes that lost their judge).
     """
     if len(gens) != len(advantages) or len(gens) != len(group_ids):
-        raise ValueError(f"build_batch: {len(gens)} generations, {len(advantages)} advantages, "
-                         f"{len(group_ids)} group ids")
+        raise ValueError(
+            f"build_batch: {len(gens)} generations, {len(advantages)} advantages, {len(group_ids)} group ids"
+        )
     if not gens:
         raise ValueError("build_batch: no generations")
     if trained is not None and len(trained) != len(gens):
@@ -117,13 +127,16 @@ def build_batch(
     seqs, starts, truncated = [], [], 0
     for g in gens:
         if len(g.gen_ids) != len(g.logprobs):
-            raise ValueError(f"generation of episode {g.episode} ({g.role}): {len(g.gen_ids)} ids but "
-                             f"{len(g.logprobs)} log-probs")
+            raise ValueError(
+                f"generation of episode {g.episode} ({g.role}): {len(g.gen_ids)} ids but {len(g.logprobs)} log-probs"
+            )
         prompt = list(g.prompt_ids)
         keep = max_len - len(g.gen_ids)
         if keep < 1:
-            raise ValueError(f"generation of episode {g.episode} ({g.role}) has {len(g.gen_ids)} tokens, "
-                             f"more than max_len={max_len} - 1")
+            raise ValueError(
+                f"generation of episode {g.episode} ({g.role}) has {len(g.gen_ids)} tokens, "
+                f"more than max_len={max_len} - 1"
+            )
         if len(prompt) > keep:
             prompt = prompt[-keep:]
             truncated += 1

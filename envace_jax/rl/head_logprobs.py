@@ -60,8 +60,15 @@ def _logp_bwd(layout, dt, res, g):
 _logp.defvjp(_logp_fwd, _logp_bwd)
 
 
-def fused_token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, temperature=1.0, *,
-                         head_layout: str = "vd", compute_dtype=None) -> jax.Array:
+def fused_token_logprobs(
+    hidden: jax.Array,
+    head: jax.Array,
+    targets: jax.Array,
+    temperature=1.0,
+    *,
+    head_layout: str = "vd",
+    compute_dtype=None,
+) -> jax.Array:
     """``log_softmax(hidden @ head / temperature)`` at ``targets``, differentiable in hidden and head.
 
     Args:
@@ -88,15 +95,26 @@ def fused_token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array,
     dt = hidden.dtype if compute_dtype is None else as_dtype(compute_dtype)
     # Scaling the [B, T, D] input instead of the [B, T, V] logits: autodiff handles it outside the
     # custom backward, at a cost of D instead of V per token.
-    inv_t = jnp.broadcast_to(1.0 / jnp.asarray(temperature, jnp.float32), (B, T)) if jnp.ndim(temperature) \
+    inv_t = (
+        jnp.broadcast_to(1.0 / jnp.asarray(temperature, jnp.float32), (B, T))
+        if jnp.ndim(temperature)
         else jnp.full((B, T), 1.0 / temperature, jnp.float32)
+    )
     xs = hidden.astype(jnp.float32) * inv_t[..., None]
     lp = _logp(xs.reshape(B * T, D), head, targets.reshape(B * T).astype(jnp.int32), head_layout, jnp.dtype(dt))
     return lp.reshape(B, T)
 
 
-def gathered_token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, index: jax.Array,
-                            temperature=1.0, *, head_layout: str = "vd", compute_dtype=None) -> jax.Array:
+def gathered_token_logprobs(
+    hidden: jax.Array,
+    head: jax.Array,
+    targets: jax.Array,
+    index: jax.Array,
+    temperature=1.0,
+    *,
+    head_layout: str = "vd",
+    compute_dtype=None,
+) -> jax.Array:
     """``fused_token_logprobs`` at the trained positions only, zeros elsewhere.
 
     An SFT or RL row trains on its response, not on its prompt or padding: in the demo's rows about a

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-JUDGE_FAILURE = "judge_api_failure"   # the termination reason (rl.types.TERMINATION_REASONS)
+JUDGE_FAILURE = "judge_api_failure"  # the termination reason (rl.types.TERMINATION_REASONS)
 
 log = logging.getLogger("envace.judge")
 
@@ -39,8 +39,7 @@ def lost_episodes(episodes: Sequence[Any]) -> set[int]:
     return {e.episode_id for e in episodes if e.termination == JUDGE_FAILURE}
 
 
-def judge_mask(episode_ids: Sequence[int], keys: Sequence[tuple[int, int]],
-               lost: set[int]) -> tuple[np.ndarray, int]:
+def judge_mask(episode_ids: Sequence[int], keys: Sequence[tuple[int, int]], lost: set[int]) -> tuple[np.ndarray, int]:
     """(trained bool ``[rows]``, keys that contribute nothing) for rows of episodes ``episode_ids`` with
     baseline keys ``keys`` ((group, role) per row) when the episodes in ``lost`` lost their judge.
 
@@ -67,7 +66,7 @@ def example_error(episodes: Sequence[Any]) -> str:
     """The error text of the first episode that lost its judge ("" if none did)."""
     for e in episodes:
         if e.termination == JUDGE_FAILURE and e.info.get("judge_error"):
-            return " ".join(str(e.info["judge_error"]).split())   # one line
+            return " ".join(str(e.info["judge_error"]).split())  # one line
     return ""
 
 
@@ -79,12 +78,12 @@ class JudgeOutageMonitor:
     raised: the caller closes its checkpointer and writers first) on the ``max_steps``-th consecutive
     step where more than ``max_share`` of the episodes lost their judge."""
 
-    judge: str                  # the judge's ``describe()``: its kind and endpoint
-    max_share: float = 0.5      # judge.outage_share
-    max_steps: int = 2          # judge.outage_steps
-    masked: bool = True         # rl.mask_judge_failures (only changes the warning's wording)
-    warn: bool = True           # False on every process but the first of a multi-process run
-    bad_steps: list[tuple[int, float]] = dataclasses.field(default_factory=list)   # the current streak
+    judge: str  # the judge's ``describe()``: its kind and endpoint
+    max_share: float = 0.5  # judge.outage_share
+    max_steps: int = 2  # judge.outage_steps
+    masked: bool = True  # rl.mask_judge_failures (only changes the warning's wording)
+    warn: bool = True  # False on every process but the first of a multi-process run
+    bad_steps: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # the current streak
 
     def __post_init__(self):
         if not 0 <= self.max_share <= 1:
@@ -97,10 +96,21 @@ class JudgeOutageMonitor:
         total = int(metrics.get("episode/count", 0))
         share = lost / total if total else 0.0
         if lost and self.warn:
-            what = ("their rows are masked out of the loss and the baselines" if self.masked else
-                    "they are trained on with the failed items counted False (rl.mask_judge_failures=False)")
-            log.warning("step %d: %d of %d episodes (%.0f%%) got no verdict from the %s; %s%s", step, lost,
-                        total, 100 * share, self.judge, what, f". Last error: {error}" if error else "")
+            what = (
+                "their rows are masked out of the loss and the baselines"
+                if self.masked
+                else "they are trained on with the failed items counted False (rl.mask_judge_failures=False)"
+            )
+            log.warning(
+                "step %d: %d of %d episodes (%.0f%%) got no verdict from the %s; %s%s",
+                step,
+                lost,
+                total,
+                100 * share,
+                self.judge,
+                what,
+                f". Last error: {error}" if error else "",
+            )
         if share > self.max_share:
             self.bad_steps.append((step, share))
         else:
@@ -112,4 +122,5 @@ class JudgeOutageMonitor:
             f"judge outage: more than {100 * self.max_share:.0f}% of the episodes got no verdict from the "
             f"{self.judge} on {len(self.bad_steps)} consecutive steps ({shares}); stopped. Check the judge, "
             "or raise config.judge.outage_share / config.judge.outage_steps"
-            + (f". Last error: {error}" if error else ""))
+            + (f". Last error: {error}" if error else "")
+        )

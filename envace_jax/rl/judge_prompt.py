@@ -52,15 +52,15 @@ def split_think(content: str | None) -> tuple[str, str | None]:
     if end < 0:
         return text.replace("<think>", "", 1).strip(), None
     start = text.find("<think>")
-    thinking = text[start + len("<think>"):end] if 0 <= start < end else text[:end]
-    return thinking.strip(), text[end + len("</think>"):].strip()
+    thinking = text[start + len("<think>") : end] if 0 <= start < end else text[:end]
+    return thinking.strip(), text[end + len("</think>") :].strip()
 
 
 def user_visible_reply(content: str | None) -> str:
     """The text after ``</think>``, or all of it when there is no think block (rule-judge view)."""
     text = content or ""
     end = text.find("</think>")
-    return text if end < 0 else text[end + len("</think>"):]
+    return text if end < 0 else text[end + len("</think>") :]
 
 
 def _tool_calls_json(tool_calls: Any) -> str:
@@ -91,7 +91,8 @@ def serialize_messages(messages: Sequence[Mapping[str, Any]], *, first_turn: int
             blocks.append(
                 f"## Step: {step}\nRole: assistant\ncontent.thinking: {thinking}\n"
                 f"content.user_visible_reply: {reply if reply else 'None'}\n"
-                f"tool_call: {_tool_calls_json(m.get('tool_calls'))}")
+                f"tool_call: {_tool_calls_json(m.get('tool_calls'))}"
+            )
         elif role == "tool":
             blocks.append(f"Role: tool\ncontent: {m.get('content') or ''}")
         elif role == "system":
@@ -101,8 +102,9 @@ def serialize_messages(messages: Sequence[Mapping[str, Any]], *, first_turn: int
     return "\n\n".join(blocks)
 
 
-def build_judge_prompt(item: Mapping[str, Any], previous: Sequence[Mapping[str, Any]],
-                       current: Sequence[Mapping[str, Any]]) -> str:
+def build_judge_prompt(
+    item: Mapping[str, Any], previous: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]]
+) -> str:
     """The single user message a judge model receives for one (item, step) pair."""
     snippets = [e.get("snippet", e) if isinstance(e, Mapping) else e for e in item.get("evidence") or []]
     n_prev_turns = sum(1 for m in previous if m.get("role") == "user")
@@ -118,11 +120,11 @@ Judge the current messages against the criteria below and reply with one strict 
 nothing else.
 
 # Criteria
-**Question:** {item.get('question', '')}
-**Focus on:** {item.get('focus_on', '')}
-**Pass condition:** {item.get('pass_condition', '')}
+**Question:** {item.get("question", "")}
+**Focus on:** {item.get("focus_on", "")}
+**Pass condition:** {item.get("pass_condition", "")}
 **Failure examples:**
-{json.dumps(list(item.get('failure_examples') or []), ensure_ascii=False, indent=2)}
+{json.dumps(list(item.get("failure_examples") or []), ensure_ascii=False, indent=2)}
 **Reference snippet:**
 {json.dumps(snippets, ensure_ascii=False, indent=2)}
 
@@ -168,12 +170,12 @@ def parse_verdict_text(text: str | None) -> dict[str, Any]:
     body = text
     end = body.rfind("</think>")
     if end >= 0:
-        body = body[end + len("</think>"):]
+        body = body[end + len("</think>") :]
     start, stop = body.find("{"), body.rfind("}")
     if start < 0 or stop <= start:
         raise MalformedVerdict(f"no JSON object in judge text: {text[:200]!r}")
     try:
-        obj = json.loads(body[start:stop + 1])
+        obj = json.loads(body[start : stop + 1])
     except json.JSONDecodeError as e:
         raise MalformedVerdict(f"judge JSON does not parse ({e}): {text[:200]!r}") from None
     if not isinstance(obj, dict):

@@ -28,8 +28,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 from envace_jax.config import HttpJudgeConfig  # defined with every other knob
 from envace_jax.data.records import validate_rule
-from envace_jax.rl.judge_prompt import (VERDICT_RESPONSE_FORMAT, MalformedVerdict,
-                                        build_judge_prompt, parse_verdict_text, user_visible_reply)
+from envace_jax.rl.judge_prompt import (
+    VERDICT_RESPONSE_FORMAT,
+    MalformedVerdict,
+    build_judge_prompt,
+    parse_verdict_text,
+    user_visible_reply,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,17 +45,17 @@ class JudgeRequest:
     ``current_messages``: the current user message up to assistant step i, plus the tool
     messages that answer step i (the reference's "Current Messages to Evaluate").
     """
+
     item: Mapping[str, Any]
     previous_messages: Sequence[Mapping[str, Any]]
     current_messages: Sequence[Mapping[str, Any]]
-    tag: str = ""   # free-form origin (episode/checklist/item/step) for error messages and logs
+    tag: str = ""  # free-form origin (episode/checklist/item/step) for error messages and logs
 
     def step(self) -> tuple[Mapping[str, Any], list[Mapping[str, Any]]]:
         """(the step's assistant message, the tool messages after it)."""
         for i in range(len(self.current_messages) - 1, -1, -1):
             if self.current_messages[i].get("role") == "assistant":
-                return self.current_messages[i], [m for m in self.current_messages[i + 1:]
-                                                  if m.get("role") == "tool"]
+                return self.current_messages[i], [m for m in self.current_messages[i + 1 :] if m.get("role") == "tool"]
         raise ValueError(f"judge request {self.tag!r} has no assistant message to judge")
 
     def prompt(self) -> str:
@@ -60,10 +65,10 @@ class JudgeRequest:
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     passed: bool
-    ok: bool = True            # False: no usable verdict (the dialogue must terminate)
-    api_failed: bool = False   # True: every attempt failed (HTTP error, timeout or malformed text)
-    raw: Any = None            # the parsed verdict object, rule result, or last error text
-    attempts: int = 1          # model calls spent on this verdict (0 for rule verdicts)
+    ok: bool = True  # False: no usable verdict (the dialogue must terminate)
+    api_failed: bool = False  # True: every attempt failed (HTTP error, timeout or malformed text)
+    raw: Any = None  # the parsed verdict object, rule result, or last error text
+    attempts: int = 1  # model calls spent on this verdict (0 for rule verdicts)
 
     @staticmethod
     def failure(raw: Any, attempts: int) -> "Verdict":
@@ -85,6 +90,7 @@ class Judge(abc.ABC):
 
 # ----------------------------------------------------------------------------- rule judge
 
+
 def _values_equal(a: Any, b: Any) -> bool:
     # bool is an int subclass in Python; a rule asking for True must not accept 1.
     if isinstance(a, bool) or isinstance(b, bool):
@@ -101,7 +107,7 @@ def _values_equal(a: Any, b: Any) -> bool:
 def _call_name_args(call: Mapping[str, Any]) -> tuple[str | None, Mapping[str, Any] | None]:
     fn = call.get("function", call)
     args = fn.get("arguments", {})
-    if isinstance(args, str):   # tolerate OpenAI wire format (a JSON string)
+    if isinstance(args, str):  # tolerate OpenAI wire format (a JSON string)
         try:
             args = json.loads(args)
         except json.JSONDecodeError:
@@ -109,8 +115,9 @@ def _call_name_args(call: Mapping[str, Any]) -> tuple[str | None, Mapping[str, A
     return fn.get("name"), args if isinstance(args, Mapping) else None
 
 
-def evaluate_rule(rule: Mapping[str, Any], assistant: Mapping[str, Any],
-                  tool_messages: Sequence[Mapping[str, Any]] = ()) -> bool:
+def evaluate_rule(
+    rule: Mapping[str, Any], assistant: Mapping[str, Any], tool_messages: Sequence[Mapping[str, Any]] = ()
+) -> bool:
     """Evaluates a validated rule on one assistant step (its message and its tool responses)."""
     kind = rule["type"]
     if kind in ("tool_called", "tool_not_called"):
@@ -118,9 +125,12 @@ def evaluate_rule(rule: Mapping[str, Any], assistant: Mapping[str, Any],
         if kind == "tool_not_called":
             return all(name != rule["name"] for name, _ in calls)
         want = rule.get("arguments", {})
-        return any(name == rule["name"] and args is not None
-                   and all(k in args and _values_equal(args[k], v) for k, v in want.items())
-                   for name, args in calls)
+        return any(
+            name == rule["name"]
+            and args is not None
+            and all(k in args and _values_equal(args[k], v) for k, v in want.items())
+            for name, args in calls
+        )
     if kind == "reply_contains":
         reply = user_visible_reply(assistant.get("content")).lower()
         return all(v.lower() in reply for v in rule["values"])
@@ -171,6 +181,7 @@ class RuleJudge(Judge):
 
 # ----------------------------------------------------------------------------- local model judge
 
+
 class LocalModelJudge(Judge):
     """Judges with a local model through ``generate_texts`` (chat message lists -> completions).
 
@@ -178,8 +189,7 @@ class LocalModelJudge(Judge):
     times (the reference retries parse failures too); after that it counts as an API failure.
     """
 
-    def __init__(self, generate_texts: Callable[[list[list[dict]]], list[str]], *,
-                 max_attempts: int = 5):
+    def __init__(self, generate_texts: Callable[[list[list[dict]]], list[str]], *, max_attempts: int = 5):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self.generate_texts = generate_texts
@@ -216,6 +226,7 @@ class LocalModelJudge(Judge):
 
 # ----------------------------------------------------------------------------- HTTP judge
 
+
 class HttpJudge(Judge):
     """Blocking, thread-pooled client; at most ``max_concurrency`` HTTP requests in flight."""
 
@@ -235,15 +246,22 @@ class HttpJudge(Judge):
         if self.config.api_key_env:
             key = os.environ.get(self.config.api_key_env)
             if not key:
-                raise ValueError(f"HttpJudgeConfig.api_key_env names {self.config.api_key_env!r}, "
-                                 "which is not set in the environment")
+                raise ValueError(
+                    f"HttpJudgeConfig.api_key_env names {self.config.api_key_env!r}, "
+                    "which is not set in the environment"
+                )
             headers["Authorization"] = f"Bearer {key}"
         return headers
 
     def request_body(self, request: JudgeRequest) -> dict[str, Any]:
         c = self.config
-        body = {"model": c.model, "messages": [{"role": "user", "content": request.prompt()}],
-                "temperature": c.temperature, "top_p": c.top_p, "max_tokens": c.max_tokens}
+        body = {
+            "model": c.model,
+            "messages": [{"role": "user", "content": request.prompt()}],
+            "temperature": c.temperature,
+            "top_p": c.top_p,
+            "max_tokens": c.max_tokens,
+        }
         if c.use_response_format:
             body["response_format"] = VERDICT_RESPONSE_FORMAT
         return body
@@ -274,7 +292,7 @@ class HttpJudge(Judge):
                 # HTTPError, timeouts, refused connections and malformed verdicts are all retried.
                 last = f"{type(e).__name__}: {e}"
                 if isinstance(e, urllib.error.HTTPError):
-                    try:   # keep the server's reason for the log; closing frees the socket
+                    try:  # keep the server's reason for the log; closing frees the socket
                         last += f" {e.read(300)!r}"
                     except OSError:
                         pass

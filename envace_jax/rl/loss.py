@@ -80,9 +80,17 @@ def token_entropy(logits: jax.Array, temperature: float = 1.0) -> jax.Array:
     return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
-def chunked_token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, temperature: float = 1.0,
-                           *, chunk_size: int = 512, head_layout: str = "dv", compute_dtype=None,
-                           with_entropy: bool = False):
+def chunked_token_logprobs(
+    hidden: jax.Array,
+    head: jax.Array,
+    targets: jax.Array,
+    temperature: float = 1.0,
+    *,
+    chunk_size: int = 512,
+    head_layout: str = "dv",
+    compute_dtype=None,
+    with_entropy: bool = False,
+):
     """Token log-probs from final hidden states without materialising ``[B, T, V]`` logits.
 
     The vocabulary projection runs over sequence chunks of ``chunk_size`` under ``jax.checkpoint``, so
@@ -133,9 +141,17 @@ def chunked_token_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Arra
     return lp, ent.swapaxes(0, 1).reshape(B, n * c)[:, :T]
 
 
-def model_token_logprobs(model, input_ids: jax.Array, targets: jax.Array, temperature: float = 1.0, *,
-                         positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
-                         chunk_size: int | None = None, with_entropy: bool = False):
+def model_token_logprobs(
+    model,
+    input_ids: jax.Array,
+    targets: jax.Array,
+    temperature: float = 1.0,
+    *,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    chunk_size: int | None = None,
+    with_entropy: bool = False,
+):
     """Log-probs of ``targets`` under a ``Qwen3`` model at the sampling temperature.
 
     input_ids, targets int ``[B, T]`` (targets[:, t] is the token after input_ids[:, t]) -> float32
@@ -148,15 +164,28 @@ def model_token_logprobs(model, input_ids: jax.Array, targets: jax.Array, temper
         return (lp, token_entropy(logits, temperature)) if with_entropy else lp
     cfg = model.config
     # logits_at=0 keeps the model from projecting every position; we only want its hidden states.
-    _, hidden = model(input_ids, positions, segment_ids, logits_at=jnp.zeros((input_ids.shape[0],), jnp.int32),
-                      return_hidden_states=True)
+    _, hidden = model(
+        input_ids,
+        positions,
+        segment_ids,
+        logits_at=jnp.zeros((input_ids.shape[0],), jnp.int32),
+        return_hidden_states=True,
+    )
     h = rms_norm(hidden[-1].astype(as_dtype(cfg.dtype)), model.norm.scale[...], cfg.rms_norm_eps)
     if cfg.tie_word_embeddings:
         head, layout = model.embed.embedding[...], "vd"
     else:
         head, layout = model.lm_head[...], "dv"
-    return chunked_token_logprobs(h, head, targets, temperature, chunk_size=chunk_size, head_layout=layout,
-                                  compute_dtype=cfg.dtype, with_entropy=with_entropy)
+    return chunked_token_logprobs(
+        h,
+        head,
+        targets,
+        temperature,
+        chunk_size=chunk_size,
+        head_layout=layout,
+        compute_dtype=cfg.dtype,
+        with_entropy=with_entropy,
+    )
 
 
 def kl_penalty(logp: jax.Array, ref_logp: jax.Array, kl_type: str = "k3") -> jax.Array:
@@ -213,8 +242,9 @@ def _unit_scale(w: jax.Array, agg: str, role_ids, role_balanced: bool, role_coun
     return jnp.where(n_r > 0, 1.0 / jnp.where(n_r > 0, n_r, 1.0), 0.0)
 
 
-def loss_count(loss_weights, agg: str = "seq_mean_token_mean", role_ids=None, role_balanced: bool = False,
-               num_roles: int = 2) -> tuple[float, np.ndarray]:
+def loss_count(
+    loss_weights, agg: str = "seq_mean_token_mean", role_ids=None, role_balanced: bool = False, num_roles: int = 2
+) -> tuple[float, np.ndarray]:
     """On the host (numpy, no device program per shape): the count ``policy_loss`` divides these rows'
     loss by (token weight for ``token_mean``, rows with any weight otherwise; the number of roles
     present when role-balanced) and the units per role (``role_unit_counts``). What a batch's gradient
@@ -235,12 +265,27 @@ def _token_mean(x: jax.Array, w: jax.Array) -> Pair:
     return jnp.sum(jnp.where(w > 0, x * w, 0.0)), jnp.sum(w)
 
 
-def policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, loss_weights: jax.Array, *,
-                clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = 3.0,
-                log_ratio_clamp: float = 20.0, ref_logp: jax.Array | None = None, kl_coef: float = 0.0,
-                kl_type: str = "k3", entropy: jax.Array | None = None, entropy_coef: float = 0.0,
-                agg: str = "seq_mean_token_mean", role_ids: jax.Array | None = None, role_balanced: bool = False,
-                role_counts: jax.Array | None = None, num_roles: int = 2) -> dict[str, Pair]:
+def policy_loss(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    loss_weights: jax.Array,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+    log_ratio_clamp: float = 20.0,
+    ref_logp: jax.Array | None = None,
+    kl_coef: float = 0.0,
+    kl_type: str = "k3",
+    entropy: jax.Array | None = None,
+    entropy_coef: float = 0.0,
+    agg: str = "seq_mean_token_mean",
+    role_ids: jax.Array | None = None,
+    role_balanced: bool = False,
+    role_counts: jax.Array | None = None,
+    num_roles: int = 2,
+) -> dict[str, Pair]:
     """Clipped policy-gradient loss and metrics as ``(sum, count)`` pairs.
 
     Args:
@@ -268,12 +313,18 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, los
         raise ValueError(f"kl_type={kl_type!r} is not one of {KL_TYPES}")
     if logp.ndim != 2:
         raise ValueError(f"logp must be [B, T], got {tuple(logp.shape)}")
-    for name, a in (("old_logp", old_logp), ("loss_weights", loss_weights), ("ref_logp", ref_logp),
-                    ("entropy", entropy)):
+    for name, a in (
+        ("old_logp", old_logp),
+        ("loss_weights", loss_weights),
+        ("ref_logp", ref_logp),
+        ("entropy", entropy),
+    ):
         if a is not None and a.shape != logp.shape:
             raise ValueError(f"{name} has shape {tuple(a.shape)}, expected {tuple(logp.shape)} like logp")
     if advantages.shape not in ((logp.shape[0],), logp.shape):
-        raise ValueError(f"advantages has shape {tuple(advantages.shape)}, expected [B]={logp.shape[0]} or {logp.shape}")
+        raise ValueError(
+            f"advantages has shape {tuple(advantages.shape)}, expected [B]={logp.shape[0]} or {logp.shape}"
+        )
     if isinstance(clip_low, (int, float)) and not 0 <= clip_low < 1:
         raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
     if isinstance(clip_high, (int, float)) and not clip_high >= 0:

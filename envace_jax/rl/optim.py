@@ -10,9 +10,11 @@ from envace_jax.config import OptimConfig
 
 def make_schedule(cfg: OptimConfig) -> optax.Schedule:
     if cfg.schedule != "constant" and cfg.total_steps <= cfg.warmup_steps:
-        raise ValueError(f"optim.schedule={cfg.schedule!r} decays over optim.total_steps - optim.warmup_steps "
-                         f"optimizer steps, but total_steps={cfg.total_steps} and warmup_steps={cfg.warmup_steps} "
-                         f"(in a run config, total_steps 0 is filled in by ExperimentConfig.run_optim)")
+        raise ValueError(
+            f"optim.schedule={cfg.schedule!r} decays over optim.total_steps - optim.warmup_steps "
+            f"optimizer steps, but total_steps={cfg.total_steps} and warmup_steps={cfg.warmup_steps} "
+            f"(in a run config, total_steps 0 is filled in by ExperimentConfig.run_optim)"
+        )
     decay_steps = max(1, cfg.total_steps - cfg.warmup_steps)
     if cfg.schedule == "constant":
         main = optax.constant_schedule(cfg.lr)

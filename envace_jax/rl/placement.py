@@ -47,8 +47,9 @@ def opt_state_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mes
     depend on the sharded input): for an 8B model, 65 GB of Adam state on every chip.
     """
     state = jax.eval_shape(tx.init, params)
-    return optax.tree_map_params(tx, lambda _, p: p.sharding, state, params,
-                                 transform_non_params=lambda _: shd.replicated(mesh))
+    return optax.tree_map_params(
+        tx, lambda _, p: p.sharding, state, params, transform_non_params=lambda _: shd.replicated(mesh)
+    )
 
 
 def process_micro_batch_rows(micro_batch_size: int, local_devices: int, processes: int) -> int:
@@ -77,8 +78,9 @@ def device_batch(arrays: dict[str, np.ndarray], mesh: Mesh | None) -> dict[str, 
     return out
 
 
-def local_micro_batches(batch: TrainBatch, micro_batch_size: int, *, pad_last: bool = False
-                        ) -> list[dict[str, np.ndarray]]:
+def local_micro_batches(
+    batch: TrainBatch, micro_batch_size: int, *, pad_last: bool = False
+) -> list[dict[str, np.ndarray]]:
     """This process's rows cut into micro-batches of ``micro_batch_size`` rows.
 
     Single process: plain slices; with ``pad_last`` the last one is filled up to ``micro_batch_size``
@@ -89,7 +91,7 @@ def local_micro_batches(batch: TrainBatch, micro_batch_size: int, *, pad_last: b
     arrays = batch.arrays()
     mbs = micro_batch_size
     if jax.process_count() == 1:
-        parts = [{k: v[s:s + mbs] for k, v in arrays.items()} for s in range(0, batch.size, mbs)]
+        parts = [{k: v[s : s + mbs] for k, v in arrays.items()} for s in range(0, batch.size, mbs)]
         if pad_last and parts:
             parts[-1] = pad_rows(parts[-1], mbs)
         return parts
@@ -99,7 +101,7 @@ def local_micro_batches(batch: TrainBatch, micro_batch_size: int, *, pad_last: b
     rows, width = int(shapes[:, 0].max()), int(shapes[:, 1].max())
     mbs = process_micro_batch_rows(mbs, jax.local_device_count(), jax.process_count())
     n_mb = max(1, -(-rows // mbs))
-    return [pad_rows({k: v[m * mbs:(m + 1) * mbs] for k, v in arrays.items()}, mbs, width) for m in range(n_mb)]
+    return [pad_rows({k: v[m * mbs : (m + 1) * mbs] for k, v in arrays.items()}, mbs, width) for m in range(n_mb)]
 
 
 def host_rows(x: jax.Array, mesh: Mesh | None) -> np.ndarray:
@@ -153,5 +155,5 @@ def trained_positions(loss_weights: np.ndarray, groups: int = 1, *, max_share: f
     index = np.full((groups, k), n, np.int32)
     for g in range(groups):
         pos = np.flatnonzero(on[g])
-        index[g, :len(pos)] = pos
+        index[g, : len(pos)] = pos
     return index

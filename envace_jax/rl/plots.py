@@ -24,21 +24,34 @@ from envace_jax.metrics import plot_rewards, read_jsonl
 class Panel:
     title: str
     ylabel: str
-    series: tuple[tuple[str, str], ...]    # (regex over metric names, legend label; "{tag}" = the match's tag)
+    series: tuple[tuple[str, str], ...]  # (regex over metric names, legend label; "{tag}" = the match's tag)
     ylim: tuple[float, float] | None = None
 
 
 # The names are those RLStep logs (rl/step.py rollout_metrics, rl/loss.py via the trainer).
 PANELS = (
-    Panel("reward", "mean row reward", (("act/reward_mean", "ACT"), ("rehearse/reward_mean", "REHEARSE"),
-                                        ("episode/score_mean", "episode score"))),
+    Panel(
+        "reward",
+        "mean row reward",
+        (("act/reward_mean", "ACT"), ("rehearse/reward_mean", "REHEARSE"), ("episode/score_mean", "episode score")),
+    ),
     # rollout_metrics counts an episode as a success when its checklist score is above 0.
-    Panel("success rate", "fraction of episodes (score > 0)", (("episode/success_frac", "episodes"),),
-          ylim=(-0.03, 1.03)),
-    Panel("loss", "loss", ((r"update(?P<tag>_[^/]+)?/loss", "total{tag}"),
-                           (r"update(?P<tag>_[^/]+)?/pg_loss", "policy gradient{tag}"))),
-    Panel("KL", "KL", ((r"update(?P<tag>_[^/]+)?/ppo_kl", "to sampler (ppo_kl){tag}"),
-                       (r"update(?P<tag>_[^/]+)?/kl", "to reference{tag}"))),
+    Panel(
+        "success rate", "fraction of episodes (score > 0)", (("episode/success_frac", "episodes"),), ylim=(-0.03, 1.03)
+    ),
+    Panel(
+        "loss",
+        "loss",
+        ((r"update(?P<tag>_[^/]+)?/loss", "total{tag}"), (r"update(?P<tag>_[^/]+)?/pg_loss", "policy gradient{tag}")),
+    ),
+    Panel(
+        "KL",
+        "KL",
+        (
+            (r"update(?P<tag>_[^/]+)?/ppo_kl", "to sampler (ppo_kl){tag}"),
+            (r"update(?P<tag>_[^/]+)?/kl", "to reference{tag}"),
+        ),
+    ),
 )
 
 
@@ -76,7 +89,7 @@ def plot_training(jsonl_path: str, out_png: str, *, title: str = "training") -> 
     cols = min(2, len(drawn))
     rows = -(-len(drawn) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.4 * rows + 0.4), squeeze=False)
-    for ax in axes.flat[len(drawn):]:
+    for ax in axes.flat[len(drawn) :]:
         ax.set_visible(False)
     for ax, (panel, series) in zip(axes.flat, drawn):
         for label, xs, ys in series:

@@ -50,6 +50,7 @@ from envace_jax.sampling import Sampler, SamplerOutput, SamplerState, SamplingPa
 
 # ----------------------------------------------------------------------------- the client interface
 
+
 @dataclasses.dataclass
 class GenRequest:
     prompt_ids: list[int]
@@ -57,7 +58,7 @@ class GenRequest:
     sampling: RoleSampling
     seed: int
     cache_key: str | None = None  # same key across turns: the client may continue a cached prefix
-    episode: int = -1             # the episode asking (for logs and scripted clients)
+    episode: int = -1  # the episode asking (for logs and scripted clients)
 
 
 @dataclasses.dataclass
@@ -73,21 +74,19 @@ class PolicyClient(Protocol):
     def release(self, cache_keys: Sequence[str]) -> None: ...
 
 
-
 # ----------------------------------------------------------------------------- over our Sampler
-
 
 
 @dataclasses.dataclass
 class CallStats:
     """What one ``generate`` did (``SamplerClient.calls``)."""
 
-    rows: dict[str, int]          # requests per role
-    continued: int                # requests that appended to a cached row
-    fresh: int                    # requests prefilled from scratch
-    parked: int                   # idle cached rows carried through the call
-    prefill_tokens: int           # ids written to the cache by this call's requests
-    full_prefill: bool            # the call fell back to one fresh generate() for every row
+    rows: dict[str, int]  # requests per role
+    continued: int  # requests that appended to a cached row
+    fresh: int  # requests prefilled from scratch
+    parked: int  # idle cached rows carried through the call
+    prefill_tokens: int  # ids written to the cache by this call's requests
+    full_prefill: bool  # the call fell back to one fresh generate() for every row
     # (role, ids written, tokens generated) of each request in the call, for per-role accounting
     row_tokens: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
 
@@ -103,8 +102,9 @@ def check_request(i: int, r: GenRequest) -> None:
 class SamplerClient:
     """``PolicyClient`` over a ``Sampler`` (see the module docstring)."""
 
-    def __init__(self, sampler: Sampler, stop_token_ids: Sequence[int], *, continuation: bool = True,
-                 park_idle: bool = True):
+    def __init__(
+        self, sampler: Sampler, stop_token_ids: Sequence[int], *, continuation: bool = True, park_idle: bool = True
+    ):
         if not isinstance(sampler, Sampler):
             raise TypeError(f"SamplerClient(sampler): expected a Sampler, got {type(sampler).__name__}")
         stops = tuple(int(t) for t in stop_token_ids)
@@ -116,8 +116,8 @@ class SamplerClient:
         self.park_idle = park_idle
         self.calls: list[CallStats] = []
         self._state: SamplerState | None = None
-        self._row: dict[str, int] = {}          # cache_key -> row of self._state
-        self._seen: dict[str, list[int]] = {}   # cache_key -> ids that row holds (prompt + generated)
+        self._row: dict[str, int] = {}  # cache_key -> row of self._state
+        self._seen: dict[str, list[int]] = {}  # cache_key -> ids that row holds (prompt + generated)
 
     # ------------------------------------------------------------------ PolicyClient
     def release(self, cache_keys: Sequence[str]) -> None:
@@ -149,34 +149,58 @@ class SamplerClient:
         if plan is not None and not self._fits(plan, requests, params):
             plan = None
         if plan is None:
-            out = self.sampler.generate([list(r.prompt_ids) for r in requests], params,
-                                        return_state=self.continuation)
+            out = self.sampler.generate([list(r.prompt_ids) for r in requests], params, return_state=self.continuation)
             rows_after = {}
             written = [len(r.prompt_ids) for r in requests]
-            stats = CallStats(self._role_counts(requests), 0, len(requests), 0,
-                              sum(len(r.prompt_ids) for r in requests), self._state is not None)
+            stats = CallStats(
+                self._role_counts(requests),
+                0,
+                len(requests),
+                0,
+                sum(len(r.prompt_ids) for r in requests),
+                self._state is not None,
+            )
         else:
             src, appended, parked = plan
             park = SamplingParams(max_new_tokens=0, stop_token_ids=self.stop_token_ids, temperature=0.0)
-            out = self.sampler.continue_(self._state, appended + [[] for _ in parked],
-                                         params + [park] * len(parked), rows=src + [self._row[k] for k in parked],
-                                         return_state=True)
+            out = self.sampler.continue_(
+                self._state,
+                appended + [[] for _ in parked],
+                params + [park] * len(parked),
+                rows=src + [self._row[k] for k in parked],
+                return_state=True,
+            )
             rows_after = {k: len(requests) + j for j, k in enumerate(parked)}
             written = [len(a) for a in appended]
-            stats = CallStats(self._role_counts(requests), sum(s >= 0 for s in src), sum(s < 0 for s in src),
-                              len(parked), sum(len(a) for a in appended), False)
+            stats = CallStats(
+                self._role_counts(requests),
+                sum(s >= 0 for s in src),
+                sum(s < 0 for s in src),
+                len(parked),
+                sum(len(a) for a in appended),
+                False,
+            )
         stats.row_tokens = [(r.role, w, len(t)) for r, w, t in zip(requests, written, out.tokens)]
         self.calls.append(stats)
         self._remember(requests, out, rows_after)
-        return [GenOutput(list(t), list(lp), fr) for t, lp, fr in
-                zip(out.tokens[: len(requests)], out.logprobs[: len(requests)], out.finish_reasons[: len(requests)])]
+        return [
+            GenOutput(list(t), list(lp), fr)
+            for t, lp, fr in zip(
+                out.tokens[: len(requests)], out.logprobs[: len(requests)], out.finish_reasons[: len(requests)]
+            )
+        ]
 
     # ------------------------------------------------------------------ planning
     def _params(self, r: GenRequest) -> SamplingParams:
         s = r.sampling
-        return SamplingParams(temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
-                              max_new_tokens=int(s.max_new_tokens), stop_token_ids=self.stop_token_ids,
-                              seed=int(r.seed))
+        return SamplingParams(
+            temperature=float(s.temperature),
+            top_p=float(s.top_p),
+            top_k=int(s.top_k),
+            max_new_tokens=int(s.max_new_tokens),
+            stop_token_ids=self.stop_token_ids,
+            seed=int(r.seed),
+        )
 
     def _plan(self, requests: Sequence[GenRequest]) -> tuple[list[int], list[list[int]], list[str]]:
         """Source row (-1 = fresh) and ids to append for each request, and the keys to park."""
@@ -188,10 +212,14 @@ class SamplerClient:
             seen = self._seen.get(k) if k is not None else None
             prompt = list(r.prompt_ids)
             # A row with nothing new to append and no pending token would have no logits to start from.
-            if (seen is not None and len(prompt) >= len(seen) and prompt[: len(seen)] == seen
-                    and (len(prompt) > len(seen) or pending[self._row[k]] >= 0)):
+            if (
+                seen is not None
+                and len(prompt) >= len(seen)
+                and prompt[: len(seen)] == seen
+                and (len(prompt) > len(seen) or pending[self._row[k]] >= 0)
+            ):
                 src.append(self._row[k])
-                appended.append(prompt[len(seen):])
+                appended.append(prompt[len(seen) :])
             else:
                 src.append(-1)
                 appended.append(prompt)
@@ -237,10 +265,15 @@ def role_mix(calls: Sequence[CallStats]) -> list[tuple[int, int]]:
 
 def summary(calls: Sequence[CallStats]) -> dict[str, Any]:
     """Totals over a client's calls (for logs)."""
-    return {"calls": len(calls), "mixed_calls": sum(c.rows[ACT] > 0 and c.rows[REHEARSE] > 0 for c in calls),
-            "continued": sum(c.continued for c in calls), "fresh": sum(c.fresh for c in calls),
-            "parked": sum(c.parked for c in calls), "prefill_tokens": sum(c.prefill_tokens for c in calls),
-            "full_prefill_fallbacks": sum(c.full_prefill for c in calls)}
+    return {
+        "calls": len(calls),
+        "mixed_calls": sum(c.rows[ACT] > 0 and c.rows[REHEARSE] > 0 for c in calls),
+        "continued": sum(c.continued for c in calls),
+        "fresh": sum(c.fresh for c in calls),
+        "parked": sum(c.parked for c in calls),
+        "prefill_tokens": sum(c.prefill_tokens for c in calls),
+        "full_prefill_fallbacks": sum(c.full_prefill for c in calls),
+    }
 
 
 __all__ = ["CallStats", "GenOutput", "GenRequest", "PolicyClient", "SamplerClient", "role_mix", "summary"]

@@ -28,20 +28,21 @@ Message = Mapping[str, Any]
 
 @dataclasses.dataclass(frozen=True)
 class TurnJudgement:
-    turn_reward: float                    # sum_c sum_k w_ck * passed_ck (0 if a tool failed)
-    terminate: bool                       # the dialogue ends after this turn
-    item_passed: list[list[bool]]         # [checklist][item] of this turn, OR over steps
-    api_failed_count: int                 # verdicts with api_failed or without a usable answer
-    calls: int                            # judge requests sent (skipped items excluded)
-    tool_failed: bool = False             # a tool message of the turn carried error_tool_call
-    checklist_terminate: tuple[bool, ...] = ()   # each checklist's own terminate vote
-    required_failed: bool = False         # some checklist has a required_for_next_turn item not passed
-    api_error: str = ""                   # the first failed verdict's last error text (for the outage warning)
+    turn_reward: float  # sum_c sum_k w_ck * passed_ck (0 if a tool failed)
+    terminate: bool  # the dialogue ends after this turn
+    item_passed: list[list[bool]]  # [checklist][item] of this turn, OR over steps
+    api_failed_count: int  # verdicts with api_failed or without a usable answer
+    calls: int  # judge requests sent (skipped items excluded)
+    tool_failed: bool = False  # a tool message of the turn carried error_tool_call
+    checklist_terminate: tuple[bool, ...] = ()  # each checklist's own terminate vote
+    required_failed: bool = False  # some checklist has a required_for_next_turn item not passed
+    api_error: str = ""  # the first failed verdict's last error text (for the outage warning)
 
 
 @dataclasses.dataclass(frozen=True)
 class TurnPlan:
     """The judge requests of one turn and where each verdict goes: ``slots[r] = (c, k)``."""
+
     checklist_list: Sequence[Sequence[Sequence[Mapping[str, Any]]]]
     turn_index: int
     requests: list[JudgeRequest]
@@ -49,8 +50,7 @@ class TurnPlan:
     tool_failed: bool
 
 
-def plan_turn(messages: Sequence[Message], checklist_list: Sequence, turn_index: int,
-              *, tag: str = "") -> TurnPlan:
+def plan_turn(messages: Sequence[Message], checklist_list: Sequence, turn_index: int, *, tag: str = "") -> TurnPlan:
     """Builds one judge request per (checklist, step, item) of the turn ending at messages[-1]."""
     validate_checklist_list(checklist_list)
     if turn_index < 0:
@@ -64,7 +64,7 @@ def plan_turn(messages: Sequence[Message], checklist_list: Sequence, turn_index:
         raise ValueError(f"{tag or 'conversation'}: no assistant message after the last user message")
     previous = list(messages[:u])
     # The reference zeroes the turn on any tool failure; in agent mode a failure terminates first.
-    tool_failed = any(is_error_tool_message(m) for m in messages[u + 1:])
+    tool_failed = any(is_error_tool_message(m) for m in messages[u + 1 :])
     requests: list[JudgeRequest] = []
     slots: list[tuple[int, int]] = []
     for i in steps:
@@ -72,15 +72,20 @@ def plan_turn(messages: Sequence[Message], checklist_list: Sequence, turn_index:
         while j < len(messages) and messages[j].get("role") == "tool":
             j += 1
         current = list(messages[u:j])
-        failed_after = any(is_error_tool_message(m) for m in messages[i + 1:])
+        failed_after = any(is_error_tool_message(m) for m in messages[i + 1 :])
         for c, checklist in enumerate(checklist_list):
             items = checklist[turn_index] if turn_index < len(checklist) else []
             for k, item in enumerate(items):
                 if failed_after and item["focus_on"] in _TOOL_FOCUS:
                     continue
-                requests.append(JudgeRequest(item=item, previous_messages=previous,
-                                             current_messages=current,
-                                             tag=f"{tag}c{c}/t{turn_index}/k{k}/step{i}"))
+                requests.append(
+                    JudgeRequest(
+                        item=item,
+                        previous_messages=previous,
+                        current_messages=current,
+                        tag=f"{tag}c{c}/t{turn_index}/k{k}/step{i}",
+                    )
+                )
                 slots.append((c, k))
     return TurnPlan(checklist_list, turn_index, requests, slots, tool_failed)
 
@@ -99,20 +104,28 @@ def finish_turn(plan: TurnPlan, verdicts: Sequence[Verdict]) -> TurnJudgement:
         failures += int(failed)
         if failed and not api_error:
             api_error = str(v.raw)[:300]
-    reward = sum(float(item["weight"]) for items, row in zip(items_of, passed)
-                 for item, p in zip(items, row) if p)
+    reward = sum(float(item["weight"]) for items, row in zip(items_of, passed) for item, p in zip(items, row) if p)
     if plan.tool_failed:
         reward = 0.0
-    missed = [any(item.get("required_for_next_turn", False) and not p for item, p in zip(items, row))
-              for items, row in zip(items_of, passed)]
+    missed = [
+        any(item.get("required_for_next_turn", False) and not p for item, p in zip(items, row))
+        for items, row in zip(items_of, passed)
+    ]
     votes = tuple(t >= len(cl) - 1 or m for cl, m in zip(plan.checklist_list, missed))
     n = len(plan.checklist_list)
     # Strict majority; with no checklist at all there is nothing left to play.
     terminate = n == 0 or sum(votes) > n / 2 or failures > 0
-    return TurnJudgement(turn_reward=reward, terminate=terminate, item_passed=passed,
-                         api_failed_count=failures, calls=len(plan.requests),
-                         tool_failed=plan.tool_failed, checklist_terminate=votes,
-                         required_failed=any(missed), api_error=api_error)
+    return TurnJudgement(
+        turn_reward=reward,
+        terminate=terminate,
+        item_passed=passed,
+        api_failed_count=failures,
+        calls=len(plan.requests),
+        tool_failed=plan.tool_failed,
+        checklist_terminate=votes,
+        required_failed=any(missed),
+        api_error=api_error,
+    )
 
 
 def judge_turns(turns: Sequence[tuple[Sequence[Message], Sequence, int]], judge: Judge) -> list[TurnJudgement]:
@@ -124,7 +137,7 @@ def judge_turns(turns: Sequence[tuple[Sequence[Message], Sequence, int]], judge:
         raise ValueError(f"judge returned {len(verdicts)} verdicts for {len(flat)} requests")
     out, pos = [], 0
     for p in plans:
-        out.append(finish_turn(p, verdicts[pos:pos + len(p.requests)]))
+        out.append(finish_turn(p, verdicts[pos : pos + len(p.requests)]))
         pos += len(p.requests)
     return out
 
@@ -146,8 +159,7 @@ class ChecklistTurnJudge:
         return self.judge.describe()
 
 
-def judge_turn(messages: Sequence[Message], checklist_list: Sequence, turn_index: int,
-               judge: Judge) -> TurnJudgement:
+def judge_turn(messages: Sequence[Message], checklist_list: Sequence, turn_index: int, judge: Judge) -> TurnJudgement:
     """Judges the user turn that ends at ``messages[-1]`` (a tool-free assistant answer)."""
     return judge_turns([(messages, checklist_list, turn_index)], judge)[0]
 
@@ -171,8 +183,9 @@ def turn_end_indices(messages: Sequence[Message]) -> list[int]:
     return ends
 
 
-def score_conversation(messages: Sequence[Message], checklist_list: Sequence, judge: Judge, *,
-                       stop_on_terminate: bool = True) -> list[float]:
+def score_conversation(
+    messages: Sequence[Message], checklist_list: Sequence, judge: Judge, *, stop_on_terminate: bool = True
+) -> list[float]:
     """Per-turn rewards of a finished conversation, judged turn by turn as the rollout would.
 
     With ``stop_on_terminate`` (the reference's behaviour) turns after a terminating verdict are
@@ -180,15 +193,20 @@ def score_conversation(messages: Sequence[Message], checklist_list: Sequence, ju
     """
     rewards: list[float] = []
     for t, end in enumerate(turn_end_indices(messages)):
-        j = judge_turn(messages[:end + 1], checklist_list, t, judge)
+        j = judge_turn(messages[: end + 1], checklist_list, t, judge)
         rewards.append(j.turn_reward)
         if j.terminate and stop_on_terminate:
             break
     return rewards
 
 
-def empty_output_penalty(scores: Sequence[float], generated: Sequence[str | Sequence[int] | None], *,
-                         penalty: float = 0.1, strip_whitespace: bool = False) -> list[float]:
+def empty_output_penalty(
+    scores: Sequence[float],
+    generated: Sequence[str | Sequence[int] | None],
+    *,
+    penalty: float = 0.1,
+    strip_whitespace: bool = False,
+) -> list[float]:
     """Subtracts ``penalty`` from each row whose generated output is empty.
 
     The reference's ``use_invalid_action_penalty`` (on by default, 0.1), applied by the RL step

@@ -47,7 +47,7 @@ class _Job:
     params: SamplingParams
     ids: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
-    row: int = -1        # row of the current state while running
+    row: int = -1  # row of the current state while running
 
 
 class RollingSamplerClient:
@@ -59,8 +59,16 @@ class RollingSamplerClient:
     still generating always continue).
     """
 
-    def __init__(self, sampler: Sampler, stop_token_ids: Sequence[int], *, slots: int = 32, refill: float = 0.25,
-                 continuation: bool = True, eager_refill: bool = False):
+    def __init__(
+        self,
+        sampler: Sampler,
+        stop_token_ids: Sequence[int],
+        *,
+        slots: int = 32,
+        refill: float = 0.25,
+        continuation: bool = True,
+        eager_refill: bool = False,
+    ):
         if not isinstance(sampler, Sampler):
             raise TypeError(f"RollingSamplerClient(sampler): expected a Sampler, got {type(sampler).__name__}")
         if sampler.cache_size is None:
@@ -114,9 +122,14 @@ class RollingSamplerClient:
                     raise ValueError(f"requests[{i}]: cache_key {r.cache_key!r} already has an open request")
                 open_keys.add(r.cache_key)
             s = r.sampling
-            params = SamplingParams(temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
-                                    max_new_tokens=int(s.max_new_tokens), stop_token_ids=self.stop_token_ids,
-                                    seed=int(r.seed))
+            params = SamplingParams(
+                temperature=float(s.temperature),
+                top_p=float(s.top_p),
+                top_k=int(s.top_k),
+                max_new_tokens=int(s.max_new_tokens),
+                stop_token_ids=self.stop_token_ids,
+                seed=int(r.seed),
+            )
             self._queue.append(_Job(self._next_ticket, r, params))
             tickets.append(self._next_ticket)
             self._next_ticket += 1
@@ -145,27 +158,37 @@ class RollingSamplerClient:
             prefill += len(suffix)
         # Parked rows ride along only in slots the batch bucket pads anyway.
         spare = self.sampler.batch_bucket(len(jobs)) - len(jobs) if self._state is not None else 0
-        parked = [k for k in reversed(self._parked)][:max(spare, 0)]
+        parked = [k for k in reversed(self._parked)][: max(spare, 0)]
         params = [self._remaining(j) for j in jobs]
         waiting = len(self._queue)
         live = sum(p.max_new_tokens > 0 for p in params)
         min_done = max(1, math.ceil(self.refill * live)) if (waiting or self.eager_refill) and live else None
         if self._state is None:
-            out = self.sampler.generate([list(j.request.prompt_ids) for j in jobs], params, return_state=True,
-                                        min_done=min_done)
+            out = self.sampler.generate(
+                [list(j.request.prompt_ids) for j in jobs], params, return_state=True, min_done=min_done
+            )
         else:
             park = SamplingParams(max_new_tokens=0, stop_token_ids=self.stop_token_ids, temperature=0.0)
-            out = self.sampler.continue_(self._state, appended + [[] for _ in parked],
-                                         params + [park] * len(parked),
-                                         rows=src + [self._parked[k][0] for k in parked], return_state=True,
-                                         min_done=min_done)
-        written = [0] * len(running) + [len(a) for a in appended[len(running):]]  # running rows carry their logits
-        self.calls.append(CallStats({r: sum(j.request.role == r for j in jobs) for r in (ACT, REHEARSE)},
-                                    continued=sum(s >= 0 for s in src[len(running):]),
-                                    fresh=sum(s < 0 for s in src), parked=len(parked),
-                                    prefill_tokens=prefill, full_prefill=False,
-                                    row_tokens=[(j.request.role, w, len(t))
-                                                for j, w, t in zip(jobs, written, out.tokens)]))
+            out = self.sampler.continue_(
+                self._state,
+                appended + [[] for _ in parked],
+                params + [park] * len(parked),
+                rows=src + [self._parked[k][0] for k in parked],
+                return_state=True,
+                min_done=min_done,
+            )
+        written = [0] * len(running) + [len(a) for a in appended[len(running) :]]  # running rows carry their logits
+        self.calls.append(
+            CallStats(
+                {r: sum(j.request.role == r for j in jobs) for r in (ACT, REHEARSE)},
+                continued=sum(s >= 0 for s in src[len(running) :]),
+                fresh=sum(s < 0 for s in src),
+                parked=len(parked),
+                prefill_tokens=prefill,
+                full_prefill=False,
+                row_tokens=[(j.request.role, w, len(t)) for j, w, t in zip(jobs, written, out.tokens)],
+            )
+        )
         return self._collect(jobs, out, parked)
 
     # ------------------------------------------------------------------ helpers
@@ -177,7 +200,7 @@ class RollingSamplerClient:
         row, seen = self._parked.pop(r.cache_key)
         pending = self._state.pending[row]
         if len(prompt) >= len(seen) and prompt[: len(seen)] == seen and (len(prompt) > len(seen) or pending >= 0):
-            return row, prompt[len(seen):]
+            return row, prompt[len(seen) :]
         return -1, prompt
 
     @staticmethod
@@ -188,7 +211,7 @@ class RollingSamplerClient:
         state = out.state
         held = state.total_lengths()
         old_parked, self._parked = self._parked, {}
-        for i, k in enumerate(parked, start=len(jobs)):   # parked rows hold what they held before
+        for i, k in enumerate(parked, start=len(jobs)):  # parked rows hold what they held before
             row, seen = old_parked[k]
             if held[i] == len(seen):
                 self._parked[k] = (i, seen)

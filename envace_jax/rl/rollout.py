@@ -76,8 +76,9 @@ class ChatCodec(Protocol):
     def user_block(self, message: dict) -> list[int]:
         """A user turn plus the next generation prompt."""
 
-    def simulator_prompt(self, record: dict, history: list[dict], caller_text: str,
-                         call: tuple[str, str, dict]) -> list[int]: ...
+    def simulator_prompt(
+        self, record: dict, history: list[dict], caller_text: str, call: tuple[str, str, dict]
+    ) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
@@ -106,8 +107,11 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
         return {"episodes": 0}
     per = [e.metrics() for e in episodes]
     n = len(per)
-    out: dict[str, Any] = {"episodes": n, "score_mean": sum(m["score"] for m in per) / n,
-                           "termination": dict(collections.Counter(m["termination"] for m in per))}
+    out: dict[str, Any] = {
+        "episodes": n,
+        "score_mean": sum(m["score"] for m in per) / n,
+        "termination": dict(collections.Counter(m["termination"] for m in per)),
+    }
     for key in ("user_turns", "assistant_turns", "tool_calls", "steps"):
         out[f"{key}_mean"] = sum(m[key] for m in per) / n
     for role in ROLES:
@@ -119,10 +123,17 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, Any]:
 class RolloutEngine:
     """Runs many episodes at once. ``policy`` plays ACT (and REHEARSE in rehearsal modes)."""
 
-    def __init__(self, cfg: RolloutConfig, codec: ChatCodec, policy: PolicyClient, judge: TurnJudge, *,
-                 simulator: PolicyClient | None = None,
-                 make_env: Callable[[dict], Any] | None = None,
-                 on_step: Callable[[int, list[Episode]], None] | None = None):
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        codec: ChatCodec,
+        policy: PolicyClient,
+        judge: TurnJudge,
+        *,
+        simulator: PolicyClient | None = None,
+        make_env: Callable[[dict], Any] | None = None,
+        on_step: Callable[[int, list[Episode]], None] | None = None,
+    ):
         if cfg.mode in ("simulator", "noshare") and simulator is None:
             raise ValueError(f"rollout.mode={cfg.mode!r} needs a separate simulator client")
         if cfg.mode == "real" and make_env is None:
@@ -142,8 +153,13 @@ class RolloutEngine:
                 raise ValueError(f"records[{i}] needs a non-empty 'messages' list (system? + first user)")
             uid = str(uids[i] if uids is not None else rec.get("uid", i))
             msgs = [dict(m) for m in rec["messages"]]
-            ep = Episode(episode_id=i, uid=uid, record=rec, messages=msgs,
-                         caller_ids=list(self.codec.caller_prompt(msgs, rec.get("tools", []))))
+            ep = Episode(
+                episode_id=i,
+                uid=uid,
+                record=rec,
+                messages=msgs,
+                caller_ids=list(self.codec.caller_prompt(msgs, rec.get("tools", []))),
+            )
             if self.cfg.mode == "real":
                 ep.env = self.make_env(rec)
             if not _has_checklist_items(rec.get("checklist")):
@@ -203,7 +219,7 @@ class RolloutEngine:
 
         if cfg.mode in ("rehearsal", "caller_frozen"):
             outs = self._call(self.policy, "policy", act_reqs + sim_reqs)
-            act_outs, sim_outs = outs[: len(act_reqs)], outs[len(act_reqs):]
+            act_outs, sim_outs = outs[: len(act_reqs)], outs[len(act_reqs) :]
         else:
             act_outs = self._call(self.policy, "policy", act_reqs)
             sim_outs = self._call(self.simulator, "simulator", sim_reqs)
@@ -240,8 +256,9 @@ class RolloutEngine:
             # messages[-1] is the current assistant turn: the simulator sees the history before it
             # (no sibling results: they are appended only when the whole turn is answered).
             prompt = self.codec.simulator_prompt(e.record, e.messages[:-1], e.last_caller_text, call)
-            reqs.append(GenRequest(list(prompt), REHEARSE, cfg.rehearse, self._seed(e, step, 1 + j), None,
-                                   e.episode_id))
+            reqs.append(
+                GenRequest(list(prompt), REHEARSE, cfg.rehearse, self._seed(e, step, 1 + j), None, e.episode_id)
+            )
         return reqs
 
     # ------------------------------------------------------------------ rolling batch
@@ -262,8 +279,8 @@ class RolloutEngine:
         episodes = self.start(records, uids)
         shared = cfg.mode in ("rehearsal", "caller_frozen")
         sim_client = self.policy if shared or cfg.mode == "real" else self.simulator
-        open_: dict[tuple[str, int], tuple[Episode, int]] = {}     # (client, ticket) -> (episode, index)
-        rounds: dict[int, list] = {}                               # episode id -> [(request, output|None)]
+        open_: dict[tuple[str, int], tuple[Episode, int]] = {}  # (client, ticket) -> (episode, index)
+        rounds: dict[int, list] = {}  # episode id -> [(request, output|None)]
         clients = {"policy": self.policy, "simulator": sim_client}
         try:
             while True:
@@ -292,8 +309,9 @@ class RolloutEngine:
                     n_calls = len(getattr(client, "calls", ()))
                     finished = client.step()
                     for c in getattr(client, "calls", [])[n_calls:]:
-                        self.sampler_calls.append({"client": name, ACT: c.rows.get(ACT, 0),
-                                                   REHEARSE: c.rows.get(REHEARSE, 0)})
+                        self.sampler_calls.append(
+                            {"client": name, ACT: c.rows.get(ACT, 0), REHEARSE: c.rows.get(REHEARSE, 0)}
+                        )
                     for t, _, out in finished:
                         e, i = open_.pop((name, t))
                         rounds[e.episode_id][i][1] = out
@@ -325,8 +343,11 @@ class RolloutEngine:
                     self._answer_real(e)
             elif e.state == State.AWAIT_SIMULATOR:  # an earlier sibling's cache_full may have ended it
                 self._on_rehearse(e, req, out)
-        if e.state == State.AWAIT_SIMULATOR and got[0][0].role == REHEARSE \
-                and len(e.pending_results) == len(e.pending_calls):
+        if (
+            e.state == State.AWAIT_SIMULATOR
+            and got[0][0].role == REHEARSE
+            and len(e.pending_results) == len(e.pending_calls)
+        ):
             self._close_tool_turn(e)
 
     # ------------------------------------------------------------------ transitions
@@ -335,25 +356,45 @@ class RolloutEngine:
             self._terminate(e, "length_budget")
             return
         text = self.codec.decode(out.ids)
-        e.generations.append(Generation(ACT, list(req.prompt_ids), list(out.ids), list(out.logprobs), e.uid,
-                                        e.episode_id, e.user_turns, out.finish_reason, text,
-                                        temperature=float(req.sampling.temperature)))
+        e.generations.append(
+            Generation(
+                ACT,
+                list(req.prompt_ids),
+                list(out.ids),
+                list(out.logprobs),
+                e.uid,
+                e.episode_id,
+                e.user_turns,
+                out.finish_reason,
+                text,
+                temperature=float(req.sampling.temperature),
+            )
+        )
         e.caller_ids = list(req.prompt_ids) + list(out.ids) + list(self.codec.close_assistant(list(out.ids)))
         e.assistant_turns += 1
         e.last_caller_text = text
         # The one parse path of training, evaluation and test-time rehearsal (chat/tool_parser.py).
-        msg, error = make_assistant_message(text, call_id_prefix=f"call_{e.uid}_{e.assistant_turns}",
-                                            ignore_think=self.cfg.ignore_think_tool_calls,
-                                            syntax=self.cfg.tool_call_syntax)
+        msg, error = make_assistant_message(
+            text,
+            call_id_prefix=f"call_{e.uid}_{e.assistant_turns}",
+            ignore_think=self.cfg.ignore_think_tool_calls,
+            syntax=self.cfg.tool_call_syntax,
+        )
         e.messages.append(msg)
         if error is not None:
-            e.messages.append({"role": "tool", "name": "error_tool_call",
-                               "tool_call_id": f"call_{e.uid}_{e.assistant_turns}_error",
-                               "content": json.dumps(error, ensure_ascii=False)})
+            e.messages.append(
+                {
+                    "role": "tool",
+                    "name": "error_tool_call",
+                    "tool_call_id": f"call_{e.uid}_{e.assistant_turns}_error",
+                    "content": json.dumps(error, ensure_ascii=False),
+                }
+            )
             self._terminate(e, "parse_error")
         elif msg.get("tool_calls"):
-            e.pending_calls = [(tc["id"], tc["function"]["name"], tc["function"]["arguments"])
-                               for tc in msg["tool_calls"]]
+            e.pending_calls = [
+                (tc["id"], tc["function"]["name"], tc["function"]["arguments"]) for tc in msg["tool_calls"]
+            ]
             e.pending_results = []
             e.state = State.AWAIT_SIMULATOR
         else:
@@ -364,24 +405,39 @@ class RolloutEngine:
             self._terminate(e, "length_budget")
             return
         text = self.codec.decode(out.ids)
-        e.generations.append(Generation(REHEARSE, list(req.prompt_ids), list(out.ids), list(out.logprobs), e.uid,
-                                        e.episode_id, e.user_turns, out.finish_reason, text,
-                                        temperature=float(req.sampling.temperature)))
+        e.generations.append(
+            Generation(
+                REHEARSE,
+                list(req.prompt_ids),
+                list(out.ids),
+                list(out.logprobs),
+                e.uid,
+                e.episode_id,
+                e.user_turns,
+                out.finish_reason,
+                text,
+                temperature=float(req.sampling.temperature),
+            )
+        )
         result, error = self.codec.parse_simulator_output(text)
         e.pending_results.append(json.dumps(error, ensure_ascii=False) if error is not None else result)
 
     def _answer_real(self, e: Episode) -> None:
-        for _, name, args in e.pending_calls[len(e.pending_results):]:
+        for _, name, args in e.pending_calls[len(e.pending_results) :]:
             res = e.env.execute(name, args)
             if not isinstance(getattr(res, "content", None), str):
-                raise TypeError(f"episode {e.episode_id}: environment returned {type(res).__name__} for "
-                                f"{name!r}, expected a ToolResult with string content")
+                raise TypeError(
+                    f"episode {e.episode_id}: environment returned {type(res).__name__} for "
+                    f"{name!r}, expected a ToolResult with string content"
+                )
             e.pending_results.append(res.content)
         self._close_tool_turn(e)
 
     def _close_tool_turn(self, e: Episode) -> None:
-        tool_msgs = [{"role": "tool", "name": name, "tool_call_id": cid, "content": res}
-                     for (cid, name, _), res in zip(e.pending_calls, e.pending_results)]
+        tool_msgs = [
+            {"role": "tool", "name": name, "tool_call_id": cid, "content": res}
+            for (cid, name, _), res in zip(e.pending_calls, e.pending_results)
+        ]
         e.messages.extend(tool_msgs)
         e.caller_ids = e.caller_ids + list(self.codec.tool_block(tool_msgs))
         failed = any(is_error_result(m["content"]) for m in tool_msgs)
@@ -453,8 +509,9 @@ class RolloutEngine:
             return []
         if client is None:
             raise RuntimeError(f"rollout.mode={self.cfg.mode!r}: no {name} client for {len(reqs)} requests")
-        self.sampler_calls.append({"client": name, ACT: sum(r.role == ACT for r in reqs),
-                                   REHEARSE: sum(r.role == REHEARSE for r in reqs)})
+        self.sampler_calls.append(
+            {"client": name, ACT: sum(r.role == ACT for r in reqs), REHEARSE: sum(r.role == REHEARSE for r in reqs)}
+        )
         outs = client.generate(reqs)
         if len(outs) != len(reqs):
             raise RuntimeError(f"{name} client returned {len(outs)} outputs for {len(reqs)} requests")

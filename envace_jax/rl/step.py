@@ -90,8 +90,9 @@ def _tool_calls(e: Episode) -> int:
     return sum(len(m.get("tool_calls") or []) for m in e.messages if m.get("role") == "assistant")
 
 
-def rollout_metrics(episodes: Sequence[Episode], gens: Sequence[Generation], scores: np.ndarray,
-                    unscored: set[int] = frozenset()) -> dict[str, float]:
+def rollout_metrics(
+    episodes: Sequence[Episode], gens: Sequence[Generation], scores: np.ndarray, unscored: set[int] = frozenset()
+) -> dict[str, float]:
     """Episode- and role-level metrics of one step (before the update). Episodes in ``unscored`` (ids of
     episodes masked for losing their judge) are left out of the score and reward means: an outage
     does not read as a policy that scores 0."""
@@ -137,8 +138,9 @@ def logprob_mismatch(batch: TrainBatch, recomputed: np.ndarray) -> dict[str, flo
     return out
 
 
-def ppo_update(trainer: Trainer, batch: TrainBatch, *, epochs: int = 1, mini_batches: int = 1,
-               shuffle: bool = True, **update_kw) -> list[dict[str, float]]:
+def ppo_update(
+    trainer: Trainer, batch: TrainBatch, *, epochs: int = 1, mini_batches: int = 1, shuffle: bool = True, **update_kw
+) -> list[dict[str, float]]:
     """``epochs`` passes of ``mini_batches`` optimizer steps over ``batch`` (reference: 1 x 1); the
     metrics of each step. Mini-batch order is reshuffled per epoch from the trainer's step count.
     ``update_kw`` go to every ``Trainer.update`` (only given when set, so a Trainer-like object without
@@ -179,21 +181,33 @@ def _rows_all_processes(n: int) -> int:
     return int(_sum_all_processes(np.asarray(n, np.int64)))
 
 
-def judge_metrics(episodes: Sequence[Episode], trained: np.ndarray, dropped_keys: int, masked: bool) -> dict[str, float]:
+def judge_metrics(
+    episodes: Sequence[Episode], trained: np.ndarray, dropped_keys: int, masked: bool
+) -> dict[str, float]:
     """``judge/*``: episodes that lost their judge (``lost_episodes``: counted in both settings), those
     masked out of the update, the rows given zero loss weight for it, and the (prompt, role) keys left
     with fewer than 2 judged episodes."""
     lost = lost_episodes(episodes)
     n = max(1, len(episodes))
     masked_eps = len(lost) if masked else 0
-    return {"judge/lost_episodes": float(len(lost)), "judge/lost_share": len(lost) / n,
-            "judge/masked_episodes": float(masked_eps), "judge/masked_share": masked_eps / n,
-            "judge/masked_rows": float(np.sum(~trained)), "judge/dropped_groups": float(dropped_keys),
-            "judge/failed_verdicts": float(sum(e.info.get("judge_failed_verdicts", 0) for e in episodes))}
+    return {
+        "judge/lost_episodes": float(len(lost)),
+        "judge/lost_share": len(lost) / n,
+        "judge/masked_episodes": float(masked_eps),
+        "judge/masked_share": masked_eps / n,
+        "judge/masked_rows": float(np.sum(~trained)),
+        "judge/dropped_groups": float(dropped_keys),
+        "judge/failed_verdicts": float(sum(e.info.get("judge_failed_verdicts", 0) for e in episodes)),
+    }
 
 
-def _flat_key_rows(gens: Sequence[Generation], scores: np.ndarray, group_ids: np.ndarray, cfg: RLSection,
-                   trained: np.ndarray | None = None) -> np.ndarray:
+def _flat_key_rows(
+    gens: Sequence[Generation],
+    scores: np.ndarray,
+    group_ids: np.ndarray,
+    cfg: RLSection,
+    trained: np.ndarray | None = None,
+) -> np.ndarray:
     """Rows whose advantage is 0 in exact arithmetic although its float value may not be: their
     (prompt, role) key scored the same on every row and holds at least two units (rows; episodes for
     ``trajectory_mean``), so a mean baseline equals each score up to rounding (three 0.3s average to
@@ -228,8 +242,16 @@ class RLStep:
     to the same object (one optimizer step on the combined rows).
     """
 
-    def __init__(self, cfg: RLSection, engine: RolloutEngine, trainers: Mapping[str, Trainer], *,
-                 pad_id: int = 0, seed: int = 0, after_update: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        cfg: RLSection,
+        engine: RolloutEngine,
+        trainers: Mapping[str, Trainer],
+        *,
+        pad_id: int = 0,
+        seed: int = 0,
+        after_update: Callable[[], None] | None = None,
+    ):
         mode = engine.cfg.mode
         roles = tuple(TRAINED_ROLES[mode])
         missing = [r for r in roles if r not in trainers]
@@ -243,8 +265,10 @@ class RLStep:
             for t in trainers.values():
                 c = t.loss_cfg
                 if c.kl_coef or c.entropy_coef:
-                    raise ValueError("rl.skip_zero_advantage_rows needs loss.kl_coef = loss.entropy_coef = 0: rows "
-                                     f"without advantage still carry those terms (got {c.kl_coef}, {c.entropy_coef})")
+                    raise ValueError(
+                        "rl.skip_zero_advantage_rows needs loss.kl_coef = loss.entropy_coef = 0: rows "
+                        f"without advantage still carry those terms (got {c.kl_coef}, {c.entropy_coef})"
+                    )
         self.cfg, self.engine = cfg, engine
         self.pad_id, self.seed = int(pad_id), int(seed)
         self.roles = roles
@@ -262,9 +286,16 @@ class RLStep:
             if client is not None and hasattr(client, "reset"):
                 client.reset()
 
-    def _nonzero_advantage_rows(self, trainer: Trainer, gens: Sequence[Generation], idx: list[int],
-                                adv: np.ndarray, scores: np.ndarray, group_ids: np.ndarray,
-                                trained: np.ndarray) -> tuple[list[int], dict[str, Any]]:
+    def _nonzero_advantage_rows(
+        self,
+        trainer: Trainer,
+        gens: Sequence[Generation],
+        idx: list[int],
+        adv: np.ndarray,
+        scores: np.ndarray,
+        group_ids: np.ndarray,
+        trained: np.ndarray,
+    ) -> tuple[list[int], dict[str, Any]]:
         """``rl.skip_zero_advantage_rows``: the rows of ``idx`` with an advantage (not 0, and not in a key
         that scored alike: ``_flat_key_rows``), and the update arguments that keep the optimizer step that
         of all of ``idx``: the loss count (and role-balanced unit counts) of all its rows, summed over
@@ -274,20 +305,30 @@ class RLStep:
         flat = _flat_key_rows(gens, scores, group_ids, self.cfg, trained)
         count, role_counts = 0.0, np.zeros((len(ROLES),), np.float32)
         if idx:
-            full = build_batch([gens[i] for i in idx], adv[idx], group_ids[idx], max_len=self.cfg.max_row_length,
-                               pad_id=self.pad_id, length_multiple=self.cfg.length_multiple, trained=trained[idx])
+            full = build_batch(
+                [gens[i] for i in idx],
+                adv[idx],
+                group_ids[idx],
+                max_len=self.cfg.max_row_length,
+                pad_id=self.pad_id,
+                length_multiple=self.cfg.length_multiple,
+                trained=trained[idx],
+            )
             count, role_counts = loss_count(full.loss_weights, c.agg, full.role_ids, c.role_balanced, len(ROLES))
         keep = [i for i in idx if trained[i] and adv[i] != 0.0 and not flat[i]]
-        kw: dict[str, Any] = {"loss_count": float(_sum_all_processes(np.asarray(count, np.float64))),
-                              "skipped": len(idx) - len(keep)}
+        kw: dict[str, Any] = {
+            "loss_count": float(_sum_all_processes(np.asarray(count, np.float64))),
+            "skipped": len(idx) - len(keep),
+        }
         if c.role_balanced:
             kw["role_counts"] = np.asarray(_sum_all_processes(role_counts), np.float32)
         return keep, kw
 
     def rollout(self, records: Sequence[Mapping[str, Any]], iteration: int) -> list[Episode]:
         """The step's episodes; rollout seeds depend on (seed, iteration) only."""
-        self.engine.cfg = dataclasses.replace(self._base_rollout,
-                                              seed=(self.seed * 1_000_003 + iteration) % (2**31 - 1))
+        self.engine.cfg = dataclasses.replace(
+            self._base_rollout, seed=(self.seed * 1_000_003 + iteration) % (2**31 - 1)
+        )
         recs, uids = repeat_prompts(records, self.cfg.n_rollouts)
         return self.engine.run(recs, uids)
 
@@ -307,8 +348,9 @@ class RLStep:
         lost = lost_episodes(episodes) if cfg.mask_judge_failures else set()
         trained, dropped_keys = np.ones((len(gens),), bool), 0
         if lost:
-            trained, dropped_keys = judge_mask(episode_ids.tolist(), list(zip(group_ids.tolist(), role_ids.tolist())),
-                                               lost)
+            trained, dropped_keys = judge_mask(
+                episode_ids.tolist(), list(zip(group_ids.tolist(), role_ids.tolist())), lost
+            )
         metrics = rollout_metrics(episodes, gens, scores, unscored=lost)
         metrics.update(judge_metrics(episodes, trained, dropped_keys, cfg.mask_judge_failures))
         if _rows_all_processes(len(gens)) == 0:
@@ -317,12 +359,23 @@ class RLStep:
 
         adv = np.zeros((0,), np.float32)
         if gens:
-            adv = np.asarray(role_wise_advantages(scores, group_ids, role_ids, baseline=cfg.baseline,
-                                                  normalize_std=cfg.normalize_std, episode_ids=episode_ids,
-                                                  valid=trained))
+            adv = np.asarray(
+                role_wise_advantages(
+                    scores,
+                    group_ids,
+                    role_ids,
+                    baseline=cfg.baseline,
+                    normalize_std=cfg.normalize_std,
+                    episode_ids=episode_ids,
+                    valid=trained,
+                )
+            )
             if trained.any():
-                metrics.update(advantage_stats(adv[trained], scores[trained], group_ids[trained], role_ids[trained],
-                                               role_names=ROLE_NAMES))
+                metrics.update(
+                    advantage_stats(
+                        adv[trained], scores[trained], group_ids[trained], role_ids[trained], role_names=ROLE_NAMES
+                    )
+                )
 
         # One update per distinct Trainer, on the rows of the roles it trains.
         by_trainer: dict[int, tuple[Trainer, list[str]]] = {}
@@ -352,11 +405,24 @@ class RLStep:
                 update_kw["old_from_update"] = True
             rows += len(idx)
             if idx:
-                batch = build_batch([gens[i] for i in idx], adv[idx], group_ids[idx], max_len=cfg.max_row_length,
-                                    pad_id=self.pad_id, length_multiple=cfg.length_multiple, trained=trained[idx])
+                batch = build_batch(
+                    [gens[i] for i in idx],
+                    adv[idx],
+                    group_ids[idx],
+                    max_len=cfg.max_row_length,
+                    pad_id=self.pad_id,
+                    length_multiple=cfg.length_multiple,
+                    trained=trained[idx],
+                )
             else:  # other processes have rows: take part in the collective update with a zero-weight row
-                batch = build_batch([Generation(roles[0], [self.pad_id], [], [], "", -1, 0)], [0.0], [0],
-                                    max_len=cfg.max_row_length, pad_id=self.pad_id, length_multiple=cfg.length_multiple)
+                batch = build_batch(
+                    [Generation(roles[0], [self.pad_id], [], [], "", -1, 0)],
+                    [0.0],
+                    [0],
+                    max_len=cfg.max_row_length,
+                    pad_id=self.pad_id,
+                    length_multiple=cfg.length_multiple,
+                )
             metrics[f"{tag}/rows"] = float(len(idx))
             metrics[f"{tag}/truncated_prompt_rows"] = float(batch.truncated_rows)
             metrics[f"{tag}/seq_len"] = float(batch.tokens.shape[1])
@@ -375,10 +441,20 @@ class RLStep:
         return StepResult(metrics, episodes, rows)
 
 
-def build_rl_step(rl: RLSection, rollout: RolloutConfig, codec, policy, judge,
-                  trainers: Trainer | Mapping[str, Trainer], *, simulator=None,
-                  make_env: Callable[[dict], Any] | None = None, pad_id: int = 0, seed: int = 0,
-                  after_update: Callable[[], None] | None = None) -> RLStep:
+def build_rl_step(
+    rl: RLSection,
+    rollout: RolloutConfig,
+    codec,
+    policy,
+    judge,
+    trainers: Trainer | Mapping[str, Trainer],
+    *,
+    simulator=None,
+    make_env: Callable[[dict], Any] | None = None,
+    pad_id: int = 0,
+    seed: int = 0,
+    after_update: Callable[[], None] | None = None,
+) -> RLStep:
     """An ``RLStep`` wired the one way the training loop (``rl.train``) and the demo both use it.
 
     ``policy`` / ``simulator`` are ``PolicyClient``s, ``judge`` the rollout's ``TurnJudge``. ``trainers``

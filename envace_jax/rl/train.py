@@ -35,6 +35,7 @@ log = logging.getLogger("envace.train")
 
 # ----------------------------------------------------------------------------- distributed
 
+
 def init_distributed(coordinator: str | None, num_processes: int | None, process_id: int | None) -> None:
     """``jax.distributed.initialize`` from flags, else from the environment (JAX_COORDINATOR_ADDRESS,
     JAX_NUM_PROCESSES, JAX_PROCESS_ID); on TPU pods and SLURM jax finds everything by itself."""
@@ -48,12 +49,15 @@ def init_distributed(coordinator: str | None, num_processes: int | None, process
             jax.distributed.initialize()
         return
     if coordinator is None or num_processes is None or process_id is None:
-        raise ValueError("multi-process launch needs --coordinator, --num_processes and --process_id "
-                         f"(got {coordinator!r}, {num_processes!r}, {process_id!r})")
+        raise ValueError(
+            "multi-process launch needs --coordinator, --num_processes and --process_id "
+            f"(got {coordinator!r}, {num_processes!r}, {process_id!r})"
+        )
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
 
 
 # ----------------------------------------------------------------------------- tokenizer
+
 
 def build_tokenizer(cfg: config_lib.ExperimentConfig):
     """The configured tokenizer; without a path, the offline demo tokenizer (built once per run dir)."""
@@ -80,8 +84,16 @@ def build_tokenizer(cfg: config_lib.ExperimentConfig):
 
 # ----------------------------------------------------------------------------- model
 
-_ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                "head_dim", "tie_word_embeddings")
+_ARCH_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
 
 
 def model_config(m: config_lib.ModelSection, vocab: int) -> qwen3.Qwen3Config:
@@ -89,14 +101,22 @@ def model_config(m: config_lib.ModelSection, vocab: int) -> qwen3.Qwen3Config:
     grown to the tokenizer's), a named preset is that Qwen3 model. Dtypes and remat come from the section."""
     common = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy)
     if m.preset == "tiny":
-        return qwen3.Qwen3Config.tiny(max(m.vocab_size, vocab), hidden_size=m.hidden_size,
-                                      intermediate_size=m.intermediate_size, num_layers=m.num_layers,
-                                      num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-                                      **common)
+        return qwen3.Qwen3Config.tiny(
+            max(m.vocab_size, vocab),
+            hidden_size=m.hidden_size,
+            intermediate_size=m.intermediate_size,
+            num_layers=m.num_layers,
+            num_heads=m.num_heads,
+            num_kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            **common,
+        )
     cfg = getattr(qwen3.Qwen3Config, m.preset)(**common)
     if cfg.vocab_size < vocab:
-        raise config_lib.ConfigError(f"config.model.preset={m.preset!r} has {cfg.vocab_size} embeddings, fewer "
-                                     f"than the tokenizer's {vocab} tokens")
+        raise config_lib.ConfigError(
+            f"config.model.preset={m.preset!r} has {cfg.vocab_size} embeddings, fewer "
+            f"than the tokenizer's {vocab} tokens"
+        )
     return cfg
 
 
@@ -111,15 +131,20 @@ def build_model(m: config_lib.ModelSection, vocab: int, mesh, path: str | None =
         raise ValueError(f"config.model.hf_path: model vocab {model.config.vocab_size} < tokenizer size {vocab}")
     if m.preset != "tiny":
         want = model_config(m, vocab)
-        diff = [f"{f}={getattr(model.config, f)} (preset: {getattr(want, f)})" for f in _ARCH_FIELDS
-                if getattr(model.config, f) != getattr(want, f)]
+        diff = [
+            f"{f}={getattr(model.config, f)} (preset: {getattr(want, f)})"
+            for f in _ARCH_FIELDS
+            if getattr(model.config, f) != getattr(want, f)
+        ]
         if diff:
-            raise config_lib.ConfigError(f"config.model.hf_path={path!r} is not a {m.preset} checkpoint: "
-                                         + ", ".join(diff))
+            raise config_lib.ConfigError(
+                f"config.model.hf_path={path!r} is not a {m.preset} checkpoint: " + ", ".join(diff)
+            )
     return model
 
 
 # ----------------------------------------------------------------------------- sampler client
+
 
 def make_client(model, codec, mesh, rollout: config_lib.RolloutConfig | None = None):
     """``SamplerClient`` (one sampler call per engine step, KV-cache continuation across turns), or with
@@ -136,8 +161,12 @@ def make_client(model, codec, mesh, rollout: config_lib.RolloutConfig | None = N
 
     if rollout is not None and rollout.rolling:
         size = rollout.max_model_len + max(rollout.act.max_new_tokens, rollout.rehearse.max_new_tokens)
-        return RollingSamplerClient(Sampler(model, mesh=mesh, cache_size=size), codec.stop_token_ids,
-                                    slots=rollout.rolling_slots, eager_refill=rollout.rolling_eager_refill)
+        return RollingSamplerClient(
+            Sampler(model, mesh=mesh, cache_size=size),
+            codec.stop_token_ids,
+            slots=rollout.rolling_slots,
+            eager_refill=rollout.rolling_eager_refill,
+        )
     return SamplerClient(Sampler(model, mesh=mesh), codec.stop_token_ids)
 
 
@@ -180,14 +209,16 @@ def rollout_copy(model: qwen3.Qwen3, local_mesh) -> tuple[qwen3.Qwen3, Any]:
     def refresh() -> None:
         host = multihost_utils.process_allgather(nnx.state(model, nnx.Param), tiled=True)
         cur = nnx.state(local, nnx.Param)
-        nnx.update(local, jax.tree.map(lambda h, c: jax.device_put(np.asarray(h).astype(c.dtype), c.sharding),
-                                       host, cur))
+        nnx.update(
+            local, jax.tree.map(lambda h, c: jax.device_put(np.asarray(h).astype(c.dtype), c.sharding), host, cur)
+        )
 
     refresh()
     return local, refresh
 
 
 # ----------------------------------------------------------------------------- data and judge
+
 
 def load_task_records(cfg: config_lib.ExperimentConfig) -> Any:
     """A random-access source of task records for the configured split."""
@@ -213,14 +244,20 @@ def build_data(cfg: config_lib.ExperimentConfig, codec):
     if decode is None:  # in-memory records: the reference's prompt-length filter
         limit = reference_prompt_limit(cfg.data.max_prompt_length)
         if limit > 0:
-            source = prompt_length_filter(source, lambda r: len(codec.caller_prompt(r["messages"], r["tools"])),
-                                          limit)
+            source = prompt_length_filter(source, lambda r: len(codec.caller_prompt(r["messages"], r["tools"])), limit)
         if not source:
             raise ValueError(f"config.data: no task records left after the prompt-length filter ({limit} tokens)")
     # Each process reads its own disjoint shard of the prompts.
-    pcfg = PipelineConfig(batch_size=cfg.data.prompts_per_step, seed=cfg.data.seed, shuffle=cfg.data.shuffle,
-                          num_epochs=cfg.data.num_epochs or None, shard_index=jax.process_index(),
-                          shard_count=jax.process_count(), read_threads=0, prefetch=0)
+    pcfg = PipelineConfig(
+        batch_size=cfg.data.prompts_per_step,
+        seed=cfg.data.seed,
+        shuffle=cfg.data.shuffle,
+        num_epochs=cfg.data.num_epochs or None,
+        shard_index=jax.process_index(),
+        shard_count=jax.process_count(),
+        read_threads=0,
+        prefetch=0,
+    )
     return PromptIterator(source, pcfg, decode=decode)
 
 
@@ -248,10 +285,11 @@ def build_make_env(cfg: config_lib.ExperimentConfig):
 
 # ----------------------------------------------------------------------------- the run
 
+
 @dataclasses.dataclass
 class Run:
     cfg: config_lib.ExperimentConfig
-    trainers: dict[str, Trainer]       # one per trained role (same object in shared modes)
+    trainers: dict[str, Trainer]  # one per trained role (same object in shared modes)
     step_fn: RLStep
     data: Any
     ckpt: Checkpointer
@@ -266,8 +304,10 @@ class Run:
         return out
 
     def state(self) -> dict[str, Any]:
-        return {"iteration": self.iteration,
-                "trainers": {r: t.state_dict() for r, t in self.distinct_trainers().items()}}
+        return {
+            "iteration": self.iteration,
+            "trainers": {r: t.state_dict() for r, t in self.distinct_trainers().items()},
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         self.iteration = int(state["iteration"])
@@ -294,8 +334,9 @@ def build_policies(cfg: config_lib.ExperimentConfig, mesh):
     from envace_jax.chat import Qwen3ChatCodec
 
     tok = build_tokenizer(cfg)
-    codec = Qwen3ChatCodec(tok, enable_thinking=cfg.tokenizer.enable_thinking,
-                           simulator_thinking=cfg.tokenizer.simulator_thinking)
+    codec = Qwen3ChatCodec(
+        tok, enable_thinking=cfg.tokenizer.enable_thinking, simulator_thinking=cfg.tokenizer.simulator_thinking
+    )
     vocab = len(tok)
     mode = cfg.rollout.mode
     policy = build_model(cfg.model, vocab, mesh)
@@ -326,13 +367,27 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
             refreshers.append(refresh)
     simulator_client = None if sim_model is None else make_client(sim_model, codec, sample_mesh, cfg.rollout)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    step_fn = build_rl_step(cfg.rl, cfg.rollout, codec, make_client(policy, codec, sample_mesh, cfg.rollout),
-                            build_judge(cfg), trainers, simulator=simulator_client, make_env=build_make_env(cfg),
-                            pad_id=int(pad), seed=cfg.seed, after_update=(lambda: [f() for f in refreshers]) if refreshers else None)
+    step_fn = build_rl_step(
+        cfg.rl,
+        cfg.rollout,
+        codec,
+        make_client(policy, codec, sample_mesh, cfg.rollout),
+        build_judge(cfg),
+        trainers,
+        simulator=simulator_client,
+        make_env=build_make_env(cfg),
+        pad_id=int(pad),
+        seed=cfg.seed,
+        after_update=(lambda: [f() for f in refreshers]) if refreshers else None,
+    )
     data = build_data(cfg, codec)
-    ckpt = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"), max_to_keep=cfg.checkpoint.keep,
-                        save_interval_steps=cfg.checkpoint.every, async_save=cfg.checkpoint.async_save,
-                        hash_files=cfg.checkpoint.hash_files)
+    ckpt = Checkpointer(
+        os.path.join(cfg.run_dir, "checkpoints"),
+        max_to_keep=cfg.checkpoint.keep,
+        save_interval_steps=cfg.checkpoint.every,
+        async_save=cfg.checkpoint.async_save,
+        hash_files=cfg.checkpoint.hash_files,
+    )
     writer = MetricsWriter(cfg.run_dir, tensorboard=cfg.log.tensorboard, enabled=jax.process_index() == 0)
     return Run(cfg, trainers, step_fn, data, ckpt, writer)
 
@@ -363,14 +418,25 @@ def _own_data_state(state: Any) -> Any:
     if isinstance(state, dict) and "per_process" in state:
         states = state["per_process"]
         if len(states) != jax.process_count():
-            raise ValueError(f"checkpoint holds data positions of {len(states)} processes; this run has "
-                             f"{jax.process_count()} (resume with the same process count)")
+            raise ValueError(
+                f"checkpoint holds data positions of {len(states)} processes; this run has "
+                f"{jax.process_count()} (resume with the same process count)"
+            )
         return states[jax.process_index()]
     return state
 
 
-_SUMMED = ("/rows", "episode/count", "/overlong_rows_dropped", "/truncated_prompt_rows", "judge/lost_episodes",
-           "judge/masked_episodes", "judge/masked_rows", "judge/dropped_groups", "judge/failed_verdicts")
+_SUMMED = (
+    "/rows",
+    "episode/count",
+    "/overlong_rows_dropped",
+    "/truncated_prompt_rows",
+    "judge/lost_episodes",
+    "judge/masked_episodes",
+    "judge/masked_rows",
+    "judge/dropped_groups",
+    "judge/failed_verdicts",
+)
 
 
 def global_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -399,8 +465,13 @@ def judge_monitor(cfg: config_lib.ExperimentConfig, run: Run) -> judge_outage.Ju
     """Warns about steps whose episodes lost their judge and stops a run in a judge outage."""
     judge = run.step_fn.engine.judge
     name = judge.describe() if hasattr(judge, "describe") else type(judge).__name__
-    return judge_outage.JudgeOutageMonitor(name, cfg.judge.outage_share, cfg.judge.outage_steps,
-                                           masked=cfg.rl.mask_judge_failures, warn=jax.process_index() == 0)
+    return judge_outage.JudgeOutageMonitor(
+        name,
+        cfg.judge.outage_share,
+        cfg.judge.outage_steps,
+        masked=cfg.rl.mask_judge_failures,
+        warn=jax.process_index() == 0,
+    )
 
 
 def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -> dict[str, Any]:
@@ -426,16 +497,26 @@ def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -
         # Counts are global (summed over processes), so every process stops at the same step.
         outage = monitor.observe(k, out.metrics, judge_outage.example_error(out.episodes))
         if outage is not None:
-            raise outage   # no checkpoint of this step: a rerun resumes from the last one saved
+            raise outage  # no checkpoint of this step: a rerun resumes from the last one saved
 
     bar = cfg.name if cfg.log.progress_bar and jax.process_index() == 0 else None
     try:
         done = run_loop(
-            total_steps=cfg.total_steps, step_fn=step, checkpointer=run.ckpt, state=run.state,
-            load=lambda restored: load_checkpoint(run, restored), data_state=lambda: data_state(run),
+            total_steps=cfg.total_steps,
+            step_fn=step,
+            checkpointer=run.ckpt,
+            state=run.state,
+            load=lambda restored: load_checkpoint(run, restored),
+            data_state=lambda: data_state(run),
             hooks=[Hook(lambda k, out: run.writer.write(k, out.metrics), every=cfg.log.every), Hook(stop_on_outage)],
-            progress=Progress(bar, postfix=lambda out: {"act": f"{out.metrics.get('act/reward_mean', 0):.3f}",
-                                                        "reh": f"{out.metrics.get('rehearse/reward_mean', 0):.3f}"}))
+            progress=Progress(
+                bar,
+                postfix=lambda out: {
+                    "act": f"{out.metrics.get('act/reward_mean', 0):.3f}",
+                    "reh": f"{out.metrics.get('rehearse/reward_mean', 0):.3f}",
+                },
+            ),
+        )
     finally:
         run.writer.close()
     preempted = done.preempted

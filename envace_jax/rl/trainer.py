@@ -51,9 +51,18 @@ def _committed(tree):
 class Trainer:
     """Holds params + optimizer state for one policy and applies RL or SFT updates."""
 
-    def __init__(self, model: nnx.Module, optim: OptimConfig = OptimConfig(), loss: LossConfig = LossConfig(),
-                 *, micro_batch_size: int = 8, mesh: Mesh | None = None, ref_model: nnx.Module | None = None,
-                 pad_micro_batches: bool = False, gather_trained: bool = True):
+    def __init__(
+        self,
+        model: nnx.Module,
+        optim: OptimConfig = OptimConfig(),
+        loss: LossConfig = LossConfig(),
+        *,
+        micro_batch_size: int = 8,
+        mesh: Mesh | None = None,
+        ref_model: nnx.Module | None = None,
+        pad_micro_batches: bool = False,
+        gather_trained: bool = True,
+    ):
         """``pad_micro_batches``: fill a short last micro-batch with zero-weight rows, so batches of any
         row count reuse one compiled program per width (several processes always pad, in lockstep).
         ``gather_trained``: run the vocabulary head on the trained positions only (those with a loss
@@ -62,8 +71,10 @@ class Trainer:
         if loss.entropy_coef:
             # The fused vocabulary head returns log-probs only; an entropy bonus set here would silently
             # not be applied.
-            raise ValueError(f"loss.entropy_coef={loss.entropy_coef}: the Trainer's update has no entropy term "
-                             "(its fused vocabulary head returns log-probs only); set it to 0")
+            raise ValueError(
+                f"loss.entropy_coef={loss.entropy_coef}: the Trainer's update has no entropy term "
+                "(its fused vocabulary head returns log-probs only); set it to 0"
+            )
         self.model, self.optim_cfg, self.loss_cfg = model, optim, loss
         self.pad_micro_batches = bool(pad_micro_batches)
         self.gather_trained = bool(gather_trained)
@@ -87,8 +98,9 @@ class Trainer:
         if self.abstract:
             self.opt_state = jax.eval_shape(self.tx.init, params)
             if self._opt_shardings is not None:
-                self.opt_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                              self.opt_state, self._opt_shardings)
+                self.opt_state = jax.tree.map(
+                    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), self.opt_state, self._opt_shardings
+                )
         else:
             self.opt_state = self._on_mesh(jax.jit(self.tx.init, out_shardings=self._opt_shardings)(params))
             if mesh is None:  # committed like the parameters (see above)
@@ -143,10 +155,23 @@ class Trainer:
         hidden = model.final_hidden(mb["tokens"], mb["positions"], mb["segment_ids"])
         head, layout = model.head_weight()
         if "trained_index" in mb:
-            return gathered_token_logprobs(hidden, head, mb["targets"], mb["trained_index"], mb["temperature"][:, None],
-                                           head_layout=layout, compute_dtype=model.config.dtype)
-        return fused_token_logprobs(hidden, head, mb["targets"], mb["temperature"][:, None], head_layout=layout,
-                                    compute_dtype=model.config.dtype)
+            return gathered_token_logprobs(
+                hidden,
+                head,
+                mb["targets"],
+                mb["trained_index"],
+                mb["temperature"][:, None],
+                head_layout=layout,
+                compute_dtype=model.config.dtype,
+            )
+        return fused_token_logprobs(
+            hidden,
+            head,
+            mb["targets"],
+            mb["temperature"][:, None],
+            head_layout=layout,
+            compute_dtype=model.config.dtype,
+        )
 
     def _rl_sums(self, params, mb, ref_params, old_from_update: bool = False):
         c = self.loss_cfg
@@ -156,11 +181,22 @@ class Trainer:
         # its log-probs are this pass's, held constant; mb["old_logprobs"] stays the sampler's for the metric
         old = jax.lax.stop_gradient(logp) if old_from_update else mb["old_logprobs"]
         out = loss_lib.policy_loss(
-            logp, old, mb["advantages"], mb["loss_weights"],
-            clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip,
-            log_ratio_clamp=c.log_ratio_clamp, ref_logp=ref_logp, kl_coef=c.kl_coef, kl_type=c.kl_type,
-            agg=c.agg, role_ids=mb["role_ids"], role_balanced=c.role_balanced,
-            role_counts=mb.get("role_counts"))
+            logp,
+            old,
+            mb["advantages"],
+            mb["loss_weights"],
+            clip_low=c.clip_low,
+            clip_high=c.clip_high,
+            dual_clip=c.dual_clip,
+            log_ratio_clamp=c.log_ratio_clamp,
+            ref_logp=ref_logp,
+            kl_coef=c.kl_coef,
+            kl_type=c.kl_type,
+            agg=c.agg,
+            role_ids=mb["role_ids"],
+            role_balanced=c.role_balanced,
+            role_counts=mb.get("role_counts"),
+        )
         w = mb["loss_weights"]
         diff = jnp.abs(jax.lax.stop_gradient(logp) - mb["old_logprobs"]) * w
         for name, rid in ROLE_ID.items():
@@ -248,8 +284,14 @@ class Trainer:
         B, L = batch.tokens.shape
         return np.concatenate(outs, 0)[:B, :L] * batch.loss_weights
 
-    def accumulate(self, batch: TrainBatch, kind: str = "rl", *, old_from_update: bool = False,
-                   role_counts: np.ndarray | None = None):
+    def accumulate(
+        self,
+        batch: TrainBatch,
+        kind: str = "rl",
+        *,
+        old_from_update: bool = False,
+        role_counts: np.ndarray | None = None,
+    ):
         """Gradient sums and metric (sum, count) pairs over all micro-batches of ``batch``.
 
         ``old_from_update``: the RL loss takes pi_old's log-probs from this pass (see ``update``).
@@ -267,8 +309,11 @@ class Trainer:
             extra["role_counts"] = np.asarray(role_counts, np.float32)
         elif kind == "rl" and self.loss_cfg.role_balanced:
             # Role weights must see the whole optimizer batch (all processes), not one micro-batch.
-            counts = np.asarray(loss_lib.role_unit_counts(
-                jnp.asarray(batch.loss_weights), jnp.asarray(batch.role_ids), self.loss_cfg.agg))
+            counts = np.asarray(
+                loss_lib.role_unit_counts(
+                    jnp.asarray(batch.loss_weights), jnp.asarray(batch.role_ids), self.loss_cfg.agg
+                )
+            )
             if jax.process_count() > 1:
                 from jax.experimental import multihost_utils
 
@@ -288,8 +333,15 @@ class Trainer:
         count = jnp.maximum(sums["loss"][1], 1.0)
         return jax.tree.map(lambda g: g / count, grads)
 
-    def update(self, batch: TrainBatch, kind: str = "rl", *, old_from_update: bool = False,
-               loss_count: float | None = None, role_counts: np.ndarray | None = None) -> dict[str, float]:
+    def update(
+        self,
+        batch: TrainBatch,
+        kind: str = "rl",
+        *,
+        old_from_update: bool = False,
+        loss_count: float | None = None,
+        role_counts: np.ndarray | None = None,
+    ) -> dict[str, float]:
         """One optimizer step over ``batch`` (accumulating micro-batches). Returns metrics.
 
         ``old_from_update`` (RL): pi_old's log-probs are this pass's own, held constant (ratio 1), which

@@ -65,13 +65,18 @@ class Progress:
 
 @dataclasses.dataclass(frozen=True)
 class LoopResult:
-    step: int                  # steps done when the loop ended
-    resumed_from: int | None   # the checkpoint step the run started from; None: a fresh start
-    preempted: bool            # stopped by SIGTERM (step ``step`` is saved)
+    step: int  # steps done when the loop ended
+    resumed_from: int | None  # the checkpoint step the run started from; None: a fresh start
+    preempted: bool  # stopped by SIGTERM (step ``step`` is saved)
 
 
-def resume(checkpointer: Checkpointer, state: Any, load: Callable[[RestoreResult], None], *,
-           log: Callable[[str], None] = _stderr) -> int | None:
+def resume(
+    checkpointer: Checkpointer,
+    state: Any,
+    load: Callable[[RestoreResult], None],
+    *,
+    log: Callable[[str], None] = _stderr,
+) -> int | None:
     """Restores the newest good checkpoint into ``state``'s structure and hands it to ``load``; returns its
     step (None: nothing saved yet, a fresh start). Each newer step it had to skip is logged with its reason."""
     restored = checkpointer.restore_latest_good(state)
@@ -83,12 +88,20 @@ def resume(checkpointer: Checkpointer, state: Any, load: Callable[[RestoreResult
     return restored.step
 
 
-def run_loop(*, total_steps: int, step_fn: Callable[[int], Any], checkpointer: Checkpointer,
-             state: Callable[[], Any], load: Callable[[RestoreResult], None],
-             data_state: Callable[[], Any] = lambda: None, hooks: Sequence[Hook] = (),
-             progress: Progress = Progress(), log: Callable[[str], None] = _stderr,
-             resumed_line: str = "resumed from checkpoint step {step}",
-             preempted_line: str = "preempted (signal {signal}): saved step {step}") -> LoopResult:
+def run_loop(
+    *,
+    total_steps: int,
+    step_fn: Callable[[int], Any],
+    checkpointer: Checkpointer,
+    state: Callable[[], Any],
+    load: Callable[[RestoreResult], None],
+    data_state: Callable[[], Any] = lambda: None,
+    hooks: Sequence[Hook] = (),
+    progress: Progress = Progress(),
+    log: Callable[[str], None] = _stderr,
+    resumed_line: str = "resumed from checkpoint step {step}",
+    preempted_line: str = "preempted (signal {signal}): saved step {step}",
+) -> LoopResult:
     """Runs (or resumes) a run to ``total_steps`` steps; see the module docstring for the order of a step.
 
     ``state()`` is what a checkpoint holds (and the structure a restore fills); ``data_state()`` the data
@@ -118,11 +131,11 @@ def run_loop(*, total_steps: int, step_fn: Callable[[int], Any], checkpointer: C
                     for hook in hooks:
                         if hook.due(step, total_steps):
                             hook.fn(step, out)
-                    stop = guard.check()   # once per step on every process: it is a collective
+                    stop = guard.check()  # once per step on every process: it is a collective
                     final = stop or step == total_steps
                     if final or step % checkpointer.save_interval_steps == 0:
                         checkpointer.save(step, state(), data_state())
-                        if final:   # the last write must be committed before the process may exit
+                        if final:  # the last write must be committed before the process may exit
                             checkpointer.wait()
                         if bar is None and progress.line is not None:
                             log(progress.line(step, out))

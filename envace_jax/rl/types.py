@@ -36,16 +36,16 @@ class State(str, enum.Enum):
 
 # Why an episode ended (spec 2.3, "Termination summary"), one name per cause.
 TERMINATION_REASONS = (
-    "completed",              # judge: the last checklist turn was judged
-    "required_item_failed",   # judge: a required_for_next_turn item never passed (majority of checklists)
-    "judge_api_failure",      # judge: an API failure or malformed verdict
-    "no_next_user",           # the reference conversation has no further user message
-    "parse_error",            # ACT emitted a malformed tool call
-    "simulator_error",        # a rehearsed response was an error_tool_call (format slip or validation verdict)
-    "length_budget",          # caller context + max_response_length >= max_model_len
-    "turn_cap",               # assistant or user turn cap reached
-    "step_cap",               # micro-step cap reached
-    "empty_checklist",        # the task has no checklist items
+    "completed",  # judge: the last checklist turn was judged
+    "required_item_failed",  # judge: a required_for_next_turn item never passed (majority of checklists)
+    "judge_api_failure",  # judge: an API failure or malformed verdict
+    "no_next_user",  # the reference conversation has no further user message
+    "parse_error",  # ACT emitted a malformed tool call
+    "simulator_error",  # a rehearsed response was an error_tool_call (format slip or validation verdict)
+    "length_budget",  # caller context + max_response_length >= max_model_len
+    "turn_cap",  # assistant or user turn cap reached
+    "step_cap",  # micro-step cap reached
+    "empty_checklist",  # the task has no checklist items
 )
 
 
@@ -53,17 +53,17 @@ TERMINATION_REASONS = (
 class Generation:
     """One LLM call = one training row."""
 
-    role: str                     # ACT or REHEARSE
+    role: str  # ACT or REHEARSE
     prompt_ids: list[int]
     gen_ids: list[int]
-    logprobs: list[float]         # sampler log-probs of gen_ids (at ``temperature``, before top-k/top-p)
-    uid: str                      # prompt uid, shared by the n rollouts of one task
-    episode: int                  # episode id, unique in a batch
-    turn: int                     # user-turn index at the time of the call
+    logprobs: list[float]  # sampler log-probs of gen_ids (at ``temperature``, before top-k/top-p)
+    uid: str  # prompt uid, shared by the n rollouts of one task
+    episode: int  # episode id, unique in a batch
+    turn: int  # user-turn index at the time of the call
     finish_reason: str = "stop"
-    text: str = ""                # decoded gen_ids, special tokens skipped ("" = an empty output, penalised)
-    score: float = 0.0            # filled in after the episode: the episode's score, the same on every row
-    temperature: float = 1.0      # the sampling temperature of gen_ids: the trainer scores the row at it
+    text: str = ""  # decoded gen_ids, special tokens skipped ("" = an empty output, penalised)
+    score: float = 0.0  # filled in after the episode: the episode's score, the same on every row
+    temperature: float = 1.0  # the sampling temperature of gen_ids: the trainer scores the row at it
 
     @property
     def role_id(self) -> int:
@@ -89,7 +89,7 @@ class Episode:
     pending_calls: list[tuple[str, str, dict]] = dataclasses.field(default_factory=list)
     pending_results: list[str] = dataclasses.field(default_factory=list)
     last_caller_text: str = ""
-    env: Any = None               # a ToolEnvironment in real mode
+    env: Any = None  # a ToolEnvironment in real mode
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -103,9 +103,13 @@ class Episode:
     def metrics(self) -> dict[str, Any]:
         """Per-episode numbers for logs: why it ended, how far it got, what it cost per role."""
         out: dict[str, Any] = {
-            "termination": self.termination, "score": self.score, "user_turns": self.user_turns,
-            "judged_turns": len(self.turn_rewards), "assistant_turns": self.assistant_turns,
-            "tool_calls": self.tool_calls(), "steps": self.steps,
+            "termination": self.termination,
+            "score": self.score,
+            "user_turns": self.user_turns,
+            "judged_turns": len(self.turn_rewards),
+            "assistant_turns": self.assistant_turns,
+            "tool_calls": self.tool_calls(),
+            "steps": self.steps,
         }
         for role in ROLES:
             rows = [g for g in self.generations if g.role == role]

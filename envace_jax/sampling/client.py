@@ -48,11 +48,23 @@ class Sampler:
         to time a scheduler setting against the default (``benchmarks/sampler.py --compare-options``).
     """
 
-    def __init__(self, model: qwen3.Qwen3, *, cache_size: int | None = None, max_chunk: int = 512,
-                 length_buckets: Sequence[int] | None = None, batch_buckets: Sequence[int] | None = None,
-                 window_buckets: Sequence[int] | None = None, k_max: int = 64, mesh: jax.sharding.Mesh | None = None, rules: shd.Rules | None = None,
-                 seed: int = 0, split_prefill: bool = True, split_min_rows: int = 8,
-                 compiler_options: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        model: qwen3.Qwen3,
+        *,
+        cache_size: int | None = None,
+        max_chunk: int = 512,
+        length_buckets: Sequence[int] | None = None,
+        batch_buckets: Sequence[int] | None = None,
+        window_buckets: Sequence[int] | None = None,
+        k_max: int = 64,
+        mesh: jax.sharding.Mesh | None = None,
+        rules: shd.Rules | None = None,
+        seed: int = 0,
+        split_prefill: bool = True,
+        split_min_rows: int = 8,
+        compiler_options: Mapping[str, Any] | None = None,
+    ):
         if not isinstance(model, qwen3.Qwen3):
             raise TypeError(f"Sampler(model): expected a qwen3.Qwen3, got {type(model).__name__}")
         if cache_size is not None and cache_size < 1:
@@ -79,13 +91,17 @@ class Sampler:
         graphdef, state = nnx.split(model)
         shadow = nnx.merge(graphdef, state)
         shadow.set_sharding(self.mesh, self.rules)
-        self._param_shardings = (qwen3.param_shardings(model, self.mesh, self.rules)
-                                 if self.mesh is not None else None)
+        self._param_shardings = qwen3.param_shardings(model, self.mesh, self.rules) if self.mesh is not None else None
         devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()
         self.compiler_options = dict(compiler_options) if compiler_options else None
-        self._programs = SamplerPrograms(nnx.graphdef(shadow), mesh=self.mesh, rules=self.rules, k_max=self.k_max,
-                                         cpu=all(d.platform == "cpu" for d in devices),
-                                         compiler_options=self.compiler_options)
+        self._programs = SamplerPrograms(
+            nnx.graphdef(shadow),
+            mesh=self.mesh,
+            rules=self.rules,
+            k_max=self.k_max,
+            cpu=all(d.platform == "cpu" for d in devices),
+            compiler_options=self.compiler_options,
+        )
         # The calls `_run` makes (attributes, so a test can wrap them and see the arguments of a real call).
         self._prefill, self._prepare = self._programs.prefill, self._programs.prepare
         self._prefill_rows, self._decode = self._programs.prefill_rows, self._programs.decode
@@ -106,10 +122,10 @@ class Sampler:
         arguments are ShapeDtypeStructs laid out as ``_run`` places them (parameters in ``rules``).
         """
         leaves, treedef = jax.tree.flatten(nnx.state(self.model))
-        targets = ([None] * len(leaves) if self._param_shardings is None
-                   else jax.tree.leaves(self._param_shardings))
-        params = treedef.unflatten([jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
-                                    for x, s in zip(leaves, targets)])
+        targets = [None] * len(leaves) if self._param_shardings is None else jax.tree.leaves(self._param_shardings)
+        params = treedef.unflatten(
+            [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for x, s in zip(leaves, targets)]
+        )
 
         def arg(shape, dtype, logical):
             sharding = None if self.mesh is None else shd.named_sharding(self.mesh, logical, self.rules, shape)
@@ -122,15 +138,36 @@ class Sampler:
         k = tuple(arg(k_shape, dt, qwen3.CACHE_K_AXES) for _ in range(L))
         v = tuple(arg(v_shape, dt, qwen3.CACHE_V_AXES) for _ in range(L))
         row = lambda dtype: arg((batch,), dtype, ("batch",))
-        prefill = (params, k, v, row(np.int32), row(np.int32), arg((batch, chunk), np.int32, ("batch", None)),
-                   row(np.int32))
-        decode = (params, k, v, row(np.int32), arg((batch, self.cfg.vocab_size), np.float32, ("batch", None)),
-                  arg((batch, 2), np.uint32, ("batch", None)), row(np.int32), row(np.float32), row(np.float32),
-                  row(np.int32), row(np.int32), row(np.int32), arg((batch, stop_width), np.int32, ("batch", None)),
-                  arg((), np.int32, ()))
-        return {"prefill": (self._prefill, prefill, {"size": window, "gather": True}),
-                "decode": (self._decode, decode, {"budget": budget}),
-                "decode_setup": (jax.jit(self._programs.decode_setup), (params,), {})}
+        prefill = (
+            params,
+            k,
+            v,
+            row(np.int32),
+            row(np.int32),
+            arg((batch, chunk), np.int32, ("batch", None)),
+            row(np.int32),
+        )
+        decode = (
+            params,
+            k,
+            v,
+            row(np.int32),
+            arg((batch, self.cfg.vocab_size), np.float32, ("batch", None)),
+            arg((batch, 2), np.uint32, ("batch", None)),
+            row(np.int32),
+            row(np.float32),
+            row(np.float32),
+            row(np.int32),
+            row(np.int32),
+            row(np.int32),
+            arg((batch, stop_width), np.int32, ("batch", None)),
+            arg((), np.int32, ()),
+        )
+        return {
+            "prefill": (self._prefill, prefill, {"size": window, "gather": True}),
+            "decode": (self._decode, decode, {"budget": budget}),
+            "decode_setup": (jax.jit(self._programs.decode_setup), (params,), {}),
+        }
 
     # ---------------------------------------------------------------- host side
     def _params(self):
@@ -173,8 +210,14 @@ class Sampler:
             out.append(a.astype(np.int32))
         return out
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
-                 *, return_state: bool = False, min_done: int | None = None) -> SamplerOutput:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        *,
+        return_state: bool = False,
+        min_done: int | None = None,
+    ) -> SamplerOutput:
         """Samples a continuation of every prompt (outputs: see the package docstring, ``envace_jax.sampling``).
 
         ``min_done``: return as soon as this many rows have finished; the others report
@@ -191,9 +234,16 @@ class Sampler:
             capacity = bucket(longest, self.length_buckets, 16) + max(p.max_new_tokens for p in ps)
         return self._run(None, chunks, ps, capacity, return_state, min_done)
 
-    def continue_(self, state: SamplerState, appended: Sequence[Sequence[int]],
-                  params: SamplingParams | Sequence[SamplingParams], *, rows: Sequence[int] | None = None,
-                  return_state: bool = False, min_done: int | None = None) -> SamplerOutput:
+    def continue_(
+        self,
+        state: SamplerState,
+        appended: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        *,
+        rows: Sequence[int] | None = None,
+        return_state: bool = False,
+        min_done: int | None = None,
+    ) -> SamplerOutput:
         """Appends ``appended[i]`` to row ``rows[i]`` of ``state`` and decodes on.
 
         ``rows`` (default: all rows in order) picks and orders the rows to keep; ``-1`` starts a
@@ -233,7 +283,7 @@ class Sampler:
         plan = self._plan_call(state, rows, chunks, ps, capacity)
         params = self._params()
         if state is not None:
-            state.consumed = True   # its cache goes to this call's programs, which donate it
+            state.consumed = True  # its cache goes to this call's programs, which donate it
         carry = self._carried_rows(state, plan)
         k, v, gather = self._starting_cache(state, plan)
         logits, k, v, end = self._write_inputs(params, k, v, gather, plan)
@@ -259,9 +309,19 @@ class Sampler:
         prev_rows = None
         if state is not None:
             prev_rows = PrevRows(ends=state.ends, pending=state.pending, keys=state.keys, draws=state.draws, rows=rows)
-        return plan_batch(chunks, ps, seeds, capacity, batch=self.batch_bucket(len(chunks)), max_chunk=self.max_chunk,
-                          prev=prev_rows, length_buckets=self.length_buckets, window_buckets=self.window_buckets,
-                          split_prefill=self.split_prefill, split_min_rows=self.split_min_rows)
+        return plan_batch(
+            chunks,
+            ps,
+            seeds,
+            capacity,
+            batch=self.batch_bucket(len(chunks)),
+            max_chunk=self.max_chunk,
+            prev=prev_rows,
+            length_buckets=self.length_buckets,
+            window_buckets=self.window_buckets,
+            split_prefill=self.split_prefill,
+            split_min_rows=self.split_min_rows,
+        )
 
     def _carried_rows(self, state: SamplerState | None, plan: BatchPlan) -> np.ndarray:
         """bool ``[batch]``: kept rows that write nothing and were still generating when the last call
@@ -278,9 +338,11 @@ class Sampler:
             carry[:n] = kept_idle & state.carried[np.maximum(plan.src[:n], 0)]
         lost = np.flatnonzero(kept_idle & ~carry[:n] & (plan.n_max[:n] > 0))
         if lost.size:
-            raise ValueError(f"continue_: rows {lost.tolist()} append nothing to a row that holds no pending "
-                             f"token or carried logits, so they have nothing to decode from; append tokens "
-                             f"or ask for max_new_tokens=0")
+            raise ValueError(
+                f"continue_: rows {lost.tolist()} append nothing to a row that holds no pending "
+                f"token or carried logits, so they have nothing to decode from; append tokens "
+                f"or ask for max_new_tokens=0"
+            )
         return carry
 
     def _starting_cache(self, state: SamplerState | None, plan: BatchPlan):
@@ -327,9 +389,16 @@ class Sampler:
                 continue
             with unusable_donations_ok():
                 lg, k, v, end = self._prefill(
-                    params, k, v, self._put(plan.gather_rows, row), self._put(chunk.end.astype(np.int32), row),
+                    params,
+                    k,
+                    v,
+                    self._put(plan.gather_rows, row),
+                    self._put(chunk.end.astype(np.int32), row),
                     self._put(plan.chunk_tokens(chunk), ("batch", None)),
-                    self._put(chunk.take.astype(np.int32), row), size=plan.window, gather=gather)
+                    self._put(chunk.take.astype(np.int32), row),
+                    size=plan.window,
+                    gather=gather,
+                )
             gather = False
             last_here = chunk.last_for(plan.lens)
             logits = lg if logits is None else jnp.where(self._put(last_here, row)[:, None], lg, logits)
@@ -343,14 +412,20 @@ class Sampler:
         last = chunk.last_for(plan.lens)
         for g in chunk.groups:
             is_last = np.zeros(g.rows.shape, bool)
-            is_last[:g.n_real] = last[g.rows[:g.n_real]]
+            is_last[: g.n_real] = last[g.rows[: g.n_real]]
             with unusable_donations_ok():
                 # a sub-batch is not split over the mesh's batch axis (its size is any bucket)
                 logits, k, v = self._prefill_rows(
-                    params, k, v, logits, self._put(g.rows, (None,)),
+                    params,
+                    k,
+                    v,
+                    logits,
+                    self._put(g.rows, (None,)),
                     self._put(g.end.astype(np.int32), (None,)),
                     self._put(plan.group_tokens(chunk, g), (None, None)),
-                    self._put(g.take.astype(np.int32), (None,)), self._put(is_last, (None,)))
+                    self._put(g.take.astype(np.int32), (None,)),
+                    self._put(is_last, (None,)),
+                )
         return logits, k, v
 
     def _decode_start_logits(self, logits, state: SamplerState | None, plan: BatchPlan, carry: np.ndarray):
@@ -359,8 +434,9 @@ class Sampler:
         (then no row decodes)."""
         row = ("batch",)
         if carry.any():
-            held = shd.constrain(jnp.take(state.logits, self._put(plan.gather_rows, row), axis=0),
-                                 ("batch", None), self.mesh, self.rules)
+            held = shd.constrain(
+                jnp.take(state.logits, self._put(plan.gather_rows, row), axis=0), ("batch", None), self.mesh, self.rules
+            )
             logits = held if logits is None else jnp.where(self._put(carry, row)[:, None], held, logits)
         if logits is None:
             logits = self._put(np.zeros((plan.batch, self.cfg.vocab_size), np.float32), ("batch", None))
@@ -373,11 +449,22 @@ class Sampler:
         until every row is done or the budget is spent."""
         row = ("batch",)
         return self._decode(
-            params, k, v, end, logits, self._put(plan.keys, ("batch", None)), self._put(plan.draws, row),
-            self._put(plan.temperature, row), self._put(plan.top_p, row), self._put(plan.top_k, row),
-            self._put(plan.n_max.astype(np.int32), row), self._put(plan.cap_reason.astype(np.int32), row),
-            self._put(plan.stop_ids, ("batch", None)), jnp.int32(plan.batch + 1 if min_done is None else min_done),
-            budget=plan.budget)
+            params,
+            k,
+            v,
+            end,
+            logits,
+            self._put(plan.keys, ("batch", None)),
+            self._put(plan.draws, row),
+            self._put(plan.temperature, row),
+            self._put(plan.top_p, row),
+            self._put(plan.top_k, row),
+            self._put(plan.n_max.astype(np.int32), row),
+            self._put(plan.cap_reason.astype(np.int32), row),
+            self._put(plan.stop_ids, ("batch", None)),
+            jnp.int32(plan.batch + 1 if min_done is None else min_done),
+            budget=plan.budget,
+        )
 
     def _count(self, plan: BatchPlan, n_gen: np.ndarray, t0: float, t1: float) -> None:
         """Adds the call's work to ``self.stats`` (rows, padded slots, decode steps, prefill tokens and
@@ -416,5 +503,14 @@ class Sampler:
         ends, pending, draws = plan.next_state(tokens, n_gen, running)
         carried = running | (carry[:n] & (n_gen[:n] == 0))
         # float32 [B, V] kept only when a row needs it (at Qwen3's vocabulary, ~600 KB a row)
-        return SamplerState(k=k, v=v, ends=ends, pending=pending, keys=plan.keys[:n].copy(), draws=draws,
-                            capacity=plan.capacity, logits=last_logits if carried.any() else None, carried=carried)
+        return SamplerState(
+            k=k,
+            v=v,
+            ends=ends,
+            pending=pending,
+            keys=plan.keys[:n].copy(),
+            draws=draws,
+            capacity=plan.capacity,
+            logits=last_logits if carried.any() else None,
+            carried=carried,
+        )

@@ -65,8 +65,16 @@ class SamplerPrograms:
     resize only), ``prefill_rows`` (write one chunk on a sub-batch) and ``decode``.
     """
 
-    def __init__(self, graphdef: nnx.GraphDef, *, mesh: jax.sharding.Mesh | None, rules: shd.Rules | None,
-                 k_max: int, cpu: bool, compiler_options: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef,
+        *,
+        mesh: jax.sharding.Mesh | None,
+        rules: shd.Rules | None,
+        k_max: int,
+        cpu: bool,
+        compiler_options: Mapping[str, Any] | None = None,
+    ):
         self._graphdef = graphdef
         self.mesh, self.rules = mesh, rules
         self.k_max, self._cpu = int(k_max), bool(cpu)
@@ -78,8 +86,10 @@ class SamplerPrograms:
         self.decode = jit(self._decode_impl, static_argnames=("budget",), donate_argnums=(1, 2))
 
     def _cache_constrain(self, k, v):
-        return (tuple(shd.constrain(a, qwen3.CACHE_K_AXES, self.mesh, self.rules) for a in k),
-                tuple(shd.constrain(a, qwen3.CACHE_V_AXES, self.mesh, self.rules) for a in v))
+        return (
+            tuple(shd.constrain(a, qwen3.CACHE_K_AXES, self.mesh, self.rules) for a in k),
+            tuple(shd.constrain(a, qwen3.CACHE_V_AXES, self.mesh, self.rules) for a in v),
+        )
 
     def _prefill_impl(self, params, k, v, src, end, tokens, lens, *, size: int, gather: bool):
         """Writes one chunk per row into the (gathered, resized) cache.
@@ -94,8 +104,9 @@ class SamplerPrograms:
         self.num_compilations += 1
         k, v = self._gather_resize(k, v, src, size, gather)
         model = nnx.merge(self._graphdef, params)
-        logits, cache = model(tokens, cache=qwen3.KVCache(k, v, end), chunk_lengths=lens,
-                              logits_at=jnp.maximum(lens - 1, 0))
+        logits, cache = model(
+            tokens, cache=qwen3.KVCache(k, v, end), chunk_lengths=lens, logits_at=jnp.maximum(lens - 1, 0)
+        )
         return logits, *self._cache_constrain(cache.k, cache.v), cache.end
 
     def _gather_resize(self, k, v, src, size: int, gather: bool):
@@ -124,8 +135,25 @@ class SamplerPrograms:
         logits = logits.at[rows].set(jnp.where(is_last[:, None], lg.astype(logits.dtype), logits[rows]))
         return logits, *self._cache_constrain(k, v)
 
-    def _decode_impl(self, params, k, v, end, logits, keys, draws, temperature, top_p, top_k, n_max,
-                     cap_reason, stop_ids, min_done, *, budget: int):
+    def _decode_impl(
+        self,
+        params,
+        k,
+        v,
+        end,
+        logits,
+        keys,
+        draws,
+        temperature,
+        top_p,
+        top_k,
+        n_max,
+        cap_reason,
+        stop_ids,
+        min_done,
+        *,
+        budget: int,
+    ):
         """On-device decode loop.
 
         Shapes: k, v per-layer tuples (see ``qwen3.KVCache``); end int32 ``[B]``; logits float32 ``[B, V]``
@@ -156,8 +184,13 @@ class SamplerPrograms:
             return tok, (tokens, lps, n, done | hit, reason)
 
         start = n_max <= 0
-        c0 = (jnp.zeros((B, budget), jnp.int32), jnp.zeros((B, budget), jnp.float32),
-              jnp.zeros((B,), jnp.int32), start, jnp.where(start, cap_reason, 0))
+        c0 = (
+            jnp.zeros((B, budget), jnp.int32),
+            jnp.zeros((B, budget), jnp.float32),
+            jnp.zeros((B,), jnp.int32),
+            start,
+            jnp.where(start, cap_reason, 0),
+        )
 
         def cond(carry):
             i, *_, c = carry
@@ -173,8 +206,13 @@ class SamplerPrograms:
             # hold, and a later chunk overwrites it before any valid query can see it.
             # The step that finishes the last row does one forward nobody reads: cheaper than a
             # lax.cond, whose branches may copy the whole cache on CPU.
-            logits, cache = model(tok[:, None], cache=qwen3.KVCache(k, v, end), chunk_lengths=live.astype(jnp.int32),
-                                  logits_at=jnp.zeros((B,), jnp.int32), decode_weights=weights)
+            logits, cache = model(
+                tok[:, None],
+                cache=qwen3.KVCache(k, v, end),
+                chunk_lengths=live.astype(jnp.int32),
+                logits_at=jnp.zeros((B,), jnp.int32),
+                decode_weights=weights,
+            )
             return i + 1, cache.k, cache.v, cache.end, logits, c
 
         _, k, v, end, last, c = jax.lax.while_loop(cond, body, (jnp.int32(0), k, v, end, logits, c0))

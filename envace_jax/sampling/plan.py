@@ -141,7 +141,7 @@ class BatchPlan:
         for i in range(group.n_real):
             t = int(group.take[i])
             r = int(group.rows[i])
-            tok[i, :t] = self.inputs[r][chunk.offset: chunk.offset + t]
+            tok[i, :t] = self.inputs[r][chunk.offset : chunk.offset + t]
         return tok
 
     def chunk_tokens(self, chunk: PrefillChunk) -> np.ndarray:
@@ -150,11 +150,12 @@ class BatchPlan:
         for i in range(self.n):
             t = int(chunk.take[i])
             if t > 0:
-                tok[i, :t] = self.inputs[i][chunk.offset: chunk.offset + t]
+                tok[i, :t] = self.inputs[i][chunk.offset : chunk.offset + t]
         return tok
 
-    def next_state(self, tokens: np.ndarray, n_gen: np.ndarray, running: np.ndarray | None = None
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def next_state(
+        self, tokens: np.ndarray, n_gen: np.ndarray, running: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ends, pending, draws) of the first ``n`` rows after decoding ``n_gen`` tokens each.
 
         The last generated token of a finished row is pending (not in the cache yet); a row still
@@ -183,9 +184,15 @@ SPLIT_AT_MOST = 0.6
 SUB_BATCH_MIN = 8
 
 
-def split_rows(take: np.ndarray, end: np.ndarray, *, length: int, headroom: int,
-               length_buckets: Sequence[int] | None, min_rows: int = SUB_BATCH_MIN
-               ) -> tuple[PrefillGroup, ...] | None:
+def split_rows(
+    take: np.ndarray,
+    end: np.ndarray,
+    *,
+    length: int,
+    headroom: int,
+    length_buckets: Sequence[int] | None,
+    min_rows: int = SUB_BATCH_MIN,
+) -> tuple[PrefillGroup, ...] | None:
     """The chunk's writing rows in at most two sub-batches by length, or None when the full batch
     (``len(take)`` rows x ``length`` columns) costs little more.
 
@@ -204,7 +211,7 @@ def split_rows(take: np.ndarray, end: np.ndarray, *, length: int, headroom: int,
     t_of = lambda rows: min(bucket(int(take[rows[-1]]), length_buckets, 16), headroom)
     b_of = lambda m: min(pow2_bucket(m, min_rows), batch)
     best, best_cost = None, batch * length
-    for k in range(order.size):   # order[:k] short rows, order[k:] long rows (k = 0: one sub-batch)
+    for k in range(order.size):  # order[:k] short rows, order[k:] long rows (k = 0: one sub-batch)
         parts = [p for p in (order[:k], order[k:]) if p.size]
         cost = sum(b_of(p.size) * t_of(p) for p in parts)
         if cost < best_cost:
@@ -219,9 +226,15 @@ def split_rows(take: np.ndarray, end: np.ndarray, *, length: int, headroom: int,
         spare = [r for r in np.concatenate([np.flatnonzero(take == 0), order]) if r not in members]
         pad = np.asarray(spare[: b - part.size], np.int64)
         rows = np.concatenate([part, pad]).astype(np.int32)
-        groups.append(PrefillGroup(rows=rows, n_real=int(part.size),
-                                   take=np.concatenate([take[part], np.zeros(pad.size, take.dtype)]),
-                                   length=t_of(part), end=np.concatenate([end[part], after[pad]])))
+        groups.append(
+            PrefillGroup(
+                rows=rows,
+                n_real=int(part.size),
+                take=np.concatenate([take[part], np.zeros(pad.size, take.dtype)]),
+                length=t_of(part),
+                end=np.concatenate([end[part], after[pad]]),
+            )
+        )
     return tuple(groups)
 
 
@@ -229,11 +242,20 @@ def _row_key(seed: int, i: int) -> tuple[int, int]:
     return seed % 2**32, (i + 0x9E3779B9 * (seed >> 32)) % 2**32
 
 
-def plan_batch(inputs: Sequence[np.ndarray], ps: Sequence["SamplingParams"], seeds: Sequence[int], capacity: int,
-               *, batch: int, max_chunk: int, prev: PrevRows | None = None,
-               length_buckets: Sequence[int] | None = None,
-               window_buckets: Sequence[int] | None = None, split_prefill: bool = False,
-               split_min_rows: int = SUB_BATCH_MIN) -> BatchPlan:
+def plan_batch(
+    inputs: Sequence[np.ndarray],
+    ps: Sequence["SamplingParams"],
+    seeds: Sequence[int],
+    capacity: int,
+    *,
+    batch: int,
+    max_chunk: int,
+    prev: PrevRows | None = None,
+    length_buckets: Sequence[int] | None = None,
+    window_buckets: Sequence[int] | None = None,
+    split_prefill: bool = False,
+    split_min_rows: int = SUB_BATCH_MIN,
+) -> BatchPlan:
     """Plans one sampler call of ``len(inputs)`` rows padded to ``batch`` (see ``BatchPlan``).
 
     ``inputs[i]``: int32 tokens row ``i`` appends (the whole prompt for a fresh row); ``seeds[i]``:
@@ -286,19 +308,26 @@ def plan_batch(inputs: Sequence[np.ndarray], ps: Sequence["SamplingParams"], see
     # must cover end + chunk length for all rows in all chunks, and every decode write.
     prefill = []
     off, end_cur = 0, end0.copy()
-    while lens.max() > 0:   # nothing to write (every row carries its logits, or sits out): no prefill
+    while lens.max() > 0:  # nothing to write (every row carries its logits, or sits out): no prefill
         take = np.clip(lens - off, 0, max_chunk)
         T = min(bucket(max(int(take.max()), 1), length_buckets, 16), headroom)
-        groups = (split_rows(take, end_cur, length=T, headroom=headroom, length_buckets=length_buckets,
-                             min_rows=split_min_rows) if split_prefill else None)
+        groups = (
+            split_rows(
+                take, end_cur, length=T, headroom=headroom, length_buckets=length_buckets, min_rows=split_min_rows
+            )
+            if split_prefill
+            else None
+        )
         prefill.append(PrefillChunk(off, take, T, end_cur, groups))
         end_cur = end_cur + take
         off += max_chunk
         if off >= lens.max():
             break
-    need = max(max((int((c.end + c.length).max()) for c in prefill), default=0),
-               max((int((g.end + g.length).max()) for c in prefill for g in c.groups or ()), default=0),
-               int((end_after + np.maximum(n_max, 1)).max()))
+    need = max(
+        max((int((c.end + c.length).max()) for c in prefill), default=0),
+        max((int((g.end + g.length).max()) for c in prefill for g in c.groups or ()), default=0),
+        int((end_after + np.maximum(n_max, 1)).max()),
+    )
     window = min(phys, quarter_octave_bucket(need) if window_buckets is None else bucket(need, window_buckets, 1))
 
     stop_w = max(4, pow2_bucket(max((len(p.stop_token_ids) for p in ps), default=1)))
@@ -312,7 +341,27 @@ def plan_batch(inputs: Sequence[np.ndarray], ps: Sequence["SamplingParams"], see
     # Bucketed on the requested budget (capped by the capacity) rather than on n_max, so that
     # rows ending early for lack of room do not change the program.
     budget = pow2_bucket(max(min(int(max_new.max()), capacity), int(n_max.max()), 1), 8)
-    return BatchPlan(n=n, batch=batch, capacity=capacity, src=src, keys=keys, draws=draws, end0=end0,
-                     pending0=pending0, inputs=rows_in, lens=lens, full_now=full_now, end_after=end_after,
-                     max_new=max_new, n_max=n_max, cap_reason=cap_reason, prefill=prefill, window=window,
-                     budget=budget, temperature=temperature, top_p=top_p, top_k=top_k, stop_ids=stop_ids)
+    return BatchPlan(
+        n=n,
+        batch=batch,
+        capacity=capacity,
+        src=src,
+        keys=keys,
+        draws=draws,
+        end0=end0,
+        pending0=pending0,
+        inputs=rows_in,
+        lens=lens,
+        full_now=full_now,
+        end_after=end_after,
+        max_new=max_new,
+        n_max=n_max,
+        cap_reason=cap_reason,
+        prefill=prefill,
+        window=window,
+        budget=budget,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        stop_ids=stop_ids,
+    )

@@ -30,10 +30,20 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
         raise SystemExit("--count must be >= 1")
     out = []
     for i in range(a.count):
-        cmd = ["gcloud", "compute", "instances", "create", f"{a.name}-{i}", f"--zone={a.zone}",
-               f"--machine-type={a.machine_type}", f"--accelerator=type={a.accelerator},count={a.gpus}",
-               f"--image-family={a.image_family}", f"--image-project={a.image_project}",
-               "--maintenance-policy=TERMINATE", "--metadata=install-nvidia-driver=True"]
+        cmd = [
+            "gcloud",
+            "compute",
+            "instances",
+            "create",
+            f"{a.name}-{i}",
+            f"--zone={a.zone}",
+            f"--machine-type={a.machine_type}",
+            f"--accelerator=type={a.accelerator},count={a.gpus}",
+            f"--image-family={a.image_family}",
+            f"--image-project={a.image_project}",
+            "--maintenance-policy=TERMINATE",
+            "--metadata=install-nvidia-driver=True",
+        ]
         if a.project:
             cmd.append(f"--project={a.project}")
         if a.spot:

@@ -32,8 +32,17 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
     out = []
     for i, host in enumerate(hosts):
         repo = ROOT if host in LOCAL else REPO_DIR
-        train = shlex.join([".venv/bin/python", a.script, f"--config={a.config}", f"--coordinator={coord}",
-                            f"--num_processes={len(hosts)}", f"--process_id={i}", *extra])
+        train = shlex.join(
+            [
+                ".venv/bin/python",
+                a.script,
+                f"--config={a.config}",
+                f"--coordinator={coord}",
+                f"--num_processes={len(hosts)}",
+                f"--process_id={i}",
+                *extra,
+            ]
+        )
         out.append(on_host(host, f"cd {repo} && nohup {train} > {a.log_prefix}_{i}.log 2>&1 &"))
     return out, a.dry_run
 

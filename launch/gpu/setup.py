@@ -1,6 +1,6 @@
 """Copy this checkout to every GPU host and install it with the CUDA jaxlib.
 
-    python launch/gpu/setup.py --hosts=gpu-0,gpu-1 [--dry-run]
+python launch/gpu/setup.py --hosts=gpu-0,gpu-1 [--dry-run]
 """
 
 from __future__ import annotations
@@ -20,8 +20,18 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
     out = []
     for host in host_list(a.hosts):
         if host not in LOCAL:
-            out.append(["rsync", "-az", "--delete", "--exclude=.venv", "--exclude=runs", "--exclude=.git",
-                        a.source.rstrip("/") + "/", f"{host}:{REPO_DIR}/"])
+            out.append(
+                [
+                    "rsync",
+                    "-az",
+                    "--delete",
+                    "--exclude=.venv",
+                    "--exclude=runs",
+                    "--exclude=.git",
+                    a.source.rstrip("/") + "/",
+                    f"{host}:{REPO_DIR}/",
+                ]
+            )
         repo = a.source if host in LOCAL else REPO_DIR
         out.append(on_host(host, f"cd {repo} && {a.python} -m venv .venv && .venv/bin/pip install -q -e '.[gpu]'"))
     return out, a.dry_run

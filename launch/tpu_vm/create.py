@@ -1,6 +1,6 @@
 """Create a TPU VM pod slice.
 
-    python launch/tpu_vm/create.py --name=envace --zone=us-east5-a --accelerator=v5p-32 [--spot] [--dry-run]
+python launch/tpu_vm/create.py --name=envace --zone=us-east5-a --accelerator=v5p-32 [--spot] [--dry-run]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Copy this checkout to every worker of a TPU VM slice and install it with the TPU jaxlib.
 
-    python launch/tpu_vm/setup.py --name=envace --zone=us-east5-a [--source=.] [--dry-run]
+python launch/tpu_vm/setup.py --name=envace --zone=us-east5-a [--source=.] [--dry-run]
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ def commands(argv=None) -> tuple[list[list[str]], bool]:
     archive = "/tmp/envace-jax.tar.gz"
     pack = ["tar", "--exclude=.venv", "--exclude=runs", "--exclude=.git", "-czf", archive, "-C", a.source, "."]
     copy = gcloud(a, "scp", archive, f"{a.name}:/tmp/envace-jax.tar.gz", "--worker=all")
-    install = ssh_all(a, f"mkdir -p {REPO_DIR} && tar -xzf /tmp/envace-jax.tar.gz -C {REPO_DIR} && cd {REPO_DIR} "
-                         f"&& {a.python} -m venv .venv && .venv/bin/pip install -q -e '.[tpu]'")
+    install = ssh_all(
+        a,
+        f"mkdir -p {REPO_DIR} && tar -xzf /tmp/envace-jax.tar.gz -C {REPO_DIR} && cd {REPO_DIR} "
+        f"&& {a.python} -m venv .venv && .venv/bin/pip install -q -e '.[tpu]'",
+    )
     return [pack, copy, install], a.dry_run
 
 

@@ -24,8 +24,9 @@ from envace_jax.config import config_from_file, load_config
 from tests.helpers_paths import ROOT as REPO
 
 HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
-needs_libtpu = pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu is not installed (pip install -e '.[aot]'); "
-                                                          "TPU compilation cannot run")
+needs_libtpu = pytest.mark.skipif(
+    not HAVE_LIBTPU, reason="libtpu is not installed (pip install -e '.[aot]'); TPU compilation cannot run"
+)
 
 
 @dataclasses.dataclass
@@ -40,12 +41,12 @@ def test_run_shapes_of_the_8b_config_on_a_v5p_64_layout():
     assert (s.processes, s.chips_per_process) == (16, 4)
     # micro-batch 1 per process, rounded up to the host's 4 chips, times 16 hosts: one row per chip
     assert s.train_rows == 64
-    assert s.train_width == 20032                       # 20000 rounded up to the 64-token bucket
+    assert s.train_width == 20032  # 20000 rounded up to the 64-token bucket
     episodes = cfg.data.prompts_per_step * cfg.rl.n_rollouts
     assert s.sample_rows == 2 * episodes and s.rows_per_episode == 2  # requests + parked ACT rows
     real = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, mode="real"))
     assert run_shapes(real, devices).rows_per_episode == 1 and run_shapes(real, devices).sample_rows == episodes
-    assert s.cache_window == 20480                      # 20000 in quarter-octave buckets (step 4096)
+    assert s.cache_window == 20480  # 20000 in quarter-octave buckets (step 4096)
     assert s.decode_budget == 8192 and s.prefill_chunk == 512
 
 
@@ -60,8 +61,8 @@ def test_collective_counts_and_roofline_arithmetic():
 """
     assert count_collectives(hlo) == {"all-gather": 2, "all-reduce": 1, "reduce-scatter": 1}
     v5p = CHIPS["v5p"]
-    assert roofline_seconds(459e12, 0.0, v5p) == pytest.approx(1.0)          # compute-bound: 1 s of peak
-    assert roofline_seconds(1.0, 2765e9 * 2, v5p) == pytest.approx(2.0)     # memory-bound: 2 s of HBM
+    assert roofline_seconds(459e12, 0.0, v5p) == pytest.approx(1.0)  # compute-bound: 1 s of peak
+    assert roofline_seconds(1.0, 2765e9 * 2, v5p) == pytest.approx(2.0)  # memory-bound: 2 s of HBM
 
 
 def test_topology_names():
@@ -74,20 +75,39 @@ def test_topology_names():
 
 
 # Tiny model with TPU-tile-friendly sizes (multiples of 128), so padding does not blur the hand count.
-TINY = ["--config.model.vocab_size=1024", "--config.model.hidden_size=256", "--config.model.intermediate_size=512",
-        "--config.model.num_layers=2", "--config.model.num_heads=2", "--config.model.num_kv_heads=1",
-        "--config.model.head_dim=128", "--config.rl.micro_batch_size=4", "--config.rl.max_row_length=256",
-        "--config.rollout.max_model_len=512", "--config.rollout.act.max_new_tokens=64",
-        "--config.rollout.rehearse.max_new_tokens=64", "--config.data.prompts_per_step=2",
-        "--config.rl.n_rollouts=2", "--config.mesh.fsdp=-1"]
+TINY = [
+    "--config.model.vocab_size=1024",
+    "--config.model.hidden_size=256",
+    "--config.model.intermediate_size=512",
+    "--config.model.num_layers=2",
+    "--config.model.num_heads=2",
+    "--config.model.num_kv_heads=1",
+    "--config.model.head_dim=128",
+    "--config.rl.micro_batch_size=4",
+    "--config.rl.max_row_length=256",
+    "--config.rollout.max_model_len=512",
+    "--config.rollout.act.max_new_tokens=64",
+    "--config.rollout.rehearse.max_new_tokens=64",
+    "--config.data.prompts_per_step=2",
+    "--config.rl.n_rollouts=2",
+    "--config.mesh.fsdp=-1",
+]
 
 
 def _aot(tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
     out = tmp_path / "aot.json"
-    cmd = [sys.executable, os.path.join(REPO, "launch/aot_compile.py"), "--config=" + os.path.join(REPO, "configs/demo_cpu.py"),
-           "--topology=v5e:2x2", f"--output={out}", *TINY, *extra]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "launch/aot_compile.py"),
+        "--config=" + os.path.join(REPO, "configs/demo_cpu.py"),
+        "--topology=v5e:2x2",
+        f"--output={out}",
+        *TINY,
+        *extra,
+    ]
+    proc = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "JAX_PLATFORMS": "cpu"}
+    )
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 
@@ -106,9 +126,9 @@ def test_tiny_config_on_v5e_2x2_argument_bytes_match_a_hand_count(tmp_path):
 
     # Hand count: fsdp = 4 chips split every "embed" (hidden, 256) dimension; norms are replicated.
     V, D, F, L, N, K, H = 1024, 256, 512, 2, 2, 1, 128
-    split = 2 * V * D + L * (2 * D * N * H + 2 * D * K * H + 3 * D * F)   # embed, lm_head, q/o, k/v, mlp
-    whole = D + L * (2 * D + 2 * H)                                        # final, input/post, q/k norms
-    params = 4 * (split / 4 + whole)                                       # float32 bytes on one chip
+    split = 2 * V * D + L * (2 * D * N * H + 2 * D * K * H + 3 * D * F)  # embed, lm_head, q/o, k/v, mlp
+    whole = D + L * (2 * D + 2 * H)  # final, input/post, q/k norms
+    params = 4 * (split / 4 + whole)  # float32 bytes on one chip
     # train_step's arguments: parameters, Adam's two moments, the running gradient sum (each one
     # parameter-sized), and one micro-batch row per chip (6 [1, 256] arrays of 4 bytes).
     hand = 4 * params + 6 * 256 * 4
@@ -123,12 +143,17 @@ def test_tiny_config_on_v5e_2x2_argument_bytes_match_a_hand_count(tmp_path):
 def test_oversized_config_is_reported_as_not_fitting(tmp_path):
     # A 4M-token vocabulary at hidden 1024: 2 x 16 GB of float32 embedding and head, 4 copies with the
     # optimizer and the gradient sum, over 4 chips of 16 GB.
-    proc, rep = _aot(tmp_path, "--programs=train_step", "--config.model.vocab_size=4194304",
-                     "--config.model.hidden_size=1024")
+    proc, rep = _aot(
+        tmp_path, "--programs=train_step", "--config.model.vocab_size=4194304", "--config.model.hidden_size=1024"
+    )
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert "train_step" in proc.stderr and "does not fit on v5e:2x2" in proc.stderr
-    for knob in ("--config.mesh.fsdp", "--config.rl.micro_batch_size", "--config.model.remat_policy",
-                 "--config.model.param_dtype"):
+    for knob in (
+        "--config.mesh.fsdp",
+        "--config.rl.micro_batch_size",
+        "--config.model.remat_policy",
+        "--config.model.param_dtype",
+    ):
         assert knob in proc.stderr, knob
     (p,) = rep["programs"]
     assert p["name"] == "train_step" and p["fits"] is False
@@ -154,6 +179,7 @@ def test_sampler_program_specs_match_the_arguments_of_a_real_call():
         def call(*args, **kwargs):
             seen[name] = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), args), kwargs)
             return fn(*args, **kwargs)
+
         return call
 
     jitted = sampler._prefill, sampler._decode
@@ -170,8 +196,9 @@ def test_sampler_program_specs_match_the_arguments_of_a_real_call():
         assert jax.tree.structure(spec_args) == jax.tree.structure(args), name
         shapes = lambda tree: [(tuple(x.shape), np.dtype(x.dtype)) for x in jax.tree.leaves(tree)]
         assert shapes(spec_args) == shapes(args), name
-        assert {k: v for k, v in spec_kwargs.items() if k != "gather"} == \
-               {k: v for k, v in kwargs.items() if k != "gather"}, name
+        assert {k: v for k, v in spec_kwargs.items() if k != "gather"} == {
+            k: v for k, v in kwargs.items() if k != "gather"
+        }, name
         fn.lower(*spec_args, **spec_kwargs)  # and the jitted program accepts them
 
 
@@ -186,8 +213,8 @@ def test_decode_step_bytes_exclude_the_once_per_call_setup(tmp_path):
     V, D, F, L, N, K, H = 1024, 256, 512, 2, 2, 1, 128
     # One host: the sampler reads the training mesh's weights under SAMPLE_RULES (replicated, float32).
     weights = 4 * (2 * V * D + L * (2 * D * N * H + 2 * D * K * H + 3 * D * F) + D + L * (2 * D + 2 * H))
-    rows, window = 8, 512                               # 2 prompts x 2 rollouts x 2 roles; max_model_len 512
-    cache = 4 * L * rows * K * H * window * 2           # float32 k and v of every layer
+    rows, window = 8, 512  # 2 prompts x 2 rollouts x 2 roles; max_model_len 512
+    cache = 4 * L * rows * K * H * window * 2  # float32 k and v of every layer
     assert weights <= p["bytes_accessed"] <= weights + 3 * cache, (p["bytes_accessed"], weights, cache)
     assert p["roofline_s"] >= 64 * p["bytes_accessed"] / CHIPS["v5e"].hbm_bytes_per_s
 

@@ -18,17 +18,31 @@ def _prog(name: str, roofline: float, steps: int = 1, setup: float = 0.0, fits: 
 
 
 def _report(**over) -> Report:
-    progs = {"train_step": _prog("train_step", 10.0), "logprobs": _prog("logprobs", 2.0),
-             "prefill": _prog("prefill", 0.5), "decode": _prog("decode", 0.01 + 1000 * 0.002, steps=1000, setup=0.01)}
+    progs = {
+        "train_step": _prog("train_step", 10.0),
+        "logprobs": _prog("logprobs", 2.0),
+        "prefill": _prog("prefill", 0.5),
+        "decode": _prog("decode", 0.01 + 1000 * 0.002, steps=1000, setup=0.01),
+    }
     progs.update(over)
-    shapes = RunShapes(processes=16, chips_per_process=4, train_rows=64, train_width=20000, sample_batch=8,
-                       sample_rows=8, prefill_chunk=512, cache_window=20480, decode_budget=1000)
+    shapes = RunShapes(
+        processes=16,
+        chips_per_process=4,
+        train_rows=64,
+        train_width=20000,
+        sample_batch=8,
+        sample_rows=8,
+        prefill_chunk=512,
+        cache_window=20480,
+        decode_budget=1000,
+    )
     return Report("v5p:4x4x4", 64, CHIPS["v5p"], shapes, list(progs.values()))
 
 
 def test_estimate_by_hand():
-    a = StepAssumptions(prompts=16, rollouts=4, generations=10, generated_tokens=800, prompt_tokens=1500,
-                        row_tokens=8000)
+    a = StepAssumptions(
+        prompts=16, rollouts=4, generations=10, generated_tokens=800, prompt_tokens=1500, row_tokens=8000
+    )
     est = estimate_step(_report(), a)
     # decode: 10 calls x (setup 0.01 s + 800 steps x 0.002 s); prefill: 10 calls x ceil(1500 / 512) = 3 chunks x 0.5 s
     assert est["decode"] == pytest.approx(10 * (0.01 + 800 * 0.002))

@@ -27,12 +27,12 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 def test_missing_tokenizer_files_name_the_make_target(tmp_path):
     empty = tmp_path / "no_tokenizer"
     empty.mkdir()
-    (empty / "tokenizer.json").write_text("{}")   # one of the two files only
+    (empty / "tokenizer.json").write_text("{}")  # one of the two files only
     env = {k: v for k, v in os.environ.items() if k != "ENVACE_QWEN3_DIR"}
     r = _run("--preset", "tiny", "--out", str(tmp_path / "out"), "--tokenizer_dir", str(empty), env=env)
     assert r.returncode != 0
     assert "make qwen3-files" in r.stderr and str(empty) in r.stderr and "tokenizer_config.json" in r.stderr
-    assert "'tokenizer.json'" not in r.stderr.split("are not in")[0]   # only the missing file is named
+    assert "'tokenizer.json'" not in r.stderr.split("are not in")[0]  # only the missing file is named
     # The environment variable is the next place looked at.
     r = _run("--preset", "tiny", "--out", str(tmp_path / "out"), env=dict(env, ENVACE_QWEN3_DIR=str(empty)))
     assert r.returncode != 0 and "make qwen3-files" in r.stderr and str(empty) in r.stderr
@@ -41,10 +41,28 @@ def test_missing_tokenizer_files_name_the_make_target(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_step_exports_a_folder_transformers_reads_with_the_same_logits(tmp_path, qwen3_official):
-    tok_dir = qwen3_official   # the conftest fixture: fails under `make test` when the files are absent
+    tok_dir = qwen3_official  # the conftest fixture: fails under `make test` when the files are absent
     out = tmp_path / "rs"
-    r = _run("--preset", "tiny", "--out", str(out), "--tokenizer_dir", tok_dir, "--prompts", "2", "--group", "2",
-             "--max_new_tokens", "8", "--compare_rows", "2", "--compare_tokens", "48", "--lr", "1e-4")
+    r = _run(
+        "--preset",
+        "tiny",
+        "--out",
+        str(out),
+        "--tokenizer_dir",
+        tok_dir,
+        "--prompts",
+        "2",
+        "--group",
+        "2",
+        "--max_new_tokens",
+        "8",
+        "--compare_rows",
+        "2",
+        "--compare_tokens",
+        "48",
+        "--lr",
+        "1e-4",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
 
@@ -72,8 +90,13 @@ def test_tiny_step_exports_a_folder_transformers_reads_with_the_same_logits(tmp_
 
     # Every phase was timed and its memory read; the markdown table is printed.
     names = [ph["name"] for ph in s["phases"]]
-    for want in ("build run (rl.train.build_run)", "rollouts (rehearsal mode)", "old log-probs",
-                 "GRPO update (forward + backward + AdamW)", "export (hf_io.save_hf + tokenizer files)"):
+    for want in (
+        "build run (rl.train.build_run)",
+        "rollouts (rehearsal mode)",
+        "old log-probs",
+        "GRPO update (forward + backward + AdamW)",
+        "export (hf_io.save_hf + tokenizer files)",
+    ):
         assert want in names
     for ph in s["phases"]:
         assert ph["seconds"] >= 0

@@ -23,17 +23,35 @@ def test_each_kind_of_mismatch_is_named():
     assert "currency" in extra
     typed = call_problem("add_event", {"day": "fri", "hour": "16", "title": "review"}, CALENDAR)
     assert typed.startswith("add_event: hour:") and "integer" in typed
-    week = [{"type": "function", "function": {"name": "open", "parameters": {
-        "type": "object", "properties": {"day": {"type": "string", "enum": ["mon", "tue"]}}, "required": ["day"]}}}]
+    week = [
+        {
+            "type": "function",
+            "function": {
+                "name": "open",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"day": {"type": "string", "enum": ["mon", "tue"]}},
+                    "required": ["day"],
+                },
+            },
+        }
+    ]
     assert call_problem("open", {"day": "mon"}, week) is None
     assert "is not one of" in call_problem("open", {"day": "funday"}, week)
 
 
 def test_types_json_schema_does_not_know_are_not_checked():
     # BFCL writes "dict" and "float"; such a type is skipped, the rest of the schema still holds
-    bfcl = [{"name": "area", "parameters": {"type": "dict", "properties": {"base": {"type": "float"},
-                                                                         "unit": {"type": "string"}},
-                                            "required": ["base"]}}]
+    bfcl = [
+        {
+            "name": "area",
+            "parameters": {
+                "type": "dict",
+                "properties": {"base": {"type": "float"}, "unit": {"type": "string"}},
+                "required": ["base"],
+            },
+        }
+    ]
     assert call_problem("area", {"base": 3.5}, bfcl) is None
     assert call_problem("area", {"base": "wide"}, bfcl) is None
     assert "unit" in call_problem("area", {"base": 3, "unit": 2}, bfcl)

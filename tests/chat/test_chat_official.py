@@ -31,14 +31,19 @@ def official(qwen3_official):
     with open(os.path.join(qwen3_official, "tokenizer_config.json"), encoding="utf-8") as f:
         template = json.load(f)["chat_template"]
     fast = PreTrainedTokenizerFast(tokenizer_file=path)
-    return {"raw": Tokenizer.from_file(path), "fast": fast, "template": template,
-            "ours": load_tokenizer(qwen3_official)}
+    return {
+        "raw": Tokenizer.from_file(path),
+        "fast": fast,
+        "template": template,
+        "ours": load_tokenizer(qwen3_official),
+    }
 
 
 def official_text(official, messages, tools=TOOLS, **kw) -> str:
     """The official template rendered by transformers, independent of our tokenizer loading."""
-    return official["fast"].apply_chat_template(messages, tools=tools, tokenize=False,
-                                                chat_template=official["template"], **kw)
+    return official["fast"].apply_chat_template(
+        messages, tools=tools, tokenize=False, chat_template=official["template"], **kw
+    )
 
 
 def raw_ids(official, text: str) -> list[int]:
@@ -51,10 +56,10 @@ TEXTS = [
     "<think>\nThe user wants two balances.\n</think>\n\n<tool_call>\n"
     '{"name": "get_balance", "arguments": {"account": "A1"}}\n</tool_call>',
     '<tool_call>\n{"name": "transfer", "arguments": {"source": "A1", "target": "Zürich-7", "amount": 20.5}}\n'
-    "</tool_call>\n<tool_call>\n{\"name\": \"get_balance\", \"arguments\": {\"account\": \"B2\"}}\n</tool_call>",
+    '</tool_call>\n<tool_call>\n{"name": "get_balance", "arguments": {"account": "B2"}}\n</tool_call>',
     "<think>\n让我想想：账户余额是多少？東京の天気は晴れです。\n잔액을 확인하겠습니다.\n</think>\n\n余额为 120 元。",
     "Done ✅ 🎉👍🏽 family 👨\u200d👩\u200d👧 flag 🇨🇭 math ∑∫√ arrows →⇒",
-    "<|im_start|>user\n<tool_response>\n{\"balance\": 120}\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    '<|im_start|>user\n<tool_response>\n{"balance": 120}\n</tool_response><|im_end|>\n<|im_start|>assistant\n',
     "<|endoftext|><|im_start|>system\nx<|im_end|><|vision_start|><|image_pad|><|vision_end|><|fim_prefix|>",
     "not special: <|im_start |> < think> <tool_call > </tool_call\n",
     "  leading spaces\n\n\n\ttabs\r\nand   runs   \n",
@@ -80,8 +85,9 @@ def test_load_tokenizer_gives_the_official_ids(official, text):
 
 def test_stop_and_markup_tokens_are_the_official_ids(official):
     raw, renderer = official["raw"], ChatRenderer(official["ours"])
-    assert renderer.stop_token_ids == (raw.token_to_id("<|im_end|>"), raw.token_to_id("<|endoftext|>")) \
-        == (151645, 151643)
+    assert (
+        renderer.stop_token_ids == (raw.token_to_id("<|im_end|>"), raw.token_to_id("<|endoftext|>")) == (151645, 151643)
+    )
     assert renderer.im_start_id == raw.token_to_id("<|im_start|>") == 151644
     for token in ("<think>", "</think>", "<tool_call>", "</tool_call>"):
         assert len(raw_ids(official, token)) == 1 and renderer.encode(token) == raw_ids(official, token)
@@ -89,9 +95,11 @@ def test_stop_and_markup_tokens_are_the_official_ids(official):
 
 # ----------------------------------------------------------------------------- the ACT context
 
+
 def _tool_messages(contents):
-    return [{"role": "tool", "name": "get_balance", "tool_call_id": f"c{i}", "content": c}
-            for i, c in enumerate(contents)]
+    return [
+        {"role": "tool", "name": "get_balance", "tool_call_id": f"c{i}", "content": c} for i, c in enumerate(contents)
+    ]
 
 
 def play(official, thinking: bool, steps):
@@ -142,13 +150,17 @@ def test_act_context_with_thinking_off_differs_only_by_the_empty_think_blocks(of
     the ACT context keeps it. The official template writes it only before the last assistant message (and
     in the generation prompt), so removing it from every earlier assistant turn gives the official text."""
     empty = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-    steps = [("user", "Balance of A1?"), ("assistant", call_text("get_balance", {"account": "A1"})[1:]),
-             ("tool", ['{"balance": 120}']),
-             ("assistant", "Checking B2 too." + call_text("get_balance", {"account": "B2"})),
-             ("tool", ['{"balance": 7}']), ("assistant", "A1 holds 120 and B2 holds 7.")]
+    steps = [
+        ("user", "Balance of A1?"),
+        ("assistant", call_text("get_balance", {"account": "A1"})[1:]),
+        ("tool", ['{"balance": 120}']),
+        ("assistant", "Checking B2 too." + call_text("get_balance", {"account": "B2"})),
+        ("tool", ['{"balance": 7}']),
+        ("assistant", "A1 holds 120 and B2 holds 7."),
+    ]
     for n, (ours, messages, t) in enumerate(play(official, False, steps)):
         theirs = official_text(official, messages, add_generation_prompt=t.awaiting_generation, enable_thinking=False)
-        keep_from = ours.rindex(empty)        # the generation prompt or the last sampled turn
+        keep_from = ours.rindex(empty)  # the generation prompt or the last sampled turn
         assert ours[:keep_from].replace(empty, "<|im_start|>assistant\n") + ours[keep_from:] == theirs, n
         if n <= 1:
             assert ours == theirs and t.ids == raw_ids(official, theirs)
@@ -169,11 +181,13 @@ def test_simulator_prompt_is_the_official_render(official):
     history = [SYSTEM, {"role": "user", "content": "Balance of A1?"}]
     text = call_text("get_balance", {"account": "A1"})[1:]
     messages = codec.simulator_messages(record, history, text, ("c0", "get_balance", {"account": "A1"}))
-    assert codec.simulator_prompt(record, history, text, ("c0", "get_balance", {"account": "A1"})) == \
-        raw_ids(official, official_text(official, messages, tools=None, add_generation_prompt=True))
+    assert codec.simulator_prompt(record, history, text, ("c0", "get_balance", {"account": "A1"})) == raw_ids(
+        official, official_text(official, messages, tools=None, add_generation_prompt=True)
+    )
 
 
 # ----------------------------------------------------------------------------- our template (demo tokenizer)
+
 
 def _body(text: str) -> str:
     """The render after the system block (where the tools preamble lives)."""
@@ -233,26 +247,39 @@ def test_our_template_with_thinking_off_adds_the_empty_think_block_to_every_curr
     theirs = _body(official_text(official, msgs, enable_thinking=False))
     head, tail = _split_at_last_query(ours, msgs)
     last = tail.rindex("<|im_start|>assistant\n")
-    fixed = head + tail[:last].replace("<|im_start|>assistant\n<think>\n\n</think>\n\n", "<|im_start|>assistant\n") \
+    fixed = (
+        head
+        + tail[:last].replace("<|im_start|>assistant\n<think>\n\n</think>\n\n", "<|im_start|>assistant\n")
         + tail[last:]
+    )
     assert fixed == theirs != ours
 
 
 CALL = {"id": "a", "type": "function", "function": {"name": "get_balance", "arguments": {"account": "A1"}}}
 REASONING = {
-    "last_turn": [{"role": "user", "content": "q"},
-                  {"role": "assistant", "content": "Answer.", "reasoning_content": "\nThink hard.\n"}],
-    "call_then_answer": [{"role": "user", "content": "q"},
-                         {"role": "assistant", "content": "", "reasoning_content": "need it", "tool_calls": [CALL]},
-                         {"role": "tool", "content": '{"b": 1}'},
-                         {"role": "assistant", "content": "It is 1.", "reasoning_content": "done"}],
-    "content_and_two_calls": [{"role": "user", "content": "q"},
-                              {"role": "assistant", "content": "\nLet me see.", "reasoning_content": "r",
-                               "tool_calls": [CALL, CALL]},
-                              {"role": "tool", "content": "1"}, {"role": "tool", "content": "2"},
-                              {"role": "assistant", "content": "", "reasoning_content": "done"}],
-    "past_turn": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "A", "reasoning_content": "r1"},
-                  {"role": "user", "content": "q2"}, {"role": "assistant", "content": "B", "reasoning_content": "r2"}],
+    "last_turn": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "Answer.", "reasoning_content": "\nThink hard.\n"},
+    ],
+    "call_then_answer": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "", "reasoning_content": "need it", "tool_calls": [CALL]},
+        {"role": "tool", "content": '{"b": 1}'},
+        {"role": "assistant", "content": "It is 1.", "reasoning_content": "done"},
+    ],
+    "content_and_two_calls": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "\nLet me see.", "reasoning_content": "r", "tool_calls": [CALL, CALL]},
+        {"role": "tool", "content": "1"},
+        {"role": "tool", "content": "2"},
+        {"role": "assistant", "content": "", "reasoning_content": "done"},
+    ],
+    "past_turn": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "A", "reasoning_content": "r1"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "B", "reasoning_content": "r2"},
+    ],
 }
 
 
@@ -263,7 +290,7 @@ def test_reasoning_content_is_rendered_as_the_official_template_does(official, c
     theirs = official_text(official, msgs, tools=None, enable_thinking=thinking)
     assert render_chat_text(msgs, enable_thinking=thinking, drop_past_thinking=True) == theirs
     ours_default = render_chat_text(msgs, enable_thinking=thinking)
-    if case == "past_turn":   # our default keeps past thinking, reasoning_content included
+    if case == "past_turn":  # our default keeps past thinking, reasoning_content included
         assert "<think>\nr1\n</think>\n\nA" in ours_default and "r1" not in theirs
     else:
         assert ours_default == theirs
@@ -278,9 +305,12 @@ def test_our_template_edge_differences(official):
     assert render_chat_text(hello).endswith("<|im_start|>assistant\nHello<|im_end|>\n")
     # 2. A user message that is nothing but a <tool_response> block is not a new query for the official
     #    template; with drop_past_thinking ours counts every user message.
-    wrapped = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>\nr\n</think>\n\nX"},
-               {"role": "user", "content": "<tool_response>\nX\n</tool_response>"},
-               {"role": "assistant", "content": "<think>\ns\n</think>\n\nY"}]
+    wrapped = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "<think>\nr\n</think>\n\nX"},
+        {"role": "user", "content": "<tool_response>\nX\n</tool_response>"},
+        {"role": "assistant", "content": "<think>\ns\n</think>\n\nY"},
+    ]
     assert "<think>\nr\n</think>" in official_text(official, wrapped, tools=None)
     assert "<think>\nr\n</think>" not in render_chat_text(wrapped, drop_past_thinking=True)
     assert "<think>\nr\n</think>" in render_chat_text(wrapped)
@@ -289,8 +319,14 @@ def test_our_template_edge_differences(official):
     assert official_text(official, odd, tools=None).endswith("<think>\nr\n</think>\n\nY<|im_end|>\n")
     assert render_chat_text(odd).endswith("<think>r</think>Y<|im_end|>\n")
     # 4. The tool name is JSON-escaped by ours (the official template pastes it between quotes).
-    bad = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": 'a"b', "arguments": {}}}]}]
+    bad = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": 'a"b', "arguments": {}}}],
+        },
+    ]
     assert '{"name": "a"b", ' in official_text(official, bad, tools=None)
     assert '{"name": "a\\"b", ' in render_chat_text(bad)
     # 5. A turn whose content is empty gets "\n" before its first call from ours (the demo's turns are sampled
@@ -300,12 +336,15 @@ def test_our_template_edge_differences(official):
     msgs = [{"role": "user", "content": "q"}, make_assistant_message(sampled)[0]]
     assert msgs[1]["content"] == "" and make_assistant_message("\n" + sampled)[0] == msgs[1]
     assert official_text(official, msgs, tools=None, enable_thinking=False).endswith(
-        "<|im_start|>assistant\n<think>\n\n</think>\n\n" + sampled + "<|im_end|>\n")
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n" + sampled + "<|im_end|>\n"
+    )
     assert render_chat_text(msgs, enable_thinking=False).endswith(
-        "<|im_start|>assistant\n<think>\n\n</think>\n\n\n" + sampled + "<|im_end|>\n")
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n\n" + sampled + "<|im_end|>\n"
+    )
 
 
 # ----------------------------------------------------------------------------- the rollout on the official tokenizer
+
 
 @pytest.mark.parametrize("thinking", [True, False])
 def test_rollout_on_the_official_tokenizer(official, thinking):
@@ -322,28 +361,48 @@ def test_rollout_on_the_official_tokenizer(official, thinking):
     first = ("<think>\nTwo accounts, two calls.\n</think>\n\n" if thinking else "") + calls
     final = ("<think>\nBoth known.\n</think>\n\n" if thinking else "") + "A1 holds 120; Zürich-7 holds 75.5 CHF."
     user = {"role": "user", "content": "What are the balances of A1 and Zürich-7?"}
-    item = {"question": "q", "focus_on": "assistant.tool_calls", "pass_condition": "p", "failure_examples": [],
-            "evidence": [], "weight": 1.0, "required_for_next_turn": False,
-            "rule": {"type": "tool_called", "name": "get_balance", "arguments": {"account": "Zürich-7"}}}
-    record = {"uid": "r", "data_source": "test", "messages": [SYSTEM, user], "tools": TOOLS,
-              "reference_messages": [user, {"role": "assistant", "content": "fine"}], "checklist": [[[item]]]}
+    item = {
+        "question": "q",
+        "focus_on": "assistant.tool_calls",
+        "pass_condition": "p",
+        "failure_examples": [],
+        "evidence": [],
+        "weight": 1.0,
+        "required_for_next_turn": False,
+        "rule": {"type": "tool_called", "name": "get_balance", "arguments": {"account": "Zürich-7"}},
+    }
+    record = {
+        "uid": "r",
+        "data_source": "test",
+        "messages": [SYSTEM, user],
+        "tools": TOOLS,
+        "reference_messages": [user, {"role": "assistant", "content": "fine"}],
+        "checklist": [[[item]]],
+    }
     codec = Qwen3ChatCodec(official["ours"], enable_thinking=thinking)
-    client = ScriptedClient(codec, acts={0: [first, final]},
-                            rehearsals={0: [result_text('{"balance": 120}'), result_text('{"balance": 75.5}')]})
+    client = ScriptedClient(
+        codec,
+        acts={0: [first, final]},
+        rehearsals={0: [result_text('{"balance": 120}'), result_text('{"balance": 75.5}')]},
+    )
     rs = RoleSampling(max_new_tokens=512)
-    engine = RolloutEngine(RolloutConfig(max_model_len=16384, act=rs, rehearse=rs), codec, client,
-                           ChecklistTurnJudge(RuleJudge()))
+    engine = RolloutEngine(
+        RolloutConfig(max_model_len=16384, act=rs, rehearse=rs), codec, client, ChecklistTurnJudge(RuleJudge())
+    )
     (ep,) = engine.run([record])
     assert ep.turn_rewards == [1.0]
     assistant = ep.messages[2]
     assert assistant["content"] == ("<think>\nTwo accounts, two calls.\n</think>\n" if thinking else "")
-    assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == [{"account": "A1"},
-                                                                             {"account": "Zürich-7"}]
+    assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == [{"account": "A1"}, {"account": "Zürich-7"}]
     second_act = [g for g in ep.generations if g.role == ACT][1]
     theirs = official_text(official, ep.messages[:5], add_generation_prompt=True, enable_thinking=thinking)
     if thinking:
         assert second_act.prompt_ids == raw_ids(official, theirs)
-    else:   # the sampled turn keeps the empty think block of its generation prompt (difference 2)
+    else:  # the sampled turn keeps the empty think block of its generation prompt (difference 2)
         ours = official["raw"].decode(second_act.prompt_ids, skip_special_tokens=False)
-        assert ours.replace("<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>",
-                            "<|im_start|>assistant\n<tool_call>") == theirs
+        assert (
+            ours.replace(
+                "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>", "<|im_start|>assistant\n<tool_call>"
+            )
+            == theirs
+        )

@@ -7,8 +7,16 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from envace_jax.chat import (SIMULATOR_ERROR_CODES, TOOL_CALL_ERROR_CODES, is_error_result, make_assistant_message,
-                             parse_simulator_output, parse_tool_calls, split_assistant_text, strip_think)
+from envace_jax.chat import (
+    SIMULATOR_ERROR_CODES,
+    TOOL_CALL_ERROR_CODES,
+    is_error_result,
+    make_assistant_message,
+    parse_simulator_output,
+    parse_tool_calls,
+    split_assistant_text,
+    strip_think,
+)
 
 
 def block(body: str) -> str:
@@ -26,17 +34,36 @@ TOOL_CALL_CASES = [
     # (id, text, expected calls or None, expected error code or None)
     ("final_answer", "<think>\nplan\n</think>\n\nThe balance is 3.", [], None),
     ("empty_text", "", [], None),
-    ("one_call", "<think>\nx\n</think>\n" + block(GOOD), [{"name": "get_balance", "arguments": {"account": "A1"}}],
-     None),
-    ("parameters_first", block('{"name": "f", "parameters": {"a": 1}, "arguments": {"a": 2}}'),
-     [{"name": "f", "arguments": {"a": 1}}], None),
-    ("list_block", block('[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"b": [1, 2]}}]'),
-     [{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"b": [1, 2]}}], None),
-    ("two_blocks", block(GOOD) + block('{"name": "transfer", "arguments": {"amount": 2.5}}'),
-     [{"name": "get_balance", "arguments": {"account": "A1"}}, {"name": "transfer", "arguments": {"amount": 2.5}}],
-     None),
-    ("unicode_args", block('{"name": "f", "arguments": {"city": "Z\\u00fcrich", "s": "中文"}}'),
-     [{"name": "f", "arguments": {"city": "Zürich", "s": "中文"}}], None),
+    (
+        "one_call",
+        "<think>\nx\n</think>\n" + block(GOOD),
+        [{"name": "get_balance", "arguments": {"account": "A1"}}],
+        None,
+    ),
+    (
+        "parameters_first",
+        block('{"name": "f", "parameters": {"a": 1}, "arguments": {"a": 2}}'),
+        [{"name": "f", "arguments": {"a": 1}}],
+        None,
+    ),
+    (
+        "list_block",
+        block('[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"b": [1, 2]}}]'),
+        [{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"b": [1, 2]}}],
+        None,
+    ),
+    (
+        "two_blocks",
+        block(GOOD) + block('{"name": "transfer", "arguments": {"amount": 2.5}}'),
+        [{"name": "get_balance", "arguments": {"account": "A1"}}, {"name": "transfer", "arguments": {"amount": 2.5}}],
+        None,
+    ),
+    (
+        "unicode_args",
+        block('{"name": "f", "arguments": {"city": "Z\\u00fcrich", "s": "中文"}}'),
+        [{"name": "f", "arguments": {"city": "Zürich", "s": "中文"}}],
+        None,
+    ),
     ("unclosed", "\n<tool_call>\n" + GOOD, [], "NO_TOOL_CALL_FOUND"),
     ("mention_only", "I could use <tool_call> here.", [], "NO_TOOL_CALL_FOUND"),
     ("bad_json", block('{"name": "f", "arguments": {'), [], "JSON_DECODE_ERROR"),
@@ -58,8 +85,12 @@ TOOL_CALL_CASES = [
     # Break-then-clear: one bad block discards the good ones before and after it.
     ("bad_block_clears_all", block(GOOD) + block('{"name": "f"}') + block(GOOD), [], "NO_ARGUMENTS"),
     # Faithful: the scan includes thinking, so a call written while reasoning counts.
-    ("call_inside_think", "<think>\nmaybe" + block(GOOD) + "\n</think>\n\nNo call needed.",
-     [{"name": "get_balance", "arguments": {"account": "A1"}}], None),
+    (
+        "call_inside_think",
+        "<think>\nmaybe" + block(GOOD) + "\n</think>\n\nNo call needed.",
+        [{"name": "get_balance", "arguments": {"account": "A1"}}],
+        None,
+    ),
     ("bad_call_inside_think", "<think>\nlike" + block("{oops") + "\n</think>\n\nAnswer.", [], "JSON_DECODE_ERROR"),
 ]
 
@@ -69,23 +100,36 @@ GET_A1 = [{"name": "get_balance", "arguments": {"account": "A1"}}]
 G = '{"name": "g", "arguments": {}}'
 SYNTAX_CASES = [
     # (id, text, {syntax: (expected calls, expected error code or None)})
-    ("no_leading_newline", "<tool_call>\n" + GOOD + "\n</tool_call>",
-     {"qwen3": (GET_A1, None), "reference": ([], "NO_TOOL_CALL_FOUND")}),
-    ("same_line", "\n<tool_call>" + GOOD + "</tool_call>",
-     {"qwen3": (GET_A1, None), "reference": ([], "NO_TOOL_CALL_FOUND")}),
-    ("first_of_two_unprefixed", "<tool_call>\n" + GOOD + "\n</tool_call>" + block(G),
-     {"qwen3": (GET_A1 + [{"name": "g", "arguments": {}}], None),
-      "reference": ([{"name": "g", "arguments": {}}], None)}),
-    ("glued_to_think", "<think>\nx\n</think><tool_call>" + GOOD + "</tool_call>",
-     {"qwen3": (GET_A1, None), "reference": ([], "NO_TOOL_CALL_FOUND")}),
+    (
+        "no_leading_newline",
+        "<tool_call>\n" + GOOD + "\n</tool_call>",
+        {"qwen3": (GET_A1, None), "reference": ([], "NO_TOOL_CALL_FOUND")},
+    ),
+    (
+        "same_line",
+        "\n<tool_call>" + GOOD + "</tool_call>",
+        {"qwen3": (GET_A1, None), "reference": ([], "NO_TOOL_CALL_FOUND")},
+    ),
+    (
+        "first_of_two_unprefixed",
+        "<tool_call>\n" + GOOD + "\n</tool_call>" + block(G),
+        {
+            "qwen3": (GET_A1 + [{"name": "g", "arguments": {}}], None),
+            "reference": ([{"name": "g", "arguments": {}}], None),
+        },
+    ),
+    (
+        "glued_to_think",
+        "<think>\nx\n</think><tool_call>" + GOOD + "</tool_call>",
+        {"qwen3": (GET_A1, None), "reference": ([], "NO_TOOL_CALL_FOUND")},
+    ),
 ]
-SYNTAX_TABLE = [(cid, text, syntax, *want[syntax]) for cid, text, want in SYNTAX_CASES for syntax in want] + \
-    [(cid, text, syntax, calls, code) for cid, text, calls, code in TOOL_CALL_CASES
-     for syntax in ("qwen3", "reference")]
+SYNTAX_TABLE = [(cid, text, syntax, *want[syntax]) for cid, text, want in SYNTAX_CASES for syntax in want] + [
+    (cid, text, syntax, calls, code) for cid, text, calls, code in TOOL_CALL_CASES for syntax in ("qwen3", "reference")
+]
 
 
-@pytest.mark.parametrize("case_id,text,syntax,calls,code", SYNTAX_TABLE,
-                         ids=[f"{c[0]}-{c[2]}" for c in SYNTAX_TABLE])
+@pytest.mark.parametrize("case_id,text,syntax,calls,code", SYNTAX_TABLE, ids=[f"{c[0]}-{c[2]}" for c in SYNTAX_TABLE])
 def test_parse_tool_calls_table(case_id, text, syntax, calls, code):
     got_calls, error = parse_tool_calls(text, syntax=syntax)
     assert got_calls == calls
@@ -129,9 +173,18 @@ def test_make_assistant_message_layout():
     text = "<think>\nr\n</think>\n" + block(GOOD) + block('{"name": "g", "arguments": {"k": 1}}')
     msg, error = make_assistant_message(text, call_id_prefix="call_7_2")
     assert error is None
-    assert msg == {"role": "assistant", "content": "<think>\nr\n</think>\n", "tool_calls": [
-        {"id": "call_7_2_0", "type": "function", "function": {"name": "get_balance", "arguments": {"account": "A1"}}},
-        {"id": "call_7_2_1", "type": "function", "function": {"name": "g", "arguments": {"k": 1}}}]}
+    assert msg == {
+        "role": "assistant",
+        "content": "<think>\nr\n</think>\n",
+        "tool_calls": [
+            {
+                "id": "call_7_2_0",
+                "type": "function",
+                "function": {"name": "get_balance", "arguments": {"account": "A1"}},
+            },
+            {"id": "call_7_2_1", "type": "function", "function": {"name": "g", "arguments": {"k": 1}}},
+        ],
+    }
     assert split_assistant_text("no calls here") == "no calls here"
     msg, error = make_assistant_message("x" + block("{bad"))
     assert code_of(error) == "JSON_DECODE_ERROR" and "tool_calls" not in msg and msg["content"] == "x"
@@ -147,14 +200,18 @@ SIM_CASES = [
     ("redump_unicode", sim('{"city": "Z\\u00fcrich"}'), '{"city": "Zürich"}', None),
     ("list", sim('[{"id": 1}]'), '[{"id": 1}]', None),
     ("empty_list_allowed", sim("[]"), "[]", None),
-    ("no_think", "\n<execution_result>\n{\"a\": 1}\n</execution_result>", '{"a": 1}', None),
+    ("no_think", '\n<execution_result>\n{"a": 1}\n</execution_result>', '{"a": 1}', None),
     ("first_match_wins", sim('{"a": 1}') + sim('{"b": 2}', think=""), '{"a": 1}', None),
     ("empty", "", None, "EMPTY_SIMULATOR_OUTPUT"),
     ("whitespace", "  \n ", None, "EMPTY_SIMULATOR_OUTPUT"),
     ("only_think", "<think>\nhmm\n</think>", None, "EMPTY_SIMULATOR_OUTPUT"),
     ("no_tag", '{"balance": 3}', None, "NO_EXECUTION_RESULT_TAG_FOUND"),
-    ("tag_only_in_think", "<think>\n<execution_result>\n{}\n</execution_result>\n</think>\nok", None,
-     "NO_EXECUTION_RESULT_TAG_FOUND"),
+    (
+        "tag_only_in_think",
+        "<think>\n<execution_result>\n{}\n</execution_result>\n</think>\nok",
+        None,
+        "NO_EXECUTION_RESULT_TAG_FOUND",
+    ),
     ("same_line", '<execution_result>{"a": 1}</execution_result>', None, "EXECUTION_RESULT_TAG_MALFORMED"),
     ("unclosed", '\n<execution_result>\n{"a": 1}', None, "EXECUTION_RESULT_TAG_MALFORMED"),
     ("bad_json", sim('{"a": '), None, "SIMULATOR_JSON_DECODE_ERROR"),
@@ -207,11 +264,35 @@ def test_the_three_error_questions_differ_on_purpose():
 
 
 # ------------------------------------------------------------------ fuzzing
-_pieces = st.sampled_from(["\n", "<tool_call>", "</tool_call>", "<think>", "</think>", "<execution_result>",
-                           "</execution_result>", "{", "}", "[", "]", '"name"', '"arguments"', '"parameters"',
-                           ":", ",", '"f"', "1", "NaN", "null", '"\\ud800"', " ", "{}", "[]"])
-_texts = st.one_of(st.text(max_size=200), st.lists(st.one_of(_pieces, st.text(max_size=5)), max_size=40)
-                   .map("".join))
+_pieces = st.sampled_from(
+    [
+        "\n",
+        "<tool_call>",
+        "</tool_call>",
+        "<think>",
+        "</think>",
+        "<execution_result>",
+        "</execution_result>",
+        "{",
+        "}",
+        "[",
+        "]",
+        '"name"',
+        '"arguments"',
+        '"parameters"',
+        ":",
+        ",",
+        '"f"',
+        "1",
+        "NaN",
+        "null",
+        '"\\ud800"',
+        " ",
+        "{}",
+        "[]",
+    ]
+)
+_texts = st.one_of(st.text(max_size=200), st.lists(st.one_of(_pieces, st.text(max_size=5)), max_size=40).map("".join))
 
 
 @settings(max_examples=300, deadline=None)

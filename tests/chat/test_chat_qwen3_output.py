@@ -46,8 +46,12 @@ QWEN3_TURNS = [
     ("on_two_calls", THINK + block(A1) + "\n" + block(B2), THINK[:-1], [A1, B2]),
     ("on_empty_think_call", "<think>\n\n</think>\n\n" + block(A1), "<think>\n\n</think>\n", [A1]),
     ("compact_block", '<tool_call>{"name": "get_balance", "arguments": {"account": "A1"}}</tool_call>', "", [A1]),
-    ("spaced_block", '<tool_call>\n  {"name": "get_balance", "arguments": {"account": "A1"}}  \n\n</tool_call>\n',
-     "", [A1]),
+    (
+        "spaced_block",
+        '<tool_call>\n  {"name": "get_balance", "arguments": {"account": "A1"}}  \n\n</tool_call>\n',
+        "",
+        [A1],
+    ),
     ("on_final_answer", THINK + "A1 holds 5.", THINK + "A1 holds 5.", []),
     ("off_final_answer", "A1 holds 5.", "A1 holds 5.", []),
 ]
@@ -57,9 +61,10 @@ IDS = [t[0] for t in QWEN3_TURNS]
 def expected_message(content: str, calls: list[dict], prefix: str) -> dict:
     msg = {"role": "assistant", "content": content}
     if calls:
-        msg["tool_calls"] = [{"id": f"{prefix}_{i}", "type": "function",
-                              "function": {"name": c["name"], "arguments": c["arguments"]}}
-                             for i, c in enumerate(calls)]
+        msg["tool_calls"] = [
+            {"id": f"{prefix}_{i}", "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for i, c in enumerate(calls)
+        ]
     return msg
 
 
@@ -80,21 +85,40 @@ def test_evaluation_reads_a_turn_as_training_does(case_id, text, content, calls)
 
 # ----------------------------------------------------------------------------- training: every rollout mode
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_balance", "description": "Balance of an account.",
-    "parameters": {"type": "object", "properties": {"account": {"type": "string"}}, "required": ["account"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_balance",
+            "description": "Balance of an account.",
+            "parameters": {"type": "object", "properties": {"account": {"type": "string"}}, "required": ["account"]},
+        },
+    }
+]
 FINAL = "<think>\ndone\n</think>\n\nHere you go."
 RS = RoleSampling(temperature=1.0, max_new_tokens=256)
 
 
 def bank_record(uid: str = "r") -> dict:
     user = {"role": "user", "content": "Balances of A1 and B2?"}
-    item = {"question": "q", "focus_on": "assistant.tool_calls", "pass_condition": "p", "failure_examples": [],
-            "evidence": [], "weight": 1.0, "required_for_next_turn": False,
-            "rule": {"type": "tool_called", "name": "get_balance", "arguments": {"account": "A1"}}}
-    return {"uid": uid, "data_source": "test", "messages": [{"role": "system", "content": "Bank."}, user],
-            "tools": TOOLS, "reference_messages": [user, {"role": "assistant", "content": "fine"}],
-            "checklist": [[[item]]]}
+    item = {
+        "question": "q",
+        "focus_on": "assistant.tool_calls",
+        "pass_condition": "p",
+        "failure_examples": [],
+        "evidence": [],
+        "weight": 1.0,
+        "required_for_next_turn": False,
+        "rule": {"type": "tool_called", "name": "get_balance", "arguments": {"account": "A1"}},
+    }
+    return {
+        "uid": uid,
+        "data_source": "test",
+        "messages": [{"role": "system", "content": "Bank."}, user],
+        "tools": TOOLS,
+        "reference_messages": [user, {"role": "assistant", "content": "fine"}],
+        "checklist": [[[item]]],
+    }
 
 
 class Bank(ToolEnvironment):
@@ -127,7 +151,7 @@ def play(text: str, mode: str, syntax: str = "qwen3"):
 @pytest.mark.parametrize("case_id,text,content,calls", QWEN3_TURNS, ids=IDS)
 def test_every_rollout_mode_reads_real_qwen3_turns(mode, case_id, text, content, calls):
     ep = play(text, mode)
-    assert ep.generations[0].role == ACT and ep.generations[0].text == text   # the sampled text, decoded back
+    assert ep.generations[0].role == ACT and ep.generations[0].text == text  # the sampled text, decoded back
     assert ep.messages[2] == expected_message(content, calls, "call_r_1")
     tool_msgs = [m for m in ep.messages if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tool_msgs] == [f"call_r_1_{i}" for i in range(len(calls))]
@@ -160,8 +184,9 @@ def test_faithful_syntax_keeps_the_reference_regex(case_id, code, calls):
     if code is not None:
         assert ep.termination == "parse_error" and ep.messages[-1]["name"] == "error_tool_call"
     else:
-        assert [c["function"]["arguments"] for c in ep.messages[2].get("tool_calls") or []] == \
-            [c["arguments"] for c in calls]
+        assert [c["function"]["arguments"] for c in ep.messages[2].get("tool_calls") or []] == [
+            c["arguments"] for c in calls
+        ]
     # The reference's content: the text before the first "\n<tool_call>\n".
     assert ep.messages[2]["content"] == text.split("\n<tool_call>\n", 1)[0]
 
@@ -170,28 +195,35 @@ def test_bad_syntax_is_named():
     with pytest.raises(ValueError, match="tool-call syntax 'hermes'"):
         parse_tool_calls(block(A1), syntax="hermes")
     from envace_jax.config import ConfigError
+
     with pytest.raises(ConfigError, match="tool_call_syntax"):
         RolloutConfig(tool_call_syntax="hermes")
 
 
 # ----------------------------------------------------------------------------- test-time rehearsal
 
-@pytest.mark.parametrize("case_id,text,content,calls",
-                         [t for t in QWEN3_TURNS if t[0] in ("off_one_call", "off_two_calls", "on_two_calls")],
-                         ids=["off_one_call", "off_two_calls", "on_two_calls"])
+
+@pytest.mark.parametrize(
+    "case_id,text,content,calls",
+    [t for t in QWEN3_TURNS if t[0] in ("off_one_call", "off_two_calls", "on_two_calls")],
+    ids=["off_one_call", "off_two_calls", "on_two_calls"],
+)
 def test_test_time_rehearsal_reads_real_qwen3_turns(case_id, text, content, calls):
     c = codec()
     # The imagined episode and then the committed one are both episode 0 of their engine runs.
-    client = ScriptedClient(c, acts={0: [text, FINAL, text, FINAL]},
-                            rehearsals={0: [result_text('{"balance": 5}')] * 2})
+    client = ScriptedClient(
+        c, acts={0: [text, FINAL, text, FINAL]}, rehearsals={0: [result_text('{"balance": 5}')] * 2}
+    )
     rollout = RolloutConfig(max_steps=20, max_model_len=8192, act=RS, rehearse=RS)
-    runner = R.TestTimeRehearsal(R.RehearsalConfig(n=1, mode="parallel"), rollout, c, client,
-                                 ChecklistTurnJudge(RuleJudge()), Bank)
+    runner = R.TestTimeRehearsal(
+        R.RehearsalConfig(n=1, mode="parallel"), rollout, c, client, ChecklistTurnJudge(RuleJudge()), Bank
+    )
     run = runner.run([bank_record()])
     (imagined,), (committed,) = run.rehearsals[0].imagined, run.committed
     for ep in (imagined, committed):
         start = len(bank_record()["messages"])
         assert ep.messages[start] == expected_message(content, calls, f"call_{ep.uid}_1")
-    assert [(s.name, s.arguments) for s in run.rehearsals[0].traces[0].steps] == \
-        [(c["name"], c["arguments"]) for c in calls]
+    assert [(s.name, s.arguments) for s in run.rehearsals[0].traces[0].steps] == [
+        (c["name"], c["arguments"]) for c in calls
+    ]
     assert committed.env.calls == [(c["name"], c["arguments"]) for c in calls]

@@ -16,8 +16,10 @@ def tok():
 
 
 def _tool_messages(contents, start=0):
-    return [{"role": "tool", "name": "get_balance", "tool_call_id": f"c{start + i}", "content": c}
-            for i, c in enumerate(contents)]
+    return [
+        {"role": "tool", "name": "get_balance", "tool_call_id": f"c{start + i}", "content": c}
+        for i, c in enumerate(contents)
+    ]
 
 
 def _play(renderer: ChatRenderer, steps, *, sampled_of=None):
@@ -27,15 +29,18 @@ def _play(renderer: ChatRenderer, steps, *, sampled_of=None):
     first_user = {"role": "user", "content": steps[0][1]}
     messages = [SYSTEM, first_user]
     t = renderer.start(messages, TOOLS)
-    full = lambda gp: renderer.encode(tok.apply_chat_template(
-        messages, tools=TOOLS, tokenize=False, add_generation_prompt=gp, enable_thinking=renderer.enable_thinking))
+    full = lambda gp: renderer.encode(
+        tok.apply_chat_template(
+            messages, tools=TOOLS, tokenize=False, add_generation_prompt=gp, enable_thinking=renderer.enable_thinking
+        )
+    )
     assert t.ids == full(True)
     sampled_turns = []
     for kind, payload in steps[1:]:
         if kind == "assistant":
             sampled = (sampled_of or renderer.encode)(payload) + [renderer.im_end_id]
             span = t.add_assistant(sampled)
-            assert t.ids[span.start:span.end] == sampled and span.kind == MODEL
+            assert t.ids[span.start : span.end] == sampled and span.kind == MODEL
             text = renderer.decode(sampled)
             assert text == payload
             msg, err = make_assistant_message(text)
@@ -65,7 +70,7 @@ def test_incremental_ids_equal_full_template_tokenisation(tok, thinking):
     assert sum(mask) == sum(len(s) for _, s in turns)
     for span, sampled in turns:
         assert [t.ids[i] for i in range(span.start, span.end)] == sampled
-        assert mask[span.start:span.end] == [1] * len(sampled)
+        assert mask[span.start : span.end] == [1] * len(sampled)
     # Every id belongs to exactly one span, and spans tile the sequence in order.
     assert t.spans[0].start == 0 and t.spans[-1].end == len(t.ids)
     assert all(a.end == b.start for a, b in zip(t.spans, t.spans[1:]))
@@ -79,7 +84,7 @@ def test_pieces_tokenised_alone_equal_whole_text(tok):
     assert whole == t.ids
     # Same for every prefix that ends at a span boundary (the sampler's prompts).
     for s in t.spans:
-        assert renderer.encode(renderer.tokenizer.decode(t.ids[:s.end])) == t.ids[:s.end]
+        assert renderer.encode(renderer.tokenizer.decode(t.ids[: s.end])) == t.ids[: s.end]
 
 
 def test_non_canonical_sampled_ids_are_kept_verbatim(tok):
@@ -89,19 +94,23 @@ def test_non_canonical_sampled_ids_are_kept_verbatim(tok):
     def char_by_char(text):
         ids = []
         for piece in _split_keep_specials(text):
-            ids.extend(renderer.encode(piece) if piece.startswith("<") and piece.endswith(">")
-                       else [i for ch in piece for i in renderer.encode(ch)])
+            ids.extend(
+                renderer.encode(piece)
+                if piece.startswith("<") and piece.endswith(">")
+                else [i for ch in piece for i in renderer.encode(ch)]
+            )
         return ids
 
     t, messages, turns, full = _play(renderer, script(True), sampled_of=char_by_char)
-    assert t.ids != full(False)                         # the ids differ from a re-tokenisation...
-    assert t.text() == tok.decode(full(False))           # ...but the text is the template's text
+    assert t.ids != full(False)  # the ids differ from a re-tokenisation...
+    assert t.text() == tok.decode(full(False))  # ...but the text is the template's text
     for span, sampled in turns:
-        assert t.ids[span.start:span.end] == sampled
+        assert t.ids[span.start : span.end] == sampled
 
 
 def _split_keep_specials(text):
     import re
+
     return [p for p in re.split(r"(<think>|</think>|<tool_call>|</tool_call>)", text) if p]
 
 
@@ -109,8 +118,12 @@ def test_thinking_off_empty_content_keeps_text_and_ids(tok):
     # With thinking off the prompt ends in "\n\n"; a turn that starts with "\n" may tokenise differently as a
     # whole, but the transcript text must still equal the template's and the ids must be the sampled ones.
     renderer = ChatRenderer(tok, enable_thinking=False)
-    steps = [("user", "Balance of A1?"), ("assistant", call_text("get_balance", {"account": "A1"})),
-             ("tool", ['{"balance": 1}']), ("assistant", "It is 1.")]
+    steps = [
+        ("user", "Balance of A1?"),
+        ("assistant", call_text("get_balance", {"account": "A1"})),
+        ("tool", ['{"balance": 1}']),
+        ("assistant", "It is 1."),
+    ]
     t, messages, turns, full = _play(renderer, steps, sampled_of=renderer.encode)
     assert t.text() == tok.decode(full(False))
     assert t.text().count("<think>\n\n</think>\n\n") == 2
@@ -121,7 +134,7 @@ def test_truncated_turn_is_closed_outside_the_loss_mask(tok):
     t = renderer.start([{"role": "user", "content": "hi"}])
     cut = renderer.encode("<think>\nlong thought that hit the length lim")
     span = t.add_assistant(cut)
-    assert t.ids[span.end:] == [renderer.im_end_id] + renderer.encode("\n")
+    assert t.ids[span.end :] == [renderer.im_end_id] + renderer.encode("\n")
     assert t.loss_mask()[span.end] == 0 and sum(t.loss_mask()) == len(cut)
     t.add_user("again")
     assert t.awaiting_generation
@@ -130,25 +143,35 @@ def test_truncated_turn_is_closed_outside_the_loss_mask(tok):
 
 
 def test_template_text_matches_hand_written_qwen3_format(tok):
-    msgs = [{"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "<think>\nr\n</think>\n",
-             "tool_calls": [{"id": "a", "type": "function", "function": {"name": "get_balance",
-                                                                         "arguments": {"account": "A1"}}}]},
-            {"role": "tool", "name": "get_balance", "tool_call_id": "a", "content": "{\"balance\": 3}"},
-            {"role": "tool", "name": "get_balance", "tool_call_id": "b", "content": "{\"balance\": 4}"}]
-    expected = ("<|im_start|>user\nHi<|im_end|>\n"
-                "<|im_start|>assistant\n<think>\nr\n</think>\n\n<tool_call>\n"
-                "{\"name\": \"get_balance\", \"arguments\": {\"account\": \"A1\"}}\n</tool_call><|im_end|>\n"
-                "<|im_start|>user\n<tool_response>\n{\"balance\": 3}\n</tool_response>\n"
-                "<tool_response>\n{\"balance\": 4}\n</tool_response><|im_end|>\n")
+    msgs = [
+        {"role": "user", "content": "Hi"},
+        {
+            "role": "assistant",
+            "content": "<think>\nr\n</think>\n",
+            "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "get_balance", "arguments": {"account": "A1"}}}
+            ],
+        },
+        {"role": "tool", "name": "get_balance", "tool_call_id": "a", "content": '{"balance": 3}'},
+        {"role": "tool", "name": "get_balance", "tool_call_id": "b", "content": '{"balance": 4}'},
+    ]
+    expected = (
+        "<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nr\n</think>\n\n<tool_call>\n"
+        '{"name": "get_balance", "arguments": {"account": "A1"}}\n</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>\n{"balance": 3}\n</tool_response>\n'
+        '<tool_response>\n{"balance": 4}\n</tool_response><|im_end|>\n'
+    )
     assert render_chat_text(msgs) == expected
     assert render_chat_text(msgs, add_generation_prompt=True) == expected + "<|im_start|>assistant\n"
     assert render_chat_text(msgs, add_generation_prompt=True, enable_thinking=False).endswith(
-        "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
     sys_tools = render_chat_text([SYSTEM, msgs[0]], TOOLS)
     assert sys_tools.startswith("<|im_start|>system\nYou are a careful bank assistant.\n\n# Tools\n")
     tools_block = sys_tools.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0]
     import json
+
     assert [json.loads(line) for line in tools_block.strip().split("\n")] == TOOLS
     assert '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' in sys_tools
     assert tok.apply_chat_template(msgs, tokenize=False) == expected
@@ -208,5 +231,7 @@ def test_codec_pieces_agree_with_transcript(tok):
     ids = ids + codec.user_block({"role": "user", "content": "more"})
     assert ids == t.ids
     assert codec.decode(sampled) == steps[1][1]
-    assert set(codec.stop_token_ids) == {tok.convert_tokens_to_ids("<|im_end|>"),
-                                         tok.convert_tokens_to_ids("<|endoftext|>")}
+    assert set(codec.stop_token_ids) == {
+        tok.convert_tokens_to_ids("<|im_end|>"),
+        tok.convert_tokens_to_ids("<|endoftext|>"),
+    }

@@ -8,23 +8,43 @@ import pytest
 
 from tests.helpers_chat import SYSTEM, TOOLS, demo_tokenizer
 
-from envace_jax.chat import (ChatRenderer, Qwen3ChatCodec, SimulatorPromptOptions, build_simulator_messages,
-                             logged_tool_calls, serialize_history)
+from envace_jax.chat import (
+    ChatRenderer,
+    Qwen3ChatCodec,
+    SimulatorPromptOptions,
+    build_simulator_messages,
+    logged_tool_calls,
+    serialize_history,
+)
 
-CALLER_TEXT = ('<think>\nCheck A1.\n</think>\n\n<tool_call>\n{"name": "get_balance", "arguments": '
-               '{"account": "A1"}}\n</tool_call>')
+CALLER_TEXT = (
+    '<think>\nCheck A1.\n</think>\n\n<tool_call>\n{"name": "get_balance", "arguments": {"account": "A1"}}\n</tool_call>'
+)
 
 REFERENCE = [
     {"role": "user", "content": "Balance of A1?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "r0", "type": "function", "function": {"name": "get_balance", "arguments": {"account": "A1"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "r0", "type": "function", "function": {"name": "get_balance", "arguments": {"account": "A1"}}}
+        ],
+    },
     {"role": "tool", "name": "get_balance", "tool_call_id": "r0", "content": '{"balance": 120}'},
     {"role": "assistant", "content": "A1 holds 120."},
     {"role": "user", "content": "Move 20 to B2."},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "r1", "type": "function", "function": {"name": "transfer",
-                                                      "arguments": {"source": "A1", "target": "B2", "amount": 20}}},
-        {"id": "r2", "type": "function", "function": {"name": "get_balance", "arguments": {"account": "B2"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "r1",
+                "type": "function",
+                "function": {"name": "transfer", "arguments": {"source": "A1", "target": "B2", "amount": 20}},
+            },
+            {"id": "r2", "type": "function", "function": {"name": "get_balance", "arguments": {"account": "B2"}}},
+        ],
+    },
     # Answered out of order: matching must go by tool_call_id.
     {"role": "tool", "name": "get_balance", "tool_call_id": "r2", "content": '{"balance": 95}'},
     {"role": "tool", "name": "transfer", "tool_call_id": "r1", "content": '{"ok": true}'},
@@ -34,15 +54,27 @@ REFERENCE = [
 HISTORY = [
     SYSTEM,
     {"role": "user", "content": "Balance of A1?"},
-    {"role": "assistant", "content": "<think>\nfirst\n</think>\n", "tool_calls": [
-        {"id": "c0", "type": "function", "function": {"name": "get_balance", "arguments": {"account": "Z9"}}}]},
+    {
+        "role": "assistant",
+        "content": "<think>\nfirst\n</think>\n",
+        "tool_calls": [
+            {"id": "c0", "type": "function", "function": {"name": "get_balance", "arguments": {"account": "Z9"}}}
+        ],
+    },
     {"role": "tool", "name": "get_balance", "tool_call_id": "c0", "content": '{"error": "no such account"}'},
 ]
 
 
 def build(options=SimulatorPromptOptions(), **kw):
-    args = dict(tools=TOOLS, history=HISTORY, caller_text=CALLER_TEXT, call_name="get_balance",
-                call_arguments={"account": "A1"}, reference_messages=REFERENCE, options=options)
+    args = dict(
+        tools=TOOLS,
+        history=HISTORY,
+        caller_text=CALLER_TEXT,
+        call_name="get_balance",
+        call_arguments={"account": "A1"},
+        reference_messages=REFERENCE,
+        options=options,
+    )
     args.update(kw)
     return build_simulator_messages(**args)
 
@@ -54,9 +86,18 @@ def test_logged_tool_calls_pairs_by_id_across_all_turns():
         ("transfer", {"source": "A1", "target": "B2", "amount": 20}, '{"ok": true}'),
     ]
     # Without ids, responses answer the preceding calls in order.
-    no_ids = [{"role": "assistant", "content": "", "tool_calls": [
-        {"function": {"name": "a", "arguments": {}}}, {"function": {"name": "b", "arguments": {"x": 1}}}]},
-        {"role": "tool", "name": "a", "content": "A"}, {"role": "tool", "name": "b", "content": "B"}]
+    no_ids = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"function": {"name": "a", "arguments": {}}},
+                {"function": {"name": "b", "arguments": {"x": 1}}},
+            ],
+        },
+        {"role": "tool", "name": "a", "content": "A"},
+        {"role": "tool", "name": "b", "content": "B"},
+    ]
     assert logged_tool_calls(no_ids) == [("a", {}, "A"), ("b", {"x": 1}, "B")]
 
 
@@ -65,7 +106,8 @@ def test_serialize_history_layout():
         "User: Balance of A1?\n"
         "Assistant: <think>\nfirst\n</think>\n\n<tool_call>\n"
         '{"name": "get_balance", "arguments": {"account": "Z9"}}\n</tool_call>\n'
-        'Tool[get_balance]: {"error": "no such account"}')
+        'Tool[get_balance]: {"error": "no such account"}'
+    )
 
 
 def test_full_prompt_sections_in_order():
@@ -74,8 +116,13 @@ def test_full_prompt_sections_in_order():
     for code in ("INVALID_TOOL_CALL_FORMAT", "TOOL_NOT_AVAILABLE", "INVALID_PARAMETERS", "<execution_result>"):
         assert code in system["content"]
     sections = user["content"].split("\n\n")
-    heads = ["Candidate tools", "Logged tool calls", "Conversation so far", "The assistant's latest raw message",
-             "Call to answer"]
+    heads = [
+        "Candidate tools",
+        "Logged tool calls",
+        "Conversation so far",
+        "The assistant's latest raw message",
+        "Call to answer",
+    ]
     positions = [user["content"].index(h) for h in heads]
     assert positions == sorted(positions)
     assert user["content"].endswith("\n\n/think")
@@ -83,13 +130,17 @@ def test_full_prompt_sections_in_order():
     tools_json = user["content"].split(":\n", 1)[1].split("\n\nLogged tool calls")[0]
     assert json.loads(tools_json) == TOOLS and tools_json == json.dumps(TOOLS, ensure_ascii=False, indent=0)
     # Few-shot leaks the future turn's calls (documented): the transfer of turn 2 is already visible.
-    assert 'Tool name:\ntransfer\nTool arguments:\n{"source": "A1", "target": "B2", "amount": 20}\n' \
-           'Tool execution result:\n{"ok": true}' in user["content"]
+    assert (
+        'Tool name:\ntransfer\nTool arguments:\n{"source": "A1", "target": "B2", "amount": 20}\n'
+        'Tool execution result:\n{"ok": true}' in user["content"]
+    )
     assert "Assistant: <think>\nfirst" in user["content"]
-    assert "You are a careful bank assistant." not in user["content"]   # system skipped in the history
+    assert "You are a careful bank assistant." not in user["content"]  # system skipped in the history
     assert f"The assistant's latest raw message:\n{CALLER_TEXT}" in user["content"]
-    assert ('- name: get_balance\n- input schema (JSON Schema):\n'
-            + json.dumps(TOOLS[0]["function"]["parameters"]) in user["content"])
+    assert (
+        "- name: get_balance\n- input schema (JSON Schema):\n" + json.dumps(TOOLS[0]["function"]["parameters"])
+        in user["content"]
+    )
     assert user["content"].rstrip("/think").rstrip().endswith('{"account": "A1"}')
     assert len(sections) > 5
 
@@ -135,4 +186,4 @@ def test_codec_renders_simulator_prompt_through_the_template(thinking):
     decoded = tok.decode(ids)
     assert decoded.startswith("<|im_start|>system\nYou act as a tool")
     assert decoded.endswith("<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n"))
-    assert "# Tools" not in decoded     # the candidate tools live in the user message, not a tools block
+    assert "# Tools" not in decoded  # the candidate tools live in the user message, not a tools block

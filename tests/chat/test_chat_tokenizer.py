@@ -34,12 +34,13 @@ def test_special_tokens_split_and_decode_like_qwen3():
     tok = load_tokenizer(demo_tokenizer_dir())
     text = "<|im_start|>assistant\n<think>\nx<tool_call>y\n</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>"
     ids = tok.encode(text, add_special_tokens=False)
-    assert tok.decode(ids) == text                                   # byte-level: lossless round trip
+    assert tok.decode(ids) == text  # byte-level: lossless round trip
     for t in ("<think>", "</think>", "<tool_call>", "</tool_call>", "<|im_start|>", "<|im_end|>"):
         assert tok.convert_tokens_to_ids(t) in ids
     # Control tokens vanish with skip_special_tokens; the think/tool markup stays (as in Qwen3).
     assert tok.decode(ids, skip_special_tokens=True) == (
-        "assistant\n<think>\nx<tool_call>y\n</think>\n\n<tool_call>\n{}\n</tool_call>")
+        "assistant\n<think>\nx<tool_call>y\n</think>\n\n<tool_call>\n{}\n</tool_call>"
+    )
     odd = "Zürich 中文 emoji 🙂 tabs\t\r\n"
     assert tok.decode(tok.encode(odd, add_special_tokens=False)) == odd
 
@@ -55,6 +56,7 @@ def test_load_tokenizer_installs_our_template_only_when_missing(tmp_path):
     cfg.pop("chat_template", None)
     (bare / "tokenizer_config.json").write_text(json.dumps(cfg))
     from transformers import AutoTokenizer
+
     assert not AutoTokenizer.from_pretrained(str(bare), local_files_only=True).chat_template
     assert load_tokenizer(bare).chat_template == QWEN3_STYLE_TEMPLATE
 
@@ -72,11 +74,14 @@ def test_load_tokenizer_errors_name_the_problem(tmp_path):
     # A byte-level tokenizer without the Qwen3 control tokens is refused.
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     raw.decoder = decoders.ByteLevel()
-    raw.train_from_iterator(["hello world"] * 4, trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    raw.train_from_iterator(
+        ["hello world"] * 4,
+        trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False),
+    )
     PreTrainedTokenizerFast(tokenizer_object=raw).save_pretrained(str(tmp_path / "plain"))
     with pytest.raises(ValueError, match="<\\|endoftext\\|>"):
         load_tokenizer(tmp_path / "plain")
@@ -101,8 +106,9 @@ def test_lines_digits_split_merges_across_words_but_keeps_digits_single(tmp_path
     line = '{"name": "check_stock", "arguments": {"item": "pen"}} -> {"price": 17, "stock": 305}\n'
     corpus = [line * 30, "Balance of acct 4920 is 118.\n" * 30]
     tok = build_demo_tokenizer(corpus, tmp_path / "t", vocab_size=400, pre_split="lines_digits")
-    ids = tok.encode('{"name": "check_stock", "arguments": {"item": "pen"}} -> {"price": 98}\n',
-                     add_special_tokens=False)
+    ids = tok.encode(
+        '{"name": "check_stock", "arguments": {"item": "pen"}} -> {"price": 98}\n', add_special_tokens=False
+    )
     pieces = [tok.decode([i]) for i in ids]
     # A frequent multi-word run is one token, which the Qwen-style split can never produce.
     assert any(" " in p and len(p) > 12 for p in pieces), pieces

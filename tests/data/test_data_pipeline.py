@@ -54,8 +54,9 @@ def test_shards_disjoint_equal_and_cover_the_epoch(raw_source, count):
     for epoch_span in (1, 2):
         shards = []
         for s in range(count):
-            it = PromptIterator(raw_source, cfg(seed=1, batch_size=1, num_epochs=epoch_span,
-                                                shard_index=s, shard_count=count))
+            it = PromptIterator(
+                raw_source, cfg(seed=1, batch_size=1, num_epochs=epoch_span, shard_index=s, shard_count=count)
+            )
             shards.append([b[0]["uid"] for b in it])
         per_epoch.append(shards)
     shards = per_epoch[0]

@@ -37,35 +37,85 @@ def _broken(mutate):
 
 BAD_CASES = [
     ("missing messages", lambda r: r.pop("messages"), r"record 7 uid='task-7': missing field 'messages'"),
-    ("empty messages", lambda r: r.__setitem__("messages", []), r"record 7 uid='task-7'\.messages: must be a non-empty"),
-    ("no user", lambda r: r.__setitem__("messages", [{"role": "system", "content": "s"}]), r"\.messages: contains no user"),
+    (
+        "empty messages",
+        lambda r: r.__setitem__("messages", []),
+        r"record 7 uid='task-7'\.messages: must be a non-empty",
+    ),
+    (
+        "no user",
+        lambda r: r.__setitem__("messages", [{"role": "system", "content": "s"}]),
+        r"\.messages: contains no user",
+    ),
     ("bad role", lambda r: r["messages"][1].__setitem__("role", "robot"), r"\.messages\[1\]\.role"),
     ("tool type", lambda r: r["tools"][1].__setitem__("type", "fn"), r"\.tools\[1\]\.type: must be 'function'"),
     ("tool no name", lambda r: r["tools"][0]["function"].pop("name"), r"\.tools\[0\]\.function\.name"),
-    ("tool params", lambda r: r["tools"][0]["function"].__setitem__("parameters", [1]),
-     r"\.tools\[0\]\.function\.parameters: must be a dict"),
-    ("tool required", lambda r: r["tools"][1]["function"]["parameters"].__setitem__("required", "city"),
-     r"\.tools\[1\]\.function\.parameters\.required"),
-    ("duplicate tools", lambda r: r["tools"].append(copy.deepcopy(r["tools"][0])), r"\.tools: duplicate tool names \['weather'\]"),
-    ("item missing key", lambda r: r["checklist"][0][1][0].pop("pass_condition"),
-     r"\.checklist\[0\]\[1\]\[0\]: checklist item is missing key 'pass_condition'"),
-    ("focus_on", lambda r: r["checklist"][0][0][1].__setitem__("focus_on", "assistant.mood"),
-     r"\.checklist\[0\]\[0\]\[1\]\.focus_on: must be one of"),
-    ("weight str", lambda r: r["checklist"][0][0][0].__setitem__("weight", "0.6"),
-     r"\.checklist\[0\]\[0\]\[0\]\.weight: must be a finite"),
-    ("weight nan", lambda r: r["checklist"][0][0][0].__setitem__("weight", float("nan")), r"\.weight: must be a finite"),
+    (
+        "tool params",
+        lambda r: r["tools"][0]["function"].__setitem__("parameters", [1]),
+        r"\.tools\[0\]\.function\.parameters: must be a dict",
+    ),
+    (
+        "tool required",
+        lambda r: r["tools"][1]["function"]["parameters"].__setitem__("required", "city"),
+        r"\.tools\[1\]\.function\.parameters\.required",
+    ),
+    (
+        "duplicate tools",
+        lambda r: r["tools"].append(copy.deepcopy(r["tools"][0])),
+        r"\.tools: duplicate tool names \['weather'\]",
+    ),
+    (
+        "item missing key",
+        lambda r: r["checklist"][0][1][0].pop("pass_condition"),
+        r"\.checklist\[0\]\[1\]\[0\]: checklist item is missing key 'pass_condition'",
+    ),
+    (
+        "focus_on",
+        lambda r: r["checklist"][0][0][1].__setitem__("focus_on", "assistant.mood"),
+        r"\.checklist\[0\]\[0\]\[1\]\.focus_on: must be one of",
+    ),
+    (
+        "weight str",
+        lambda r: r["checklist"][0][0][0].__setitem__("weight", "0.6"),
+        r"\.checklist\[0\]\[0\]\[0\]\.weight: must be a finite",
+    ),
+    (
+        "weight nan",
+        lambda r: r["checklist"][0][0][0].__setitem__("weight", float("nan")),
+        r"\.weight: must be a finite",
+    ),
     ("weight bool", lambda r: r["checklist"][0][1][0].__setitem__("weight", True), r"\[0\]\[1\]\[0\]\.weight"),
-    ("weight sum", lambda r: r["checklist"][0][0][0].__setitem__("weight", 0.2), r"\.checklist\[0\]\[0\]: item weights sum to 0\.6000"),
-    ("required bool", lambda r: r["checklist"][0][1][0].__setitem__("required_for_next_turn", "yes"),
-     r"\.required_for_next_turn: must be a bool"),
+    (
+        "weight sum",
+        lambda r: r["checklist"][0][0][0].__setitem__("weight", 0.2),
+        r"\.checklist\[0\]\[0\]: item weights sum to 0\.6000",
+    ),
+    (
+        "required bool",
+        lambda r: r["checklist"][0][1][0].__setitem__("required_for_next_turn", "yes"),
+        r"\.required_for_next_turn: must be a bool",
+    ),
     ("failure examples", lambda r: r["checklist"][0][0][0].__setitem__("failure_examples", "x"), r"\.failure_examples"),
     ("empty checklist", lambda r: r.__setitem__("checklist", []), r"\.checklist: must be a non-empty list"),
     ("empty turn", lambda r: r["checklist"][0].__setitem__(1, []), r"\.checklist\[0\]\[1\]: must be a non-empty list"),
-    ("bad rule", lambda r: r["checklist"][0][0][0].__setitem__("rule", {"type": "tool_maybe"}), r"\[0\]\[0\]\[0\]\.rule\.type"),
-    ("nested rule", lambda r: r["checklist"][0][0][0].__setitem__(
-        "rule", {"type": "all", "rules": [{"type": "reply_contains", "values": "x"}]}), r"\.rule\.rules\[0\]\.values"),
-    ("string args", lambda r: r["reference_messages"][1]["tool_calls"][0]["function"].__setitem__("arguments", "{}"),
-     r"\.reference_messages\[1\]\.tool_calls\[0\]\.function\.arguments: must be a parsed dict"),
+    (
+        "bad rule",
+        lambda r: r["checklist"][0][0][0].__setitem__("rule", {"type": "tool_maybe"}),
+        r"\[0\]\[0\]\[0\]\.rule\.type",
+    ),
+    (
+        "nested rule",
+        lambda r: r["checklist"][0][0][0].__setitem__(
+            "rule", {"type": "all", "rules": [{"type": "reply_contains", "values": "x"}]}
+        ),
+        r"\.rule\.rules\[0\]\.values",
+    ),
+    (
+        "string args",
+        lambda r: r["reference_messages"][1]["tool_calls"][0]["function"].__setitem__("arguments", "{}"),
+        r"\.reference_messages\[1\]\.tool_calls\[0\]\.function\.arguments: must be a parsed dict",
+    ),
     ("uid", lambda r: r.__setitem__("uid", 7), r"record 7 uid=7\.uid: must be a non-empty string"),
     ("env", lambda r: r.__setitem__("env", {"state": {}}), r"\.env: must be None or a dict"),
 ]
@@ -96,7 +146,10 @@ def test_parquet_round_trip(tmp_path):
     assert got == recs
     # Types survive exactly (int stays int, nested floats stay floats).
     assert got[3]["reference_messages"][1]["tool_calls"][0]["function"]["arguments"] == {
-        "city": "Kyiv", "days": 4, "extra": {"u": [1, 2.5]}}
+        "city": "Kyiv",
+        "days": 4,
+        "extra": {"u": [1, 2.5]},
+    }
 
 
 def test_bad_line_in_jsonl_names_the_line(tmp_path):
@@ -123,9 +176,17 @@ def _reference_row(rec: dict, index: int) -> dict:
         for items in turns:
             for it in items:
                 it.pop("rule", None)
-    return {"data_source": rec["data_source"], "messages": copy.deepcopy(rec["messages"]),
-            "extra_info": {"index": index, "original_index": 1000 + index, "tools": json.dumps(rec["tools"]),
-                           "messages": ref, "interaction_kwargs": {"checklist_list": checklist}}}
+    return {
+        "data_source": rec["data_source"],
+        "messages": copy.deepcopy(rec["messages"]),
+        "extra_info": {
+            "index": index,
+            "original_index": 1000 + index,
+            "tools": json.dumps(rec["tools"]),
+            "messages": ref,
+            "interaction_kwargs": {"checklist_list": checklist},
+        },
+    }
 
 
 def test_reference_parquet_layout_is_converted(tmp_path):
@@ -156,7 +217,9 @@ def test_reference_prompt_key_and_missing_checklist(tmp_path):
     assert R.load_records(p)[0]["messages"] == make_record(1)["messages"]
     del row["extra_info"]["interaction_kwargs"]["checklist_list"]
     R.save_jsonl([row], p)
-    with pytest.raises(R.RecordError, match=r"record 0\.extra_info\.interaction_kwargs: missing field 'checklist_list'"):
+    with pytest.raises(
+        R.RecordError, match=r"record 0\.extra_info\.interaction_kwargs: missing field 'checklist_list'"
+    ):
         R.load_records(p)
 
 

@@ -87,16 +87,17 @@ def test_tasks_need_one_to_four_calls_and_cover_worlds_and_turns(pools):
     assert {t["env"]["name"] for t in tasks} == set(WORLDS)
     turns = [len(t["checklist"][0]) for t in tasks]
     assert 0.15 < turns.count(2) / len(turns) < 0.6 and set(turns) == {1, 2}
-    errored = sum(any('"error"' in m["content"] for m in t["reference_messages"] if m["role"] == "tool")
-                  for t in tasks)
+    errored = sum(any('"error"' in m["content"] for m in t["reference_messages"] if m["role"] == "tool") for t in tasks)
     assert 0.03 < errored / len(tasks) < 0.35  # some demonstrations show how to handle a failed call
 
 
 def test_few_shot_block_never_shows_one_call_with_two_responses(pools):
     for task in _all(pools):
         seen: dict[str, str] = {}
-        by_id = {c["id"]: canonical_json({"arguments": c["function"]["arguments"], "name": c["function"]["name"]})
-                 for c in _calls(task)}
+        by_id = {
+            c["id"]: canonical_json({"arguments": c["function"]["arguments"], "name": c["function"]["name"]})
+            for c in _calls(task)
+        }
         for m in task["reference_messages"]:
             if m["role"] == "tool":
                 assert seen.setdefault(by_id[m["tool_call_id"]], m["content"]) == m["content"], task["uid"]
@@ -119,8 +120,10 @@ def test_numbers_in_answers_are_copied_from_the_visible_context(pools):
                         continue
                     for v in item["rule"]["values"]:
                         if re.fullmatch(r"-?\d+(\.\d+)?", v):
-                            assert any(re.search(rf"(?<![\d.]){re.escape(v)}(?![\d.])", s) for s in turn_text), \
-                                (task["uid"], v)
+                            assert any(re.search(rf"(?<![\d.]){re.escape(v)}(?![\d.])", s) for s in turn_text), (
+                                task["uid"],
+                                v,
+                            )
 
 
 # --------------------------------------------------------------------------- determinism and splits
@@ -198,11 +201,15 @@ def test_schemas_are_valid_json_schema_and_reference_calls_conform(pools):
             names.add(fn["name"])
             jsonschema.Draft202012Validator.check_schema(fn["parameters"])
             assert set(fn["parameters"]["required"]) <= set(fn["parameters"]["properties"])
-    validators = {s["function"]["name"]: jsonschema.Draft202012Validator(_strict(s["function"]["parameters"]))
-                  for world in WORLDS for s in tool_schemas(world)}
+    validators = {
+        s["function"]["name"]: jsonschema.Draft202012Validator(_strict(s["function"]["parameters"]))
+        for world in WORLDS
+        for s in tool_schemas(world)
+    }
     for task in _all(pools):
-        assert [t["function"]["parameters"] for t in task["tools"]] == \
-            [t["function"]["parameters"] for t in tool_schemas(task["env"]["name"])]
+        assert [t["function"]["parameters"] for t in task["tools"]] == [
+            t["function"]["parameters"] for t in tool_schemas(task["env"]["name"])
+        ]
         for c in _calls(task):
             validators[c["function"]["name"]].validate(c["function"]["arguments"])
 
@@ -240,9 +247,16 @@ def test_world_rejects_exactly_the_calls_jsonschema_rejects():
 
 # --------------------------------------------------------------------------- error payloads
 BANK = {"name": "bank", "state": {"accounts": {"ana": 20, "ben": 5}}}
-SHOP = {"name": "shop", "state": {"items": {"pen": {"price": 3, "stock": 2}},
-                                  "orders": {"o12": {"item": "pen", "quantity": 1, "status": "shipped"},
-                                             "o13": {"item": "pen", "quantity": 1, "status": "placed"}}}}
+SHOP = {
+    "name": "shop",
+    "state": {
+        "items": {"pen": {"price": 3, "stock": 2}},
+        "orders": {
+            "o12": {"item": "pen", "quantity": 1, "status": "shipped"},
+            "o13": {"item": "pen", "quantity": 1, "status": "placed"},
+        },
+    },
+}
 CAL = {"name": "calendar", "state": {"events": [{"day": "mon", "hour": 10, "title": "gym"}]}}
 UNITS = {"name": "units", "state": {}}
 
@@ -253,9 +267,24 @@ ERROR_TABLE = [
     (BANK, "get_balance", {"account": 3}, "argument 'account' must be a string"),
     (BANK, "transfer", {"from_account": "ana", "to_account": "ben", "amount": 21}, "insufficient funds in 'ana'"),
     (BANK, "transfer", {"from_account": "ana", "to_account": "ben", "amount": 0}, "amount must be positive"),
-    (BANK, "transfer", {"from_account": "ana", "to_account": "ben", "amount": 2.5}, "argument 'amount' must be an integer"),
-    (BANK, "transfer", {"from_account": "ana", "to_account": "ben", "amount": True}, "argument 'amount' must be an integer"),
-    (BANK, "transfer", {"from_account": "ana", "to_account": "ana", "amount": 1}, "cannot transfer to the same account"),
+    (
+        BANK,
+        "transfer",
+        {"from_account": "ana", "to_account": "ben", "amount": 2.5},
+        "argument 'amount' must be an integer",
+    ),
+    (
+        BANK,
+        "transfer",
+        {"from_account": "ana", "to_account": "ben", "amount": True},
+        "argument 'amount' must be an integer",
+    ),
+    (
+        BANK,
+        "transfer",
+        {"from_account": "ana", "to_account": "ana", "amount": 1},
+        "cannot transfer to the same account",
+    ),
     (BANK, "transfer", {"from_account": "ana", "to_account": "kim", "amount": 1}, "unknown account 'kim'"),
     (BANK, "check_stock", {"item": "pen"}, "unknown tool 'check_stock'"),
     (SHOP, "check_stock", {"item": "hat"}, "unknown item 'hat'"),
@@ -287,8 +316,10 @@ def test_bad_calls_get_real_error_payloads_and_leave_state_alone(env, name, args
 
 def test_good_calls_return_echoes_constants_and_lookups():
     bank = make_env({"env": BANK})
-    assert bank.execute("transfer", {"from_account": "ana", "to_account": "ben", "amount": 7}).content == \
-        '{"amount":7,"from":"ana","status":"ok","to":"ben"}'
+    assert (
+        bank.execute("transfer", {"from_account": "ana", "to_account": "ben", "amount": 7}).content
+        == '{"amount":7,"from":"ana","status":"ok","to":"ben"}'
+    )
     assert bank.execute("get_balance", {"account": "ben"}).content == '{"account":"ben","balance":12}'
     shop = make_env({"env": SHOP})
     assert json.loads(shop.execute("place_order", {"item": "pen", "quantity": 2}).content)["order_id"] == "n1"
@@ -297,11 +328,18 @@ def test_good_calls_return_echoes_constants_and_lookups():
     assert json.loads(shop.execute("check_stock", {"item": "pen"}).content)["stock"] == 2
     cal = make_env({"env": CAL})
     cal.execute("add_event", {"day": "mon", "hour": 9, "title": "call"})
-    assert cal.execute("list_events", {"day": "mon"}).content == \
-        '{"day":"mon","events":[{"hour":9,"title":"call"},{"hour":10,"title":"gym"}]}'
+    assert (
+        cal.execute("list_events", {"day": "mon"}).content
+        == '{"day":"mon","events":[{"hour":9,"title":"call"},{"hour":10,"title":"gym"}]}'
+    )
     units = make_env({"env": UNITS})
-    assert json.loads(units.execute("convert", {"value": 90, "from_unit": "min", "to_unit": "h"}).content)["result"] == 1.5
-    assert json.loads(units.execute("convert", {"value": 3, "from_unit": "km", "to_unit": "cm"}).content)["result"] == 300000
+    assert (
+        json.loads(units.execute("convert", {"value": 90, "from_unit": "min", "to_unit": "h"}).content)["result"] == 1.5
+    )
+    assert (
+        json.loads(units.execute("convert", {"value": 3, "from_unit": "km", "to_unit": "cm"}).content)["result"]
+        == 300000
+    )
     # reset restores the pristine state after changes
     bank.reset({"env": BANK})
     assert bank.execute("get_balance", {"account": "ben"}).content == '{"account":"ben","balance":5}'
@@ -332,8 +370,9 @@ def test_world_model_examples_are_real_varied_and_consistent_with_the_few_shot_b
         assert dt.split_of(task) == "train"
         fresh = make_env(task)
         assert fresh.execute(call["name"], call["arguments"]).content == response
-        logged = dt.reference_responses(task).get(canonical_json({"arguments": call["arguments"],
-                                                                  "name": call["name"]}))
+        logged = dt.reference_responses(task).get(
+            canonical_json({"arguments": call["arguments"], "name": call["name"]})
+        )
         assert logged in (None, response)
     assert {e.task["env"]["name"] for e in exs} == set(WORLDS)
 
@@ -375,7 +414,7 @@ def test_push_back_share_fixes_the_mix_and_keeps_prefixes(share):
     for b in dt.BRANCHES:
         mine = [t["uid"] for t in tasks if t["branch"] == b]
         theirs = [t["uid"] for t in natural if t["branch"] == b]
-        assert mine == theirs[:len(mine)]
+        assert mine == theirs[: len(mine)]
 
 
 def test_push_back_share_rejects_out_of_range():

@@ -18,14 +18,19 @@ def test_each_answer_follows_from_the_levels_read():
     kinds = {"if": 0, "which": 0, "pumped": 0}
     for t in tasks:
         user = t["reference_messages"][0]["content"]
-        calls = [c["function"] for m in t["reference_messages"] if m["role"] == "assistant"
-                 for c in m.get("tool_calls") or []]
+        calls = [
+            c["function"]
+            for m in t["reference_messages"]
+            if m["role"] == "assistant"
+            for c in m.get("tool_calls") or []
+        ]
         reply = t["reference_messages"][-1]["content"]
         reads = _levels_read(t)
         if user.startswith("If"):
             kinds["if"] += 1
             src, need, dst = re.fullmatch(r"If (\w+) holds at least (\d+), pump \d+ from \w+ to (\w+)\..*", user).group(
-                1, 2, 3)
+                1, 2, 3
+            )
             level = reads[0]["level"]
             pumps = [c for c in calls if c["name"] == "pump"]
             if level >= int(need):
@@ -50,4 +55,3 @@ def test_a_pure_function_of_its_arguments_and_disjoint_from_the_demo_worlds():
     assert tank_tasks(20, 5) == tank_tasks(20, 5) and tank_tasks(20, 5) != tank_tasks(20, 6)
     demo_text = json.dumps(generate_tasks(500, 0, "train")).lower()
     assert not [w for w in TANKS + ["tank"] if re.search(rf"\b{w}\b", demo_text)]
-

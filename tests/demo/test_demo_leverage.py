@@ -22,7 +22,7 @@ def test_pass_at_k_equals_subset_enumeration(n, c, k):
 
 
 def test_pass_at_k_hand_values_and_errors():
-    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)          # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
     assert pass_at_k(16, 1, 1) == pytest.approx(1 / 16)
     assert pass_at_k(16, 2, 4) == pytest.approx(1 - math.comb(14, 4) / math.comb(16, 4))
     with pytest.raises(ValueError, match="k <= n"):
@@ -32,8 +32,11 @@ def test_pass_at_k_hand_values_and_errors():
 
 
 def test_leverage_table_groups_by_branch_and_type():
-    tasks = [{"branch": "happy", "task_type": "bank/balance"}, {"branch": "happy", "task_type": "bank/balance"},
-             {"branch": "push_back", "task_type": "bank/overdraw"}]
+    tasks = [
+        {"branch": "happy", "task_type": "bank/balance"},
+        {"branch": "happy", "task_type": "bank/balance"},
+        {"branch": "push_back", "task_type": "bank/overdraw"},
+    ]
     greedy = [True, False, False]
     sampled = [[True, True, False, False], [False, False, False, False], [True, False, False, False]]
     t = leverage_table(tasks, greedy, sampled, ks=(1, 4), temperature=0.6)
@@ -53,7 +56,7 @@ def test_measure_leverage_samples_each_repeat_with_its_own_seed():
 
     def run_real(tasks, temperature, seed):
         calls.append((temperature, seed))
-        return [seed % 2 == 1 for _ in tasks]   # odd seeds succeed: 2 of 4 sampled repeats
+        return [seed % 2 == 1 for _ in tasks]  # odd seeds succeed: 2 of 4 sampled repeats
 
     t = measure_leverage(run_real, [{"branch": "happy", "task_type": "a/b"}], ks=(1, 4), temperature=0.7)
     assert calls == [(0.0, 0), (0.7, 1), (0.7, 2), (0.7, 3), (0.7, 4)]

@@ -17,27 +17,52 @@ from tests.helpers_paths import ROOT
 @pytest.fixture(scope="module")
 def reduced_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("demo") / "run"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
-               ENVACE_JAX_CACHE=os.path.join(ROOT, "runs", ".jax_cache_test"),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "demo.py"),
-                           f"--config={ROOT}/configs/demo.py:reduced", "--config.prompts_per_step=3",
-                           f"--run_dir={run_dir}", "--no_progress"], env=env, capture_output=True, text=True,
-                          timeout=1500)
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        TOKENIZERS_PARALLELISM="false",
+        ENVACE_JAX_CACHE=os.path.join(ROOT, "runs", ".jax_cache_test"),
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "launch", "demo.py"),
+            f"--config={ROOT}/configs/demo.py:reduced",
+            "--config.prompts_per_step=3",
+            f"--run_dir={run_dir}",
+            "--no_progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return run_dir, proc.stdout
 
 
 def test_report_files_exist_and_summary_has_required_keys(reduced_run):
     run_dir, stdout = reduced_run
-    for name in ("summary.json", "report.md", "rewards.png", "success.png", "metrics_rl.jsonl",
-                 "fidelity_before.md", "fidelity_after.md", "tokenizer/tokenizer.json"):
+    for name in (
+        "summary.json",
+        "report.md",
+        "rewards.png",
+        "success.png",
+        "metrics_rl.jsonl",
+        "fidelity_before.md",
+        "fidelity_after.md",
+        "tokenizer/tokenizer.json",
+    ):
         assert (run_dir / name).exists(), name
     s = json.loads((run_dir / "summary.json").read_text())
     report.check_summary(s)
     # the report states the RL settings the run used (reduced preset: T=0.6, one replay batch per step)
     text = (run_dir / "report.md").read_text()
-    assert "at temperature 0.6" in text and "1 SFT replay batch(es) (act+rehearse rows of the corpus) after each RL step" in text
+    assert (
+        "at temperature 0.6" in text
+        and "1 SFT replay batch(es) (act+rehearse rows of the corpus) after each RL step" in text
+    )
     n = s["test_episodes"]
     assert n == 8 and s["eval_split"] == "test"
     for key in ("real_success_before", "real_success_after", "more_sft_success", "fidelity_before", "fidelity_after"):
@@ -54,19 +79,27 @@ def test_report_files_exist_and_summary_has_required_keys(reduced_run):
     assert "| model" in stdout and "total:" in stdout
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--config.sft_tasks=0"], "demo sft_tasks must be >= 1, got 0"),
-    (["--preset=reduced", "--set", "sft_tasks=0"], "demo sft_tasks must be >= 1, got 0"),   # the earlier spelling
-    (["--set", "sft_tasks=0"], "demo sft_tasks must be >= 1, got 0"),   # ... without a preset (was an unknown flag)
-    (["--config.eval_split=dev"], "demo eval_split must be one of"),
-    (["--config.rl_push_back_share=1.5"], "demo rl_push_back_share must be None or in [0, 1], got 1.5"),
-    (["--config.rl_seed=-1"], "demo rl_seed must be None or an int >= 0, got -1"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--config.sft_tasks=0"], "demo sft_tasks must be >= 1, got 0"),
+        (["--preset=reduced", "--set", "sft_tasks=0"], "demo sft_tasks must be >= 1, got 0"),  # the earlier spelling
+        (["--set", "sft_tasks=0"], "demo sft_tasks must be >= 1, got 0"),  # ... without a preset (was an unknown flag)
+        (["--config.eval_split=dev"], "demo eval_split must be one of"),
+        (["--config.rl_push_back_share=1.5"], "demo rl_push_back_share must be None or in [0, 1], got 1.5"),
+        (["--config.rl_seed=-1"], "demo rl_seed must be None or an int >= 0, got -1"),
+    ],
+)
 def test_demo_settings_are_one_typed_config(args, needle):
     """launch/demo.py reads its settings like every other main (an ml-collections config, ``--config.f=v``,
     checked by the shared converter); the earlier --preset/--set spellings are rewritten to it."""
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "demo.py"), *args, "--run_dir=/nonexistent"],
-                          env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "launch", "demo.py"), *args, "--run_dir=/nonexistent"],
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr[-2000:]
 
 
@@ -77,7 +110,7 @@ def test_rl_steps_logged_with_both_roles(reduced_run):
     for m in steps:
         # every rollout batch of rehearsal mode holds both roles' rows (unless no episode made a call)
         assert m["act/rows"] > 0
-        assert m["episode/count"] == 3 * 2   # --config.prompts_per_step=3 (reached the run) x 2 rollouts
+        assert m["episode/count"] == 3 * 2  # --config.prompts_per_step=3 (reached the run) x 2 rollouts
         assert "update/loss" in m or "update/skipped_no_rows" in m
         # the reduced preset interleaves one SFT replay batch (both roles) after each RL step
         assert m["replay/nll/act"] > 0 and m["replay/nll/rehearse"] > 0
@@ -87,8 +120,9 @@ def test_wilson_and_mean_ci_by_hand():
     lo, hi = report.wilson_ci(5, 20)
     # p = 0.25, n = 20, z = 1.96 -> [0.1119, 0.4687] (textbook Wilson interval)
     assert lo == pytest.approx(0.1119, abs=1e-3) and hi == pytest.approx(0.4687, abs=1e-3)
-    assert report.mean_ci([0.0, 1.0, 0.5, 0.5]) == pytest.approx([0.5 - 1.96 * 0.408248 / 2, 0.5 + 1.96 * 0.408248 / 2],
-                                                                 abs=1e-4)
+    assert report.mean_ci([0.0, 1.0, 0.5, 0.5]) == pytest.approx(
+        [0.5 - 1.96 * 0.408248 / 2, 0.5 + 1.96 * 0.408248 / 2], abs=1e-4
+    )
     assert report.cis_separate([0.1, 0.2], [0.3, 0.4]) and not report.cis_separate([0.1, 0.35], [0.3, 0.4])
 
 
@@ -127,21 +161,49 @@ def test_exported_model_runs_the_rehearsal_sweep(reduced_run):
 
 # ----------------------------------------------------------------------------- from a pretrained base
 
+
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory):
     """`make pretrain` at its tiny preset, then the reduced demo from that base (the default's path)."""
     root = tmp_path_factory.mktemp("demo_base")
     base_dir, run_dir = root / "base", root / "run"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
-               ENVACE_JAX_CACHE=os.path.join(ROOT, "runs", ".jax_cache_test"),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "pretrain.py"), "--preset=tiny",
-                           f"--out={base_dir}", "--no_progress"], env=env, capture_output=True, text=True, timeout=1500)
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        TOKENIZERS_PARALLELISM="false",
+        ENVACE_JAX_CACHE=os.path.join(ROOT, "runs", ".jax_cache_test"),
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "launch", "pretrain.py"),
+            "--preset=tiny",
+            f"--out={base_dir}",
+            "--no_progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "demo.py"), "--preset=reduced",
-                           f"--set=base_dir={base_dir}", "--set=sft_steps=0", "--set=more_sft_lr=1e-4",
-                           f"--run_dir={run_dir}", "--no_progress"], env=env, capture_output=True, text=True,
-                          timeout=1500)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "launch", "demo.py"),
+            "--preset=reduced",
+            f"--set=base_dir={base_dir}",
+            "--set=sft_steps=0",
+            "--set=more_sft_lr=1e-4",
+            f"--run_dir={run_dir}",
+            "--no_progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return base_dir, run_dir
 
@@ -155,11 +217,14 @@ def test_demo_from_a_base_starts_from_it_and_reports_per_branch(base_run):
     report.check_summary(s)
     assert s["start"] == "base" and s["base"]["dir"] == str(base_dir) and s["base"]["pretrain_steps"] == 6
     # the RL start is the shipped base itself: its evaluation is the base's, and the tokenizer is the base's
-    assert (run_dir / "tokenizer" / "tokenizer.json").read_text() == (base_dir / "tokenizer" / "tokenizer.json").read_text()
+    assert (run_dir / "tokenizer" / "tokenizer.json").read_text() == (
+        base_dir / "tokenizer" / "tokenizer.json"
+    ).read_text()
     # RL prompts never repeat a task of the pretraining corpus; the stated mixes are the drawn ones
     b = pretrain.load_base(str(base_dir))
     demos = b.demonstrations()
     from envace_jax.demo import data as demo_data
+
     used = b.corpus_uids(b.corpus_rows(demos, demo_data.make_codec(b.tokenizer)), demos)
     rl = [json.loads(line) for line in (run_dir / "metrics_rl.jsonl").read_text().splitlines()]
     assert len(rl) == 2
@@ -170,18 +235,21 @@ def test_demo_from_a_base_starts_from_it_and_reports_per_branch(base_run):
         n_b = s["eval"][tag]["episodes_by_branch"]
         # the overall success is the episode-weighted mean of the per-branch ones
         assert s[f"real_success_{tag}"] == pytest.approx(
-            sum(s[f"success_by_branch_{tag}"][k] * n_b[k] for k in BRANCHES) / sum(n_b.values()))
+            sum(s[f"success_by_branch_{tag}"][k] * n_b[k] for k in BRANCHES) / sum(n_b.values())
+        )
         # push-back success is the episode-weighted mean over its announced and silent kinds
         n_k = s["eval"][tag]["episodes_by_push_back_kind"]
         assert sum(n_k.values()) == n_b["push_back"] and set(n_k) <= {"announced", "silent"}
         assert s[f"success_by_branch_{tag}"]["push_back"] == pytest.approx(
-            sum(s[f"success_by_push_back_kind_{tag}"][k] * n_k[k] for k in n_k) / n_b["push_back"])
+            sum(s[f"success_by_push_back_kind_{tag}"][k] * n_k[k] for k in n_k) / n_b["push_back"]
+        )
         for key in ("fidelity_state_changing", "fidelity_read_only", "optimistic_hallucination"):
             v = s[f"{key}_{tag}"]
             assert v is None or v != v or 0.0 <= v <= 1.0, key
     text = (run_dir / "report.md").read_text()
     assert "base (pretrained, shipped)" in text and "push_back (n=4)" in text
     from envace_jax.data.tfds_builder import read_split
+
     train = read_split(str(run_dir / "data"), demo_data.DATASET_NAME, "train")
     rl_uids = {train[i]["uid"] for i in range(len(train))}
     assert len(rl_uids) == 16 and not used & rl_uids
@@ -226,7 +294,9 @@ def test_rl_seed_moves_the_rl_streams_only(tmp_path):
     assert first_replay(crossed) == first_replay(default().replace(seed=4))
     assert first_replay(crossed) != first_replay(default().replace(seed=3))
     small = dict(rl_tasks=24)
-    assert demo_data.draw_rl_tasks(crossed.replace(**small)) == demo_data.draw_rl_tasks(default().replace(seed=3, **small))
+    assert demo_data.draw_rl_tasks(crossed.replace(**small)) == demo_data.draw_rl_tasks(
+        default().replace(seed=3, **small)
+    )
 
 
 def test_learning_curve_points_leave_rl_unchanged(tmp_path):
@@ -246,7 +316,7 @@ def test_learning_curve_points_leave_rl_unchanged(tmp_path):
     log_curve = d.rl(cfg.rl_mode, tag="rl")
     w_curve = jax.tree.leaves(stages.host_copy(stages.snapshot(d.model)))
     points = d.curves["rl"]
-    assert [p["step"] for p in points] == [1, 2]       # the end point is the stage's own "after" evaluation
+    assert [p["step"] for p in points] == [1, 2]  # the end point is the stage's own "after" evaluation
     for p in points:
         assert 0.0 <= p["success"] <= 1.0 and p["success_ci"][0] <= p["success"] <= p["success_ci"][1]
     assert d.timing["rl curve"].wall > 0
@@ -261,8 +331,13 @@ def test_learning_curve_points_leave_rl_unchanged(tmp_path):
     for a, b in zip(log_curve, log_plain):
         assert a.get("episode/score_mean") == b.get("episode/score_mean")
 
-    ev = {"success": 0.5, "success_ci": [0.2, 0.8], "score": 0.7,
-          "success_by_branch": {"happy": 1.0, "push_back": 0.0}, "success_by_push_back_kind": {"silent": 0.0}}
+    ev = {
+        "success": 0.5,
+        "success_ci": [0.2, 0.8],
+        "score": 0.7,
+        "success_by_branch": {"happy": 1.0, "push_back": 0.0},
+        "success_by_push_back_kind": {"silent": 0.0},
+    }
     curve = d.curve("rl", ev, ev)
     assert [p["step"] for p in curve] == [0, 1, 2, 3]
     rows, header = report.curve_rows(curve)

@@ -49,6 +49,7 @@ def test_config_rejects_bad_values():
 
 def _params(model_dir):
     from safetensors.numpy import load_file
+
     out = {}
     for f in sorted(os.listdir(model_dir)):
         if f.endswith(".safetensors"):
@@ -72,7 +73,7 @@ def test_tiny_run_writes_a_base_that_transformers_loads(tiny_run):
     assert not os.path.exists(os.path.join(out, "checkpoints"))
     on_disk = json.load(open(os.path.join(out, "manifest.json")))
     assert on_disk["config"] == manifest["config"] and on_disk["corpus"]["demonstrations"] == 24
-    assert on_disk["corpus"]["push_back_demonstrations"] == 6            # 24 x 0.25, by construction
+    assert on_disk["corpus"]["push_back_demonstrations"] == 6  # 24 x 0.25, by construction
     assert {"success", "success_happy", "success_push_back"} <= set(on_disk["validation"])
     tok = AutoTokenizer.from_pretrained(os.path.join(out, "tokenizer"))
     hf = AutoModelForCausalLM.from_pretrained(os.path.join(out, "model")).eval()
@@ -98,7 +99,7 @@ def test_memory_rows_carry_memories_built_by_the_test_time_code(tiny_run):
     plain = [r for t in demos for r in demo_data.act_rows(t, codec)]
     assert manifest["corpus"]["memory_rows"] == len(rows) == len(plain)
     for r, p in zip(rows, plain):
-        assert r.gen_ids == p.gen_ids                                   # same demonstration target
+        assert r.gen_ids == p.gen_ids  # same demonstration target
         text = codec.decode(r.prompt_ids)
         assert MEMORY_HEADER in text and MEMORY_HEADER not in codec.decode(p.prompt_ids)
 
@@ -112,7 +113,7 @@ def test_preempted_run_resumes_to_the_same_parameters(tiny_run, tmp_path, monkey
 
     def check_then_preempt(self):
         calls["n"] += 1
-        if calls["n"] == 4:                 # after step 4, past the memory step (3)
+        if calls["n"] == 4:  # after step 4, past the memory step (3)
             self._flag.set()
         return real_check(self)
 
@@ -130,8 +131,10 @@ def test_preempted_run_resumes_to_the_same_parameters(tiny_run, tmp_path, monkey
 
 
 def test_split_shares_places_tank_rows_in_the_act_half():
-    assert pt.split_shares(32, 0.0, 4) == ({ACT: 12, pt.TANK_GROUP: 4, REHEARSE: 16},
-                                           {ACT: 12, pt.TANK_GROUP: 4, pt.MEMORY_GROUP: 0, REHEARSE: 16})
+    assert pt.split_shares(32, 0.0, 4) == (
+        {ACT: 12, pt.TANK_GROUP: 4, REHEARSE: 16},
+        {ACT: 12, pt.TANK_GROUP: 4, pt.MEMORY_GROUP: 0, REHEARSE: 16},
+    )
     assert pt.split_shares(32, 0.25, 4)[1] == {ACT: 8, pt.TANK_GROUP: 4, pt.MEMORY_GROUP: 4, REHEARSE: 16}
     with pytest.raises(ValueError, match="no demonstration row"):
         pt.split_shares(8, 0.5, 2)
@@ -144,8 +147,16 @@ def test_split_shares_places_tank_rows_in_the_act_half():
 
 
 def _continued(base_dir, **kw):
-    return pt.tiny().replace(init_from=base_dir, grow_factor=2, num_layers=4, tank_share=1, tank_tasks=8,
-                             memory_share=0.0, schedule="constant", **kw)
+    return pt.tiny().replace(
+        init_from=base_dir,
+        grow_factor=2,
+        num_layers=4,
+        tank_share=1,
+        tank_tasks=8,
+        memory_share=0.0,
+        schedule="constant",
+        **kw,
+    )
 
 
 def test_a_continued_base_is_the_base_grown_with_its_tokenizer(tiny_run, tmp_path):
@@ -163,8 +174,10 @@ def test_a_continued_base_is_the_base_grown_with_its_tokenizer(tiny_run, tmp_pat
     assert manifest["init"]["validation"] == json.load(open(os.path.join(base_dir, "manifest.json")))["validation"]
     # 8 tank conversations: one ACT row per assistant step (a read, maybe a pump, the reply)
     from envace_jax.data.tank_tasks import tank_tasks
-    assert manifest["corpus"]["tank_rows"] == sum(m["role"] == "assistant" for t in tank_tasks(8, pt.TANK_SEED)
-                                                  for m in t["reference_messages"])
+
+    assert manifest["corpus"]["tank_rows"] == sum(
+        m["role"] == "assistant" for t in tank_tasks(8, pt.TANK_SEED) for m in t["reference_messages"]
+    )
     assert not filecmp.dircmp(os.path.join(base_dir, "tokenizer"), os.path.join(out, "tokenizer")).diff_files
     tok = AutoTokenizer.from_pretrained(os.path.join(out, "tokenizer"))
     ids = tok("<|im_start|>user\nIf north holds at least 40, pump 40.<|im_end|>", return_tensors="pt").input_ids

@@ -52,10 +52,12 @@ class ReferenceClient:
 
 
 def test_act_rows_equal_rollout_contexts_and_reference_scores_full(tasks, codec):
-    cfg = RolloutConfig(mode="real", max_steps=30, max_model_len=8192,
-                        act=RoleSampling(temperature=0.0, max_new_tokens=64))
-    engine = RolloutEngine(cfg, codec, ReferenceClient(tasks, codec), ChecklistTurnJudge(RuleJudge()),
-                           make_env=demo_data.make_real_env)
+    cfg = RolloutConfig(
+        mode="real", max_steps=30, max_model_len=8192, act=RoleSampling(temperature=0.0, max_new_tokens=64)
+    )
+    engine = RolloutEngine(
+        cfg, codec, ReferenceClient(tasks, codec), ChecklistTurnJudge(RuleJudge()), make_env=demo_data.make_real_env
+    )
     episodes = engine.run(tasks)
     for t, e in zip(tasks, episodes):
         rows = demo_data.act_rows(t, codec)
@@ -80,7 +82,9 @@ def test_rehearse_targets_parse_to_the_real_responses(tasks, codec):
             # what the caller reads after a perfect rehearsal is what the (normalised) real tool said
             assert result == m["content"]
             assert compare(text, m["content"], False)["exact"] == 1.0
-            assert r.prompt_ids[-len(codec.renderer.generation_prompt_ids()):] == codec.renderer.generation_prompt_ids()
+            assert (
+                r.prompt_ids[-len(codec.renderer.generation_prompt_ids()) :] == codec.renderer.generation_prompt_ids()
+            )
             n += 1
     assert n >= len(tasks)
 

@@ -21,13 +21,17 @@ def test_a_shipped_base_matches_its_manifest_in_transformers(name, layers):
     hf = AutoConfig.from_pretrained(os.path.join(base.directory, "model"))
     assert base.config.num_layers == hf.num_hidden_layers == layers
     assert (base.config.hidden_size, base.config.intermediate_size, len(base.tokenizer)) == (
-        hf.hidden_size, hf.intermediate_size, hf.vocab_size)
+        hf.hidden_size,
+        hf.intermediate_size,
+        hf.vocab_size,
+    )
 
 
 def test_the_deep_base_is_the_deep_preset_continuing_the_shipped_base():
     deep = pt.load_base(os.path.join(ROOT, "assets", "demo_base_deep"))
     assert dataclasses.asdict(deep.config) == dataclasses.asdict(pt.deep())
     assert deep.manifest["init"]["from"] == "assets/demo_base" and deep.manifest["init"]["grow_factor"] == 2
-    same_tokenizer = filecmp.dircmp(os.path.join(ROOT, "assets", "demo_base", "tokenizer"),
-                                    os.path.join(deep.directory, "tokenizer"))
+    same_tokenizer = filecmp.dircmp(
+        os.path.join(ROOT, "assets", "demo_base", "tokenizer"), os.path.join(deep.directory, "tokenizer")
+    )
     assert not same_tokenizer.diff_files and not same_tokenizer.left_only

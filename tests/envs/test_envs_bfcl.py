@@ -23,12 +23,21 @@ def multi_turn():
 def _reference_responses(entry, gt, tag):
     """Runs the GT through BFCL's execute_multi_turn_func_call (which evals the text itself)."""
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
     before = set(vars(multi_turn_utils))
     try:
         lc = "long_context" in bfcl.category_of(entry["id"])
-        return [multi_turn_utils.execute_multi_turn_func_call(
-                    turn, entry["initial_config"], entry["involved_classes"], f"envace_ref_{tag}",
-                    entry["id"], long_context=lc)[0] for turn in gt]
+        return [
+            multi_turn_utils.execute_multi_turn_func_call(
+                turn,
+                entry["initial_config"],
+                entry["involved_classes"],
+                f"envace_ref_{tag}",
+                entry["id"],
+                long_context=lc,
+            )[0]
+            for turn in gt
+        ]
     finally:
         for key in set(vars(multi_turn_utils)) - before:
             delattr(multi_turn_utils, key)
@@ -51,8 +60,11 @@ def test_ground_truth_replay_matches_bfcl_and_passes_its_checker(multi_turn, cat
                 # Arguments go through JSON, as they do when the policy emits them.
                 got = env.execute(name, json.loads(json.dumps(kwargs)))
                 assert got.content == ref, (entry["id"], text)
-                assert got.error == (ref.startswith("Error during execution")
-                                     or '"error"' in ref[:10]), (entry["id"], text, ref)
+                assert got.error == (ref.startswith("Error during execution") or '"error"' in ref[:10]), (
+                    entry["id"],
+                    text,
+                    ref,
+                )
                 calls += 1
         result = bfcl.check_multi_turn(bfcl.ground_truth_trajectory(env, gt), entry, gt)
         assert result["valid"], (entry["id"], result)
@@ -93,8 +105,20 @@ def test_empty_ground_truth_turn_requires_no_call(multi_turn):
     assert not bfcl.check_multi_turn(extra, entry, gt)["valid"]
 
 
-@pytest.mark.parametrize("name", ["__class__", "_load_scenario", "os.system", "__init__", "eval",
-                                  "__import__('os').system", "cd; import os", "", "no_such_tool"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "__class__",
+        "_load_scenario",
+        "os.system",
+        "__init__",
+        "eval",
+        "__import__('os').system",
+        "cd; import os",
+        "",
+        "no_such_tool",
+    ],
+)
 def test_odd_names_are_rejected_never_executed(multi_turn, name):
     entries, _ = multi_turn["multi_turn_base"]
     env = bfcl.BfclMultiTurnEnv(entries[0])
@@ -179,13 +203,29 @@ def test_schemas_are_json_schema(multi_turn):
         assert set(types_in(s["function"])) <= allowed, s["function"]["name"]
     cd = next(s for s in schemas if s["function"]["name"] == "cd")["function"]
     assert cd["parameters"]["type"] == "object" and cd["response"]["type"] == "object"
-    doc = {"name": "f", "description": "d", "parameters": {"type": "dict", "properties": {
-        "a": {"type": "float"}, "b": {"type": "tuple", "items": {"type": "integer"}},
-        "c": {"type": "any"}, "type": {"type": "dict", "properties": {"x": {"type": "float"}}}}}}
+    doc = {
+        "name": "f",
+        "description": "d",
+        "parameters": {
+            "type": "dict",
+            "properties": {
+                "a": {"type": "float"},
+                "b": {"type": "tuple", "items": {"type": "integer"}},
+                "c": {"type": "any"},
+                "type": {"type": "dict", "properties": {"x": {"type": "float"}}},
+            },
+        },
+    }
     got = bfcl.function_doc_to_schema(doc)["function"]["parameters"]
-    assert got == {"type": "object", "properties": {
-        "a": {"type": "number"}, "b": {"type": "array", "items": {"type": "integer"}},
-        "c": {"type": "string"}, "type": {"type": "object", "properties": {"x": {"type": "number"}}}}}
+    assert got == {
+        "type": "object",
+        "properties": {
+            "a": {"type": "number"},
+            "b": {"type": "array", "items": {"type": "integer"}},
+            "c": {"type": "string"},
+            "type": {"type": "object", "properties": {"x": {"type": "number"}}},
+        },
+    }
     with pytest.raises(ValueError, match="parameters"):
         bfcl.function_doc_to_schema({"name": "g"})
 
@@ -194,14 +234,18 @@ def test_call_string_round_trip_and_errors():
     assert bfcl.parse_call_string("cd(folder='document')") == ("cd", {"folder": "document"})
     assert bfcl.parse_call_string("sort('a.pdf')", ["file_name"]) == ("sort", {"file_name": "a.pdf"})
     assert bfcl.parse_call_string("math.factorial(number=5)") == ("math.factorial", {"number": 5})
-    call = ("lockDoors", {"unlock": True, "door": ["driver", "passenger"], "x": None, "f": 1.5,
-                          "d": {"k": "it's"}})
+    call = ("lockDoors", {"unlock": True, "door": ["driver", "passenger"], "x": None, "f": 1.5, "d": {"k": "it's"}})
     text = bfcl.format_call(*call)
     assert bfcl.parse_call_string(text) == call
-    for bad, msg in [("sort('a.pdf')", "positional"), ("cd(folder=os.getcwd())", "non-literal"),
-                     ("cd(**kw)", r"\*\*kwargs"), ("1 + 2", "not a function call"),
-                     ("cd(", "not a Python call"), ("f()(x=1)", "not a name"),
-                     ("cd(folder='a', folder='b')", "given twice|not a Python call")]:
+    for bad, msg in [
+        ("sort('a.pdf')", "positional"),
+        ("cd(folder=os.getcwd())", "non-literal"),
+        ("cd(**kw)", r"\*\*kwargs"),
+        ("1 + 2", "not a function call"),
+        ("cd(", "not a Python call"),
+        ("f()(x=1)", "not a name"),
+        ("cd(folder='a', folder='b')", "given twice|not a Python call"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             bfcl.parse_call_string(bad)
 
@@ -209,6 +253,7 @@ def test_call_string_round_trip_and_errors():
 def test_result_to_string_follows_bfcl_rule():
     class S(str):
         pass
+
     assert bfcl.result_to_string("x") == "x"
     assert bfcl.result_to_string({"a": 1}) == '{"a": 1}'
     assert bfcl.result_to_string({"a": {1, 2}}) == "{'a': {1, 2}}"  # json fails -> str
@@ -221,7 +266,7 @@ def _answer_fits_schema(answer, docs):
     """Independent truth for the single-turn sweep: can any concrete call satisfy the schema?"""
     by_name = {d["name"]: d["parameters"] for d in docs}
     for ans in answer:
-        (name, params), = ans.items()
+        ((name, params),) = ans.items()
         schema = by_name.get(name)
         if schema is None:
             return False
@@ -249,8 +294,14 @@ def test_single_turn_ground_truth_passes_ast_checker(category):
         valid = bfcl.check_single_turn(calls, entry, answer)["valid"]
         outcomes[entry["id"]] = valid
         assert valid == _answer_fits_schema(answer, entry["function"]), entry["id"]
-    if category in ("simple_python", "multiple", "parallel", "parallel_multiple",
-                    "live_parallel", "live_parallel_multiple"):
+    if category in (
+        "simple_python",
+        "multiple",
+        "parallel",
+        "parallel_multiple",
+        "live_parallel",
+        "live_parallel_multiple",
+    ):
         assert all(outcomes.values())
     else:
         # A handful of live answers contradict their own schema; the checker cannot pass them.

@@ -41,13 +41,13 @@ def test_golden_actions_score_one_and_dropping_a_write_lowers_it(envs, domain):
     assert all(r == 1.0 for r in full.values()), {k: r for k, r in full.items() if r != 1.0}
     tested = {k: r for k, r in dropped.items() if r is not None}
     lowered = sum(r < 1.0 for r in tested.values())
-    print(f"{domain}: oracle 1.0 on {len(full)}/{len(full)}; dropping the last write lowered "
-          f"{lowered}/{len(tested)}")
+    print(f"{domain}: oracle 1.0 on {len(full)}/{len(full)}; dropping the last write lowered {lowered}/{len(tested)}")
     assert len(tested) >= len(tasks) // 2 and lowered >= 0.9 * len(tested)
 
 
 def test_execute_matches_tau2_get_response_and_reports_errors(envs):
     from tau2.data_model.message import ToolCall
+
     env = envs["airline"]
     task = T.load_tasks("airline", "test")[0]
     env.reset(task)
@@ -63,8 +63,9 @@ def test_execute_matches_tau2_get_response_and_reports_errors(envs):
     assert res.error and res.content.startswith("Error:")
 
 
-@pytest.mark.parametrize("name", ["__class__", "_get_user", "use_tool", "db", "update_db",
-                                  "os.system", "", "no_such_tool"])
+@pytest.mark.parametrize(
+    "name", ["__class__", "_get_user", "use_tool", "db", "update_db", "os.system", "", "no_such_tool"]
+)
 def test_unregistered_names_are_rejected(envs, name):
     env = envs["retail"]
     env.reset(T.load_tasks("retail", "test")[0])
@@ -110,8 +111,9 @@ def test_schemas_and_user_tools(envs):
 
 def test_telecom_user_tools_run_on_the_user_side(envs):
     env = envs["telecom"]
-    task = next(t for t in T.load_tasks("telecom", "test")
-                if any(a.requestor == "user" for a in t.evaluation_criteria.actions))
+    task = next(
+        t for t in T.load_tasks("telecom", "test") if any(a.requestor == "user" for a in t.evaluation_criteria.actions)
+    )
     env.reset(task)
     action = next(a for a in task.evaluation_criteria.actions if a.requestor == "user")
     assert not env.execute(action.name, action.arguments, requestor="user").error
@@ -129,8 +131,8 @@ def test_evaluator_rejects_tampered_responses_and_bad_endings(envs):
     assert T.evaluate(domain, task, msgs, cached_db=False)["reward"] == 1.0
     # Thinking and our own system message do not disturb scoring.
     with_think = [{"role": "system", "content": "policy"}] + [
-        dict(m, content="<think>plan</think>" + m["content"]) if m["role"] == "assistant" else m
-        for m in msgs]
+        dict(m, content="<think>plan</think>" + m["content"]) if m["role"] == "assistant" else m for m in msgs
+    ]
     assert T.evaluate(domain, task, with_think)["reward"] == 1.0
     assert T.evaluate(domain, task, msgs, termination="max_steps")["reward"] == 0.0
     tool_idx = next(i for i, m in enumerate(msgs) if m["role"] == "tool")

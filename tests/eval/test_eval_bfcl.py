@@ -19,8 +19,9 @@ from envace_jax.eval.runner import run_eval
 
 
 def test_oracle_is_valid_on_every_multi_turn_base_entry(tmp_path):
-    res = run_eval({"suite": "bfcl", "policy": "oracle", "output_dir": str(tmp_path),
-                    "bfcl": {"categories": "multi_turn_base"}})
+    res = run_eval(
+        {"suite": "bfcl", "policy": "oracle", "output_dir": str(tmp_path), "bfcl": {"categories": "multi_turn_base"}}
+    )
     back = load_results(str(tmp_path))
     assert back == res | {"wall_seconds": back["wall_seconds"]}
     row = back["categories"]["multi_turn_base"]
@@ -40,7 +41,7 @@ def test_miss_func_reveals_the_held_out_function_at_its_turn():
     gts = bfcl.load_ground_truth("multi_turn_miss_func")
     eps = B.play_multi_turn(entries, B.BfclMultiTurnOracle(entries, gts), B.BfclConfig())
     for e, ep in zip(entries, eps):
-        (turn, docs), = e["missed_function"].items()
+        ((turn, docs),) = e["missed_function"].items()
         users = [m["content"] for m in ep.conv.messages if m["role"] == "user"]
         assert B.MISS_FUNC_PROMPT in users
         names = {t["function"]["name"] for t in ep.conv.tools}
@@ -81,17 +82,19 @@ def test_checker_rejects_a_perturbed_oracle():
 def test_step_limit_force_quits_like_bfcl():
     entry = bfcl.load_entries("multi_turn_base")[0]
 
-    class Looper:   # calls a harmless function forever
+    class Looper:  # calls a harmless function forever
         def act(self, convs):
             return [AgentTurn('<tool_call>\n{"name": "pwd", "arguments": {}}\n</tool_call>') for _ in convs]
 
         def release(self, keys):
             pass
 
-    ep, = B.play_multi_turn([entry], Looper(), B.BfclConfig(max_steps_per_turn=3))
+    (ep,) = B.play_multi_turn([entry], Looper(), B.BfclConfig(max_steps_per_turn=3))
     assert ep.termination == "step_limit" and len(ep.trajectory) == 1 and len(ep.trajectory[0]) == 4
     # each call really ran in the GorillaFileSystem of the entry (its cwd is the scenario root)
-    assert [m["content"] for m in ep.conv.messages if m["role"] == "tool"][0].startswith('{"current_working_directory": ')
+    assert [m["content"] for m in ep.conv.messages if m["role"] == "tool"][0].startswith(
+        '{"current_working_directory": '
+    )
 
 
 def test_single_turn_parse_errors_and_wrong_values_fail():
@@ -99,9 +102,12 @@ def test_single_turn_parse_errors_and_wrong_values_fail():
 
     class Bad:
         def act(self, convs):
-            return [AgentTurn("<tool_call>\nnot json\n</tool_call>"),
-                    AgentTurn('<tool_call>\n{"name": "%s", "arguments": {}}\n</tool_call>'
-                              % entries[1]["function"][0]["name"])][: len(convs)]
+            return [
+                AgentTurn("<tool_call>\nnot json\n</tool_call>"),
+                AgentTurn(
+                    '<tool_call>\n{"name": "%s", "arguments": {}}\n</tool_call>' % entries[1]["function"][0]["name"]
+                ),
+            ][: len(convs)]
 
         def release(self, keys):
             pass
@@ -121,7 +127,7 @@ def test_tiny_random_model_runs_every_multi_turn_base_entry(tmp_path):
     res = run_eval(cfg)
     row = res["categories"]["multi_turn_base"]
     assert row["count"] == 200 and 0 <= row["valid"] <= 200
-    assert row["generated_tokens_mean"] > 0          # the model really generated
+    assert row["generated_tokens_mean"] > 0  # the model really generated
     assert load_results(str(tmp_path))["categories"]["multi_turn_base"]["count"] == 200
 
 
@@ -135,8 +141,9 @@ def test_line_level_tokenizer_shrinks_bfcl_prompts_and_round_trips(tmp_path):
     line = build_demo_tokenizer(corpus, tmp_path / "lines", vocab_size=4096, pre_split="lines", max_token_chars=64)
     entries = bfcl.load_entries("multi_turn_base")[::40]
     for e in entries:
-        text = render_chat_text([dict(m) for m in e["question"][0]], bfcl.BfclMultiTurnEnv(e).tool_schemas,
-                                enable_thinking=False)
+        text = render_chat_text(
+            [dict(m) for m in e["question"][0]], bfcl.BfclMultiTurnEnv(e).tool_schemas, enable_thinking=False
+        )
         ids = line.encode(text, add_special_tokens=False)
         assert line.decode(ids) == text
         assert 3 * len(ids) < len(word.encode(text, add_special_tokens=False)), e["id"]

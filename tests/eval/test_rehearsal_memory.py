@@ -22,8 +22,9 @@ from envace_jax.rl.rollout import RoleSampling, RolloutConfig
 from envace_jax.rl.types import ACT, REHEARSE
 from tests.helpers_rollout import ScriptedClient, codec
 
-ROLLOUT = RolloutConfig(max_steps=20, max_model_len=100000, act=RoleSampling(max_new_tokens=200),
-                        rehearse=RoleSampling(max_new_tokens=200))
+ROLLOUT = RolloutConfig(
+    max_steps=20, max_model_len=100000, act=RoleSampling(max_new_tokens=200), rehearse=RoleSampling(max_new_tokens=200)
+)
 
 
 def balance_tasks(k: int) -> list[dict]:
@@ -32,8 +33,13 @@ def balance_tasks(k: int) -> list[dict]:
     for t in generate_tasks(200, 5, "train"):
         calls = [c for m in t["reference_messages"] for c in m.get("tool_calls") or []]
         users = [m for m in t["reference_messages"] if m["role"] == "user"]
-        if t["env"]["name"] == "bank" and len(users) == 1 and re.match(r"What is \w+'s balance", users[0]["content"]) and [c["function"]["name"] for c in calls] == ["get_balance"] \
-                and '"balance"' in t["reference_messages"][2]["content"]:
+        if (
+            t["env"]["name"] == "bank"
+            and len(users) == 1
+            and re.match(r"What is \w+'s balance", users[0]["content"])
+            and [c["function"]["name"] for c in calls] == ["get_balance"]
+            and '"balance"' in t["reference_messages"][2]["content"]
+        ):
             out.append(t)
         if len(out) == k:
             return out
@@ -96,10 +102,14 @@ def policy_script(c, summary: str = "Call get_balance with the lowercase name.")
         name = _last(r"What is (\w+)'s balance", text)
         wrong = name.capitalize()
         failed = f'get_balance({{"account":"{wrong}"}})'
-        acc = name if ("Avoid (calls that failed in rehearsal):" in text and failed in text) or \
-            "lowercase name" in text else wrong
+        acc = (
+            name
+            if ("Avoid (calls that failed in rehearsal):" in text and failed in text) or "lowercase name" in text
+            else wrong
+        )
         call = json.dumps({"name": "get_balance", "arguments": {"account": acc}})
         return f"<think>\ncall\n</think>\n\n\n<tool_call>\n{call}\n</tool_call>"
+
     return script
 
 
@@ -123,11 +133,15 @@ def _run(cfg, tasks, client=None):
     RecordingEnv.phase[0] = "committed"
     committed = [R.with_memory(t, o.memory, cfg.placement) if o.memory else t for t, o in zip(tasks, reh)]
     from envace_jax.rl.rollout import RolloutEngine
-    eps = RolloutEngine(runner.real_cfg, runner.codec, runner.policy, runner.judge, make_env=RecordingEnv).run(committed)
+
+    eps = RolloutEngine(runner.real_cfg, runner.codec, runner.policy, runner.judge, make_env=RecordingEnv).run(
+        committed
+    )
     return runner, reh, eps, client
 
 
 # ----------------------------------------------------------------------------- no real tool
+
 
 @pytest.mark.parametrize("mode", R.MODES)
 def test_rehearsal_touches_no_real_tool_and_the_committed_run_does(mode):
@@ -137,7 +151,7 @@ def test_rehearsal_touches_no_real_tool_and_the_committed_run_does(mode):
     assert len(imagined) == 4
     for e in imagined:
         assert isinstance(e.env, NoToolEnvironment) and e.env.calls == []
-        assert any(g.role == REHEARSE for g in e.generations)   # the tools were played by REHEARSE
+        assert any(g.role == REHEARSE for g in e.generations)  # the tools were played by REHEARSE
     assert {p for p, _, _ in RecordingEnv.log} == {"committed"} and len(RecordingEnv.log) == 2
     assert all(e.env is not None and isinstance(e.env, RecordingEnv) for e in eps)
 
@@ -162,8 +176,9 @@ def test_imagined_record_hides_the_answer_key_by_default():
     assert honest["messages"] == t["messages"] and "env" in honest
     grounded = R.imagined_record(t, R.RehearsalConfig(n=1, grounding="reference"))
     assert grounded["reference_messages"] == t["reference_messages"]
-    two_turn = next(x for x in generate_tasks(80, 1, "train")
-                    if sum(m["role"] == "user" for m in x["reference_messages"]) == 2)
+    two_turn = next(
+        x for x in generate_tasks(80, 1, "train") if sum(m["role"] == "user" for m in x["reference_messages"]) == 2
+    )
     first = R.imagined_record(two_turn, R.RehearsalConfig(n=1))
     every = R.imagined_record(two_turn, R.RehearsalConfig(n=1, user_turns="all"))
     assert len(first["reference_messages"]) == 1 and len(every["reference_messages"]) == 2
@@ -172,25 +187,40 @@ def test_imagined_record_hides_the_answer_key_by_default():
 
 # ----------------------------------------------------------------------------- memory
 
+
 def test_template_memory_content_by_hand():
     traces = [
-        R.RehearsalTrace(1, [R.StepTrace(0, "get_balance", {"account": "Ana"}, '{"error": "unknown account \'Ana\'"}',
-                                         True)], "Sorry.", "no_next_user", None),
-        R.RehearsalTrace(2, [R.StepTrace(0, "get_balance", {"account": "ana"}, '{"account": "ana", "balance": 1}',
-                                         False)], "ana has 1.", "no_next_user", None),
+        R.RehearsalTrace(
+            1,
+            [R.StepTrace(0, "get_balance", {"account": "Ana"}, '{"error": "unknown account \'Ana\'"}', True)],
+            "Sorry.",
+            "no_next_user",
+            None,
+        ),
+        R.RehearsalTrace(
+            2,
+            [R.StepTrace(0, "get_balance", {"account": "ana"}, '{"account": "ana", "balance": 1}', False)],
+            "ana has 1.",
+            "no_next_user",
+            None,
+        ),
         R.RehearsalTrace(3, [], None, "parse_error", '{"error_tool_call": "JSON_DECODE_ERROR: x"}'),
     ]
-    want = "\n".join([
-        "Rehearsal memory: 3 private rehearsals of this task. Their tool responses were imagined, not real.",
-        "Avoid (calls that failed in rehearsal):",
-        "- get_balance({\"account\":\"Ana\"}) -> {\"error\": \"unknown account 'Ana'\"}",
-        'A rehearsal wrote a malformed tool call; write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.',
-        "Plan that ran without errors (rehearsal 2):",
-        '1. get_balance({"account":"ana"}) -> {"account": "ana", "balance": 1}',
-        "Rehearsal 1: get_balance({\"account\":\"Ana\"}) -> ERROR {\"error\": \"unknown account 'Ana'\"}; answered: Sorry.",
-        'Rehearsal 2: get_balance({"account":"ana"}) -> {"account": "ana", "balance": 1}; answered: ana has 1.',
-        "Rehearsal 3: ended: parse_error",
-    ])
+    want = "\n".join(
+        [
+            "Rehearsal memory: 3 private rehearsals of this task. Their tool responses were imagined, not real.",
+            "Avoid (calls that failed in rehearsal):",
+            '- get_balance({"account":"Ana"}) -> {"error": "unknown account \'Ana\'"}',
+            "A rehearsal wrote a malformed tool call; write each call as "
+            '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.',
+            "Plan that ran without errors (rehearsal 2):",
+            '1. get_balance({"account":"ana"}) -> {"account": "ana", "balance": 1}',
+            'Rehearsal 1: get_balance({"account":"Ana"}) -> ERROR {"error": "unknown account \'Ana\'"}; '
+            "answered: Sorry.",
+            'Rehearsal 2: get_balance({"account":"ana"}) -> {"account": "ana", "balance": 1}; answered: ana has 1.',
+            "Rehearsal 3: ended: parse_error",
+        ]
+    )
     assert R.build_template_memory(traces, 10_000) == want
     capped = R.build_template_memory(traces, 300)
     assert len(capped) <= 300 and want.startswith(capped[:-3]) and capped.endswith("...")
@@ -211,6 +241,7 @@ def test_memory_placement_keeps_the_caller_context_consistent():
 
 
 # ----------------------------------------------------------------------------- modes
+
 
 def test_parallel_runs_all_rehearsals_in_one_batched_engine_run():
     tasks = balance_tasks(3)
@@ -237,8 +268,7 @@ def test_sequential_passes_memory_forward_and_revises():
         assert "Avoid" in o.memories[1] and "Plan that ran without errors (rehearsal 2)" in o.memories[1]
 
 
-@pytest.mark.parametrize("mode,memory", [("parallel", "template"), ("sequential", "template"),
-                                         ("parallel", "model")])
+@pytest.mark.parametrize("mode,memory", [("parallel", "template"), ("sequential", "template"), ("parallel", "model")])
 def test_memory_changes_the_committed_execution(mode, memory):
     tasks = balance_tasks(2)
     _, _, base, _ = _run(R.RehearsalConfig(n=0), tasks)
@@ -287,13 +317,19 @@ def test_imagined_episodes_sample_at_their_own_temperature_and_the_committed_run
 
 
 def test_config_errors_name_the_field():
-    for kw, field in [({"mode": "both"}, "mode"), ({"memory": "x"}, "memory"), ({"n": -1}, "n"),
-                      ({"max_memory_chars": 0}, "max_memory_chars"), ({"placement": "user"}, "placement")]:
+    for kw, field in [
+        ({"mode": "both"}, "mode"),
+        ({"memory": "x"}, "memory"),
+        ({"n": -1}, "n"),
+        ({"max_memory_chars": 0}, "max_memory_chars"),
+        ({"placement": "user"}, "placement"),
+    ]:
         with pytest.raises(ValueError, match=f"rehearsal.{field}"):
             R.RehearsalConfig(**kw)
 
 
 # ----------------------------------------------------------------------------- place_memory="on_mistake"
+
 
 def schema_slip_script(c):
     """ACT passes the account as ``name`` (the schema declares ``account``) unless a memory says the schema
@@ -305,8 +341,10 @@ def schema_slip_script(c):
         if req.role == REHEARSE:
             args = json.loads(_last(r"- arguments \(JSON, parsed from the assistant's tool_call\):\n(\{.*?\})", text))
             acc = args.get("account") or args.get("name")
-            return (f"<think>\nok\n</think>\n\n<execution_result>\n{json.dumps({'account': acc, 'balance': 1})}"
-                    f"\n</execution_result>")
+            return (
+                f"<think>\nok\n</think>\n\n<execution_result>\n{json.dumps({'account': acc, 'balance': 1})}"
+                f"\n</execution_result>"
+            )
         reply = _reply_to_tool_response(text)
         if reply is not None:
             return reply
@@ -314,6 +352,7 @@ def schema_slip_script(c):
         key = "account" if "the tool schema rejects it" in text else "name"
         call = json.dumps({"name": "get_balance", "arguments": {key: acc}})
         return f"<think>\ncall\n</think>\n\n\n<tool_call>\n{call}\n</tool_call>"
+
     return script
 
 
@@ -336,13 +375,14 @@ def test_on_mistake_catches_a_call_the_schema_rejects_that_the_imagined_tool_acc
     results = {}
     for gate in ("always", "on_mistake"):
         RecordingEnv.log.clear()
-        _, reh, eps, _ = _run(R.RehearsalConfig(n=1, mode=mode, place_memory=gate), tasks,
-                              ScriptedClient(c, schema_slip_script(c)))
+        _, reh, eps, _ = _run(
+            R.RehearsalConfig(n=1, mode=mode, place_memory=gate), tasks, ScriptedClient(c, schema_slip_script(c))
+        )
         results[gate] = (reh, eps, [sorted(args) for _, _, args in RecordingEnv.log])
     reh, eps, keys = results["on_mistake"]
     for o in reh:
         step = o.traces[0].steps[0]
-        assert not step.error and "name" in step.problem and "account" in step.problem   # accepted, but invalid
+        assert not step.error and "name" in step.problem and "account" in step.problem  # accepted, but invalid
         assert "Avoid (calls that failed in rehearsal):" in o.memory and "the tool schema rejects it" in o.memory
     assert keys == [["account"], ["account"]] and [e.score for e in eps] == [1.0, 1.0]
     # EnvACE's memory shows the imagined success as the plan to follow: the committed run repeats the slip
@@ -352,6 +392,7 @@ def test_on_mistake_catches_a_call_the_schema_rejects_that_the_imagined_tool_acc
 
 
 # ----------------------------------------------------------------------------- sweep
+
 
 def test_sweep_table_over_n_and_modes():
     tasks = balance_tasks(2)

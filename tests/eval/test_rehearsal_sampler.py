@@ -20,14 +20,26 @@ from tests.helpers_rollout import codec
 def test_tiny_random_model_rehearses_and_executes():
     c = codec()
     vocab = len(c.renderer.tokenizer)
-    cfg = qwen3.Qwen3Config(vocab_size=max(vocab, 512), hidden_size=32, intermediate_size=64, num_layers=2,
-                            num_heads=2, num_kv_heads=1, head_dim=16)
+    cfg = qwen3.Qwen3Config(
+        vocab_size=max(vocab, 512),
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+    )
     model = qwen3.init_model(cfg, seed=0)
     # Fixed buckets keep the number of compiled programs (the cost of this test) small.
     sampler = Sampler(model, cache_size=1024, length_buckets=(512, 1024), batch_buckets=(4,), window_buckets=(1536,))
     client = SamplerClient(sampler, c.stop_token_ids)
-    rollout = RolloutConfig(max_steps=6, max_model_len=100000, act=RoleSampling(max_new_tokens=12),
-                            rehearse=RoleSampling(max_new_tokens=12), seed=1)
+    rollout = RolloutConfig(
+        max_steps=6,
+        max_model_len=100000,
+        act=RoleSampling(max_new_tokens=12),
+        rehearse=RoleSampling(max_new_tokens=12),
+        seed=1,
+    )
     tasks = generate_tasks(2, 11, "test")
     built = []
 
@@ -47,7 +59,7 @@ def test_tiny_random_model_rehearses_and_executes():
         return out
 
     res = R.rehearsal_sweep(run, R.RehearsalConfig(max_memory_chars=400), ns=(0, 1, 2))
-    assert len(res.rows) == 6 and len(built) == 5 * len(tasks)   # N=0 ran once, committed runs only
+    assert len(res.rows) == 6 and len(built) == 5 * len(tasks)  # N=0 ran once, committed runs only
     for row in res.rows:
         assert 0.0 <= row["score"] <= 1.0 and row["tasks"] == 2
         assert (row["extra_generated_tokens"] > 0) == (row["n"] > 0)

@@ -28,8 +28,14 @@ def _run(script: str, *args: str, debug: bool = False, cwd: str = ROOT, **env) -
     e.pop("ENVACE_DEBUG", None)
     if debug:
         e["ENVACE_DEBUG"] = "1"
-    return subprocess.run([sys.executable, os.path.join(LAUNCH, script), *args], capture_output=True, text=True,
-                          env=e, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, os.path.join(LAUNCH, script), *args],
+        capture_output=True,
+        text=True,
+        env=e,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def _short(r: subprocess.CompletedProcess, prog: str) -> list[str]:
@@ -38,25 +44,41 @@ def _short(r: subprocess.CompletedProcess, prog: str) -> list[str]:
     lines = r.stderr.splitlines()
     start = [i for i, ln in enumerate(lines) if ln.startswith(f"{prog}: ")]
     assert start, r.stderr[-3000:]
-    ours = lines[start[-1]:]
+    ours = lines[start[-1] :]
     assert len(ours) == 2 and "ENVACE_DEBUG=1" in ours[1], r.stderr[-3000:]
     return ours
 
 
 # ----------------------------------------------------------------------------- unknown fields (no JAX)
 
-@pytest.mark.parametrize("script,args,want", [
-    ("train.py", ["--config=configs/demo_cpu.py", "--config.optim.lrr=1e-4"],
-     "--config.optim.lrr: config.optim has no field 'lrr'; did you mean --config.optim.lr?"),
-    ("export_hf.py", ["--config=configs/demo_cpu.py", "--config.modle.hidden_size=8", "--out_dir=/nonexistent/x"],
-     "--config.modle.hidden_size: config has no field 'modle'; did you mean --config.model?"),
-    ("eval.py", ["--config=configs/eval_bfcl.py", "--config.bfcl.categoriez=simple_python"],
-     "did you mean --config.bfcl.categories?"),
-    ("aot_compile.py", ["--config=configs/demo_cpu.py", "--topology=v5e:2x2", "--config.mesh.fsdpp=2"],
-     "did you mean --config.mesh.fsdp?"),
-    ("demo.py", ["--config.rl_stepz=3", "--run_dir=/nonexistent/x"], "did you mean --config.rl_steps?"),
-    ("pretrain.py", ["--set", "stepz=3", "--out=/nonexistent/x"], "did you mean --set steps=...?"),
-])
+
+@pytest.mark.parametrize(
+    "script,args,want",
+    [
+        (
+            "train.py",
+            ["--config=configs/demo_cpu.py", "--config.optim.lrr=1e-4"],
+            "--config.optim.lrr: config.optim has no field 'lrr'; did you mean --config.optim.lr?",
+        ),
+        (
+            "export_hf.py",
+            ["--config=configs/demo_cpu.py", "--config.modle.hidden_size=8", "--out_dir=/nonexistent/x"],
+            "--config.modle.hidden_size: config has no field 'modle'; did you mean --config.model?",
+        ),
+        (
+            "eval.py",
+            ["--config=configs/eval_bfcl.py", "--config.bfcl.categoriez=simple_python"],
+            "did you mean --config.bfcl.categories?",
+        ),
+        (
+            "aot_compile.py",
+            ["--config=configs/demo_cpu.py", "--topology=v5e:2x2", "--config.mesh.fsdpp=2"],
+            "did you mean --config.mesh.fsdp?",
+        ),
+        ("demo.py", ["--config.rl_stepz=3", "--run_dir=/nonexistent/x"], "did you mean --config.rl_steps?"),
+        ("pretrain.py", ["--set", "stepz=3", "--out=/nonexistent/x"], "did you mean --set steps=...?"),
+    ],
+)
 def test_unknown_field_is_one_line_with_the_nearest_name(script, args, want):
     r = _run(script, *args)
     assert r.returncode == 2, r.stderr[-3000:]
@@ -79,13 +101,23 @@ def test_missing_config_file_and_a_field_the_context_ignores():
 
 # ----------------------------------------------------------------------------- failures while running
 
+
 def _tiny_hf(path: str) -> str:
     """A tiny transformers Qwen3 saved as one model.safetensors (vocabulary >= the demo tokenizer's)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=512, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=8, max_position_embeddings=256, tie_word_embeddings=False)
+    cfg = Qwen3Config(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     Qwen3ForCausalLM(cfg).save_pretrained(path)
     return path
@@ -96,8 +128,12 @@ def test_truncated_weights_file(tmp_path):
     weights = os.path.join(hf, "model.safetensors")
     with open(weights, "r+b") as f:
         f.truncate(os.path.getsize(weights) // 2)
-    args = ["--config=configs/demo_cpu.py", f"--config.run_dir={tmp_path / 'run'}", f"--config.model.hf_path={hf}",
-            f"--config.tokenizer.path={h.tokenizer_dir()}"]
+    args = [
+        "--config=configs/demo_cpu.py",
+        f"--config.run_dir={tmp_path / 'run'}",
+        f"--config.model.hf_path={hf}",
+        f"--config.tokenizer.path={h.tokenizer_dir()}",
+    ]
     r = _run("train.py", *args)
     assert r.returncode == 1, r.stderr[-3000:]
     what, todo = _short(r, "train.py")
@@ -136,9 +172,14 @@ def test_checkpoint_of_another_shape(tmp_path):
     with Checkpointer(os.path.join(run_dir, "checkpoints"), async_save=False) as ck:
         ck.save(1, {"iteration": 1, "trainers": {ACT: trainers[ACT].state_dict()}}, {"note": "test"})
     # the run was written with hidden_size 64 (demo_cpu); export it with 32
-    r = _run("export_hf.py", f"--config={ROOT}/configs/demo_cpu.py", f"--config.run_dir={run_dir}",
-             f"--config.tokenizer.path={h.tokenizer_dir()}", "--config.model.hidden_size=32",
-             f"--out_dir={tmp_path / 'hf'}")
+    r = _run(
+        "export_hf.py",
+        f"--config={ROOT}/configs/demo_cpu.py",
+        f"--config.run_dir={run_dir}",
+        f"--config.tokenizer.path={h.tokenizer_dir()}",
+        "--config.model.hidden_size=32",
+        f"--out_dir={tmp_path / 'hf'}",
+    )
     assert r.returncode == 2, r.stderr[-3000:]
     what, todo = _short(r, "export_hf.py")
     assert f"the checkpoint in {run_dir}/checkpoints holds an array of shape" in what
@@ -148,15 +189,30 @@ def test_checkpoint_of_another_shape(tmp_path):
 
 def test_missing_executable_in_a_cluster_script(tmp_path):
     # Not a dry run, and no gcloud on PATH: one line naming the missing program.
-    r = subprocess.run([sys.executable, os.path.join(LAUNCH, "tpu_vm", "create.py"), "--name=x", "--zone=z",
-                        "--accelerator=v5p-8"], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, PATH=str(tmp_path)))
+    r = subprocess.run(
+        [sys.executable, os.path.join(LAUNCH, "tpu_vm", "create.py"), "--name=x", "--zone=z", "--accelerator=v5p-8"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PATH=str(tmp_path)),
+    )
     assert r.returncode == 1
     assert _short(r, "create.py")[0] == "create.py: not found: gcloud (No such file or directory)"
     # --verbose: the exception itself, with its traceback
-    v = subprocess.run([sys.executable, os.path.join(LAUNCH, "tpu_vm", "create.py"), "--name=x", "--zone=z",
-                        "--accelerator=v5p-8", "--verbose"], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, PATH=str(tmp_path)))
+    v = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(LAUNCH, "tpu_vm", "create.py"),
+            "--name=x",
+            "--zone=z",
+            "--accelerator=v5p-8",
+            "--verbose",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PATH=str(tmp_path)),
+    )
     assert v.returncode == 1 and "Traceback (most recent call last)" in v.stderr
     assert "FileNotFoundError: [Errno 2] No such file or directory: 'gcloud'" in v.stderr
 
@@ -169,17 +225,29 @@ LIBTPU_NOISE = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "InitGoogle")
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed (make aot-deps)")
 def test_cpu_host_prints_no_libtpu_noise(tmp_path):
     e = {k: v for k, v in h.env().items() if k != "JAX_PLATFORMS" and not k.startswith("TPU_")}
-    e["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"   # another test's libtpu may hold the machine-wide lock
+    e["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # another test's libtpu may hold the machine-wide lock
     if _entrypoint().visible_accelerator() is not None:
         pytest.skip("this host has an accelerator: JAX is meant to try it")
     # What a plain JAX start prints on this host with libtpu installed (so the check below can fail) ...
-    plain = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], capture_output=True, text=True,
-                           env=e, timeout=300)
+    plain = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.devices()"], capture_output=True, text=True, env=e, timeout=300
+    )
     assert any(n in plain.stderr for n in LIBTPU_NOISE), plain.stderr
     # ... and a launch command that initialises JAX (it builds the policy, then finds no checkpoint).
-    r = subprocess.run([sys.executable, os.path.join(LAUNCH, "export_hf.py"), f"--config={ROOT}/configs/demo_cpu.py",
-                        f"--config.run_dir={tmp_path}/empty", f"--config.tokenizer.path={h.tokenizer_dir()}",
-                        f"--out_dir={tmp_path}/hf"], capture_output=True, text=True, env=e, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(LAUNCH, "export_hf.py"),
+            f"--config={ROOT}/configs/demo_cpu.py",
+            f"--config.run_dir={tmp_path}/empty",
+            f"--config.tokenizer.path={h.tokenizer_dir()}",
+            f"--out_dir={tmp_path}/hf",
+        ],
+        capture_output=True,
+        text=True,
+        env=e,
+        timeout=600,
+    )
     assert r.returncode == 1 and "no checkpoint in" in r.stderr, r.stderr[-3000:]
     assert not any(n in r.stderr for n in LIBTPU_NOISE), r.stderr[-3000:]
 
@@ -199,8 +267,8 @@ def _fake_root(tmp_path, pci: dict[str, tuple[str, str]] = (), dev: tuple[str, .
 
 def test_platform_left_to_jax_where_an_accelerator_is_visible_or_chosen(tmp_path):
     ep = _entrypoint()
-    gvnic = {"0000:00:04.0": ("0x1ae0", "0x020000")}          # Google's virtual NIC: not a TPU
-    tpu_chip = {"0000:00:05.0": ("0x1ae0", "0x120000")}       # a TPU chip: Google vendor, accelerator class
+    gvnic = {"0000:00:04.0": ("0x1ae0", "0x020000")}  # Google's virtual NIC: not a TPU
+    tpu_chip = {"0000:00:05.0": ("0x1ae0", "0x120000")}  # a TPU chip: Google vendor, accelerator class
     cases = [
         (_fake_root(tmp_path / "cpu", gvnic), None),
         (_fake_root(tmp_path / "tpu", {**gvnic, **tpu_chip}), "tpu"),

@@ -16,10 +16,15 @@ from tests import helpers_loop as h
 def _cfg(run_dir):
     from envace_jax.config import load_config
 
-    return load_config({"run_dir": run_dir, "tokenizer": {"path": h.tokenizer_dir()},
-                        "model": {"hidden_size": 32, "intermediate_size": 48, "num_heads": 4, "num_kv_heads": 2,
-                                  "head_dim": 8},
-                        "optim": {"lr": 0.05}, "rl": {"micro_batch_size": 4}})
+    return load_config(
+        {
+            "run_dir": run_dir,
+            "tokenizer": {"path": h.tokenizer_dir()},
+            "model": {"hidden_size": 32, "intermediate_size": 48, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8},
+            "optim": {"lr": 0.05},
+            "rl": {"micro_batch_size": 4},
+        }
+    )
 
 
 def test_export_hf_matches_transformers_logits(tmp_path):
@@ -37,18 +42,34 @@ def test_export_hf_matches_transformers_logits(tmp_path):
     trainer = trainers[ACT]
     init = jax.tree.map(np.asarray, trainer.params)
     rng = np.random.default_rng(0)
-    gens = [Generation(ACT, rng.integers(3, 400, 7).tolist(), rng.integers(3, 400, 5).tolist(), [-2.0] * 5,
-                       f"u{i // 2}", i, 0) for i in range(4)]
+    gens = [
+        Generation(
+            ACT, rng.integers(3, 400, 7).tolist(), rng.integers(3, 400, 5).tolist(), [-2.0] * 5, f"u{i // 2}", i, 0
+        )
+        for i in range(4)
+    ]
     trainer.update(build_batch(gens, [1.0, -1.0, 0.5, -0.5], [0, 0, 1, 1], max_len=32))
     with Checkpointer(os.path.join(run_dir, "checkpoints"), async_save=False) as ck:
         ck.save(1, {"iteration": 1, "trainers": {ACT: trainer.state_dict()}}, {"note": "test"})
 
     out = str(tmp_path / "hf")
-    r = subprocess.run([sys.executable, os.path.join(h.ROOT, "launch", "export_hf.py"),
-                        f"--config={h.ROOT}/configs/demo_cpu.py", f"--config.run_dir={run_dir}",
-                        f"--config.tokenizer.path={h.tokenizer_dir()}", "--config.model.hidden_size=32",
-                        "--config.model.intermediate_size=48", "--config.model.head_dim=8",
-                        f"--out_dir={out}"], env=h.env(), capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(h.ROOT, "launch", "export_hf.py"),
+            f"--config={h.ROOT}/configs/demo_cpu.py",
+            f"--config.run_dir={run_dir}",
+            f"--config.tokenizer.path={h.tokenizer_dir()}",
+            "--config.model.hidden_size=32",
+            "--config.model.intermediate_size=48",
+            "--config.model.head_dim=8",
+            f"--out_dir={out}",
+        ],
+        env=h.env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "exported step 1" in r.stderr
 
@@ -73,9 +94,19 @@ def test_export_hf_matches_transformers_logits(tmp_path):
 
 
 def test_export_hf_without_checkpoint_fails_clearly(tmp_path):
-    r = subprocess.run([sys.executable, os.path.join(h.ROOT, "launch", "export_hf.py"),
-                        f"--config={h.ROOT}/configs/demo_cpu.py", f"--config.run_dir={tmp_path}/empty",
-                        f"--config.tokenizer.path={h.tokenizer_dir()}", f"--out_dir={tmp_path}/hf"],
-                       env=h.env(), capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(h.ROOT, "launch", "export_hf.py"),
+            f"--config={h.ROOT}/configs/demo_cpu.py",
+            f"--config.run_dir={tmp_path}/empty",
+            f"--config.tokenizer.path={h.tokenizer_dir()}",
+            f"--out_dir={tmp_path}/hf",
+        ],
+        env=h.env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode != 0
     assert "no checkpoint in" in r.stderr

@@ -1,6 +1,6 @@
 """A real 2-process run of launch/train.py on localhost (jax.distributed over 127.0.0.1, 2 fake CPU devices
-per process): both processes finish, take the same optimizer steps and hold identical parameters, and the checkpoints and
-metrics are written once, not once per process."""
+per process): both processes finish, take the same optimizer steps and hold identical parameters, and the checkpoints
+and metrics are written once, not once per process."""
 
 from __future__ import annotations
 
@@ -34,8 +34,14 @@ def _launch(run_dir: str, steps: int, dump: str) -> list[str]:
     env = dict(h.env(), XLA_FLAGS="--xla_force_host_platform_device_count=2")
     procs = []
     for pid in range(2):
-        cmd = h.train_cmd(run_dir, steps, f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
-                          f"--process_id={pid}", f"--dump_params={dump}")
+        cmd = h.train_cmd(
+            run_dir,
+            steps,
+            f"--coordinator=127.0.0.1:{port}",
+            "--num_processes=2",
+            f"--process_id={pid}",
+            f"--dump_params={dump}",
+        )
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     errs = []
     try:

@@ -29,8 +29,7 @@ def _lines(run_dir: str) -> list[dict]:
 
 
 def _run(run_dir: str, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run(h.train_cmd(run_dir, STEPS, *flags), env=h.env(), capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(h.train_cmd(run_dir, STEPS, *flags), env=h.env(), capture_output=True, text=True, timeout=900)
 
 
 def _committed_steps(run_dir: str) -> list[int]:
@@ -39,12 +38,12 @@ def _committed_steps(run_dir: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(ck) if n.isdigit()) if os.path.isdir(ck) else []
 
 
-def _start_and_signal(run_dir: str, sig: int, after_lines: int = 0, after_commit: int | None = None
-                      ) -> tuple[int, str]:
+def _start_and_signal(run_dir: str, sig: int, after_lines: int = 0, after_commit: int | None = None) -> tuple[int, str]:
     """Starts a run, sends ``sig`` once metrics.jsonl has ``after_lines`` lines (or, with
     ``after_commit``, the moment checkpoint step ``after_commit`` is committed); returns (rc, stderr)."""
-    proc = subprocess.Popen(h.train_cmd(run_dir, STEPS), env=h.env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        h.train_cmd(run_dir, STEPS), env=h.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
     def ready() -> bool:
         if after_commit is not None:

@@ -33,6 +33,7 @@ def test_blocked_attention_matches_transformers_and_dense_gradients(tiny_hf_qwen
             m.config = m.config.replace(**override)
             out = m(*args)
             return jnp.sum(jax.nn.logsumexp(out, axis=-1) * args[2])
+
         return [np.asarray(g) for g in jax.tree.leaves(jax.jit(jax.grad(loss))(state))]
 
     dense = grads(attention_block=0)

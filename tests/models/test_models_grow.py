@@ -32,8 +32,9 @@ def test_grown_model_exported_to_transformers_matches_the_original(tiny_hf_qwen3
         for j in range(w.shape[0]):
             silenced = j % factor != 0 and name in ("o_proj", "down_proj")
             want_w = np.asarray(base[name][j // factor])
-            np.testing.assert_array_equal(np.asarray(w[j]), np.zeros_like(want_w) if silenced else want_w,
-                                          err_msg=f"{name}[{j}]")
+            np.testing.assert_array_equal(
+                np.asarray(w[j]), np.zeros_like(want_w) if silenced else want_w, err_msg=f"{name}[{j}]"
+            )
 
 
 def test_grown_copies_learn(tiny_hf_qwen3):

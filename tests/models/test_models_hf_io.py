@@ -96,21 +96,27 @@ def test_bad_tensors_raise_errors_naming_them(tiny_hf_qwen3):
     restore = lambda t: (t.clear(), t.update(good))
 
     _rewrite(path, lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"))
-    with pytest.raises(hf_io.WeightsError,
-                       match=r"model\.safetensors: missing tensor.*model\.layers\.1\.self_attn\.k_proj\.weight"):
+    with pytest.raises(
+        hf_io.WeightsError, match=r"model\.safetensors: missing tensor.*model\.layers\.1\.self_attn\.k_proj\.weight"
+    ):
         hf_io.load_hf(path)
 
     def wrong_shape(t):
         restore(t)
         t["model.layers.0.mlp.up_proj.weight"] = np.zeros((95, 64), np.float32)
+
     _rewrite(path, wrong_shape)
-    with pytest.raises(hf_io.WeightsError, match=r"model\.safetensors: tensor model\.layers\.0\.mlp\.up_proj\.weight "
-                                                 r"has shape \(95, 64\), expected \(96, 64\)"):
+    with pytest.raises(
+        hf_io.WeightsError,
+        match=r"model\.safetensors: tensor model\.layers\.0\.mlp\.up_proj\.weight "
+        r"has shape \(95, 64\), expected \(96, 64\)",
+    ):
         hf_io.load_hf(path)
 
     def unexpected(t):
         restore(t)
         t["model.layers.0.self_attn.q_proj.bias"] = np.zeros((96,), np.float32)
+
     _rewrite(path, unexpected)
     with pytest.raises(hf_io.WeightsError, match=r"unexpected tensor.*model\.layers\.0\.self_attn\.q_proj\.bias"):
         hf_io.load_hf(path)
@@ -118,6 +124,7 @@ def test_bad_tensors_raise_errors_naming_them(tiny_hf_qwen3):
     def integer(t):
         restore(t)
         t["model.norm.weight"] = np.ones((64,), np.int32)
+
     _rewrite(path, integer)
     with pytest.raises(hf_io.WeightsError, match=r"tensor model\.norm\.weight has dtype I32"):
         hf_io.load_hf(path)
@@ -139,19 +146,30 @@ def test_missing_shard_file_is_named(tiny_hf_qwen3, tmp_path):
         hf_io.load_hf(tmp_path / "s")
 
 
-BASE_HF = dict(model_type="qwen3", vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, head_dim=24)
+BASE_HF = dict(
+    model_type="qwen3",
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,
+)
 
 
-@pytest.mark.parametrize("field, value, pattern", [
-    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, r"rope_scaling.*'yarn'"),
-    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}, r"rope_parameters.*'yarn'"),
-    ("model_type", "qwen3_moe", r"model_type.*'qwen3_moe'"),
-    ("use_sliding_window", True, r"use_sliding_window"),
-    ("hidden_act", "gelu", r"hidden_act.*'gelu'"),
-    ("attention_bias", True, r"attention_bias"),
-    ("dtype", "int8", r"'int8'"),
-])
+@pytest.mark.parametrize(
+    "field, value, pattern",
+    [
+        ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, r"rope_scaling.*'yarn'"),
+        ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}, r"rope_parameters.*'yarn'"),
+        ("model_type", "qwen3_moe", r"model_type.*'qwen3_moe'"),
+        ("use_sliding_window", True, r"use_sliding_window"),
+        ("hidden_act", "gelu", r"hidden_act.*'gelu'"),
+        ("attention_bias", True, r"attention_bias"),
+        ("dtype", "int8", r"'int8'"),
+    ],
+)
 def test_unsupported_config_fields_are_named(tmp_path, field, value, pattern):
     with pytest.raises(ValueError, match=pattern):
         qwen3.Qwen3Config.from_hf({**BASE_HF, field: value})
@@ -162,25 +180,39 @@ def test_unsupported_config_fields_are_named(tmp_path, field, value, pattern):
 
 
 def test_from_hf_reads_4x_and_5x_spellings():
-    v4 = qwen3.Qwen3Config.from_hf({**BASE_HF, "rope_theta": 5e6, "torch_dtype": "bfloat16",
-                                    "rope_scaling": None})
-    v5 = qwen3.Qwen3Config.from_hf({**BASE_HF, "rope_parameters": {"rope_type": "default", "rope_theta": 5e6},
-                                    "dtype": "bfloat16"})
+    v4 = qwen3.Qwen3Config.from_hf({**BASE_HF, "rope_theta": 5e6, "torch_dtype": "bfloat16", "rope_scaling": None})
+    v5 = qwen3.Qwen3Config.from_hf(
+        {**BASE_HF, "rope_parameters": {"rope_type": "default", "rope_theta": 5e6}, "dtype": "bfloat16"}
+    )
     assert v4 == v5
     assert v4.rope_theta == 5e6 and v4.param_dtype == "bfloat16" and v4.dtype == "bfloat16"
     assert v4.head_dim == 24 and v4.num_kv_heads == 2
     # transformers' own config object (5.x spelling), and our to_hf() output read back.
     from transformers import Qwen3Config as HFConfig
 
-    hf = HFConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=24, rope_theta=5e6)
+    hf = HFConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        rope_theta=5e6,
+    )
     assert qwen3.Qwen3Config.from_hf(hf.to_dict()).rope_theta == 5e6
     assert qwen3.Qwen3Config.from_hf(v4.to_hf()) == v4
 
 
 # Model cards of the dense Qwen3 family: total and non-embedding parameters, in billions.
-CARDS = {"qwen3_0_6b": (0.6, 0.44), "qwen3_1_7b": (1.7, 1.4), "qwen3_4b": (4.0, 3.6), "qwen3_8b": (8.2, 6.95),
-         "qwen3_14b": (14.8, 13.2), "qwen3_32b": (32.8, 31.2)}
+CARDS = {
+    "qwen3_0_6b": (0.6, 0.44),
+    "qwen3_1_7b": (1.7, 1.4),
+    "qwen3_4b": (4.0, 3.6),
+    "qwen3_8b": (8.2, 6.95),
+    "qwen3_14b": (14.8, 13.2),
+    "qwen3_32b": (32.8, 31.2),
+}
 
 
 @pytest.mark.parametrize("name", sorted(CARDS))
@@ -252,8 +284,11 @@ def _which(d, old, new, logits: bool = True) -> str:
     return found[0]
 
 
-@pytest.mark.parametrize("first, second", [(FIVE_SHARDS, "5GB"), ("5GB", THREE_SHARDS), (FIVE_SHARDS, FIVE_SHARDS)],
-                         ids=["5_shards_then_1_file", "1_file_then_3_shards", "5_shards_then_5_shards"])
+@pytest.mark.parametrize(
+    "first, second",
+    [(FIVE_SHARDS, "5GB"), ("5GB", THREE_SHARDS), (FIVE_SHARDS, FIVE_SHARDS)],
+    ids=["5_shards_then_1_file", "1_file_then_3_shards", "5_shards_then_5_shards"],
+)
 def test_reexport_into_a_used_folder_replaces_the_weights(tmp_path, first, second):
     old, new = _tiny(0), _tiny(1)
     d = tmp_path / "export"
@@ -291,8 +326,11 @@ class _Killed(BaseException):
     """Stands for the process dying at a chosen step of an export."""
 
 
-@pytest.mark.parametrize("first, second", [(FIVE_SHARDS, "5GB"), ("5GB", THREE_SHARDS), (FIVE_SHARDS, FIVE_SHARDS)],
-                         ids=["5_shards_to_1_file", "1_file_to_3_shards", "5_shards_to_5_shards"])
+@pytest.mark.parametrize(
+    "first, second",
+    [(FIVE_SHARDS, "5GB"), ("5GB", THREE_SHARDS), (FIVE_SHARDS, FIVE_SHARDS)],
+    ids=["5_shards_to_1_file", "1_file_to_3_shards", "5_shards_to_5_shards"],
+)
 def test_an_export_stopped_at_any_step_leaves_one_whole_model(tmp_path, monkeypatch, first, second):
     """Stops the second export before each of its renames and removals in turn: the folder then holds the
     old model or the new one, whole, for our loader and transformers alike."""
@@ -310,6 +348,7 @@ def test_an_export_stopped_at_any_step_leaves_one_whole_model(tmp_path, monkeypa
                 if calls["n"] == stop_at:
                     raise _Killed
                 return real[op](*args, **kw)
+
             return run
 
         monkeypatch.setattr(os, "replace", step("replace"))
@@ -359,8 +398,9 @@ def test_a_killed_export_process_leaves_the_old_export(tmp_path):
     root = ROOT
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     d = tmp_path / "export"
-    r = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(d)], env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, str(d)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     left = [n for n in os.listdir(d) if n.endswith(".partial")]
     assert len(left) == 1  # the killed write's temporary
@@ -392,7 +432,7 @@ def test_generation_config_carries_eos_and_pad_and_generate_stops_there(tmp_path
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ids")).eval()
     assert hf.generation_config.eos_token_id == [stop, pad] and hf.generation_config.pad_token_id == pad
     out = hf.generate(prompt, max_new_tokens=8, do_sample=False)[0, 4:].tolist()
-    assert out == greedy[:j + 1]  # stopped at the eos token
+    assert out == greedy[: j + 1]  # stopped at the eos token
     # config.json carries them too, so our loader reads them back.
     back = hf_io.load_hf(tmp_path / "ids").config
     assert back.eos_token_ids == (stop, pad) and back.pad_token_id == pad

@@ -26,7 +26,8 @@ def test_logits_and_hidden_states_match_transformers_left_padded(tiny_hf_qwen3, 
     ids, mask = left_padded_batch(np.random.RandomState(1), 256, [9, 5, 1])
     ref_logits, ref_hidden = torch_forward(tm, ids, mask)
     logits, hidden = jit_forward(model, return_hidden_states=True)(
-        jnp.asarray(ids, jnp.int32), jnp.asarray(positions_from_mask(mask), jnp.int32), jnp.asarray(mask, jnp.int32))
+        jnp.asarray(ids, jnp.int32), jnp.asarray(positions_from_mask(mask), jnp.int32), jnp.asarray(mask, jnp.int32)
+    )
     valid = mask.astype(bool)
     logits = np.asarray(logits)
     assert logits.shape == ref_logits.shape
@@ -98,13 +99,14 @@ def test_kv_cache_decoding_reproduces_full_forward(tiny_hf_qwen3):
     P = prompt_lens.max()
     prefill = np.zeros((2, P), np.int64)
     for r in range(2):
-        prefill[r, :prompt_lens[r]] = seqs[r][:prompt_lens[r]]
+        prefill[r, : prompt_lens[r]] = seqs[r][: prompt_lens[r]]
     cache = model.init_cache(batch=2, size=16)
     logits, cache = jax.jit(lambda ids, c, n: model(ids, cache=c, chunk_lengths=n))(
-        jnp.asarray(prefill, jnp.int32), cache, jnp.asarray(prompt_lens, jnp.int32))
+        jnp.asarray(prefill, jnp.int32), cache, jnp.asarray(prompt_lens, jnp.int32)
+    )
     logits = np.asarray(logits)
     for r in range(2):
-        assert np.abs(logits[r, :prompt_lens[r]] - full[r][:prompt_lens[r]]).max() <= 1e-4
+        assert np.abs(logits[r, : prompt_lens[r]] - full[r][: prompt_lens[r]]).max() <= 1e-4
     np.testing.assert_array_equal(np.asarray(cache.end), prompt_lens)
     step = jax.jit(lambda ids, c: model(ids, cache=c))
     pos = prompt_lens.copy()
@@ -128,6 +130,7 @@ def test_remat_and_unrolled_layers_match_default(tiny_hf_qwen3):
 
     def logits_and_grads(cfg, with_grads: bool):
         """Jitted forward (+ backward of mean logsumexp(logits)) under ``cfg``."""
+
         def loss(st):
             m = nnx.merge(graphdef, st)
             m.config = cfg
@@ -142,8 +145,12 @@ def test_remat_and_unrolled_layers_match_default(tiny_hf_qwen3):
     ref_logits, ref_grads = logits_and_grads(base.config.replace(scan_layers=True), True)
     # Remat only changes what the backward pass recomputes, so gradients are the real check; each
     # fwd+bwd compile is slow on CPU, hence gradients for one policy and logits for the rest.
-    for override, with_grads in ((dict(remat_policy="full"), True), (dict(remat_policy="dots_no_batch"), False),
-                                 (dict(remat_policy="dots"), False), (dict(scan_layers=False), False)):
+    for override, with_grads in (
+        (dict(remat_policy="full"), True),
+        (dict(remat_policy="dots_no_batch"), False),
+        (dict(remat_policy="dots"), False),
+        (dict(scan_layers=False), False),
+    ):
         logits, grads = logits_and_grads(base.config.replace(**override), with_grads)
         np.testing.assert_allclose(logits, ref_logits, atol=1e-6, rtol=0, err_msg=str(override))
         for a, b in zip(grads or [], ref_grads):

@@ -21,7 +21,7 @@ def _plain_attention(q, k, v, mask):
     B, T, N, H = q.shape
     K = k.shape[2]
     qg = q.reshape(B, T, K, N // K, H)
-    s = jnp.einsum("btkgh,bskh->bkgts", qg, k) * H ** -0.5
+    s = jnp.einsum("btkgh,bskh->bkgts", qg, k) * H**-0.5
     p = jax.nn.softmax(jnp.where(mask[:, None, None], s, MASK_VALUE), axis=-1)
     return jnp.einsum("bkgts,bskh->btkgh", p, v).reshape(B, T, N, H)
 
@@ -40,14 +40,17 @@ def test_dense_values_and_gradients_equal_autodiff():
     xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
     y = vjp_ops.dense(xb, wb)
     assert y.dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(xb, np.float32) @ np.asarray(wb, np.float32),
-                               rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(
+        np.asarray(y, np.float32), np.asarray(xb, np.float32) @ np.asarray(wb, np.float32), rtol=1e-2, atol=1e-2
+    )
     gx, gw = jax.grad(lambda x, w: jnp.sum(vjp_ops.dense(x, w).astype(jnp.float32) * cot), (0, 1))(xb, wb)
     assert gx.dtype == gw.dtype == jnp.bfloat16
 
 
-@pytest.mark.parametrize("n_heads,n_kv,T,causal", [(4, 2, 12, False), (2, 2, 12, False), (4, 1, 12, False),
-                                                   (4, 2, 64, True), (2, 1, 128, True)])
+@pytest.mark.parametrize(
+    "n_heads,n_kv,T,causal",
+    [(4, 2, 12, False), (2, 2, 12, False), (4, 1, 12, False), (4, 2, 64, True), (2, 1, 128, True)],
+)
 def test_attention_values_and_gradients_equal_autodiff_with_packing_and_padding(n_heads, n_kv, T, causal):
     """T=64 / 128 with causal=True run 2 / 4 query blocks that skip the keys after each block."""
     assert vjp_ops.causal_blocks(T) == {12: 1, 64: 2, 128: 4}[T]
@@ -88,8 +91,11 @@ def _torch_sft_grads(tm, batch):
 
     tm.zero_grad(set_to_none=True)
     seg = torch.tensor(batch.segment_ids)
-    logits = tm(input_ids=torch.tensor(batch.tokens, dtype=torch.long), attention_mask=(seg != 0).long(),
-                position_ids=torch.tensor(batch.positions, dtype=torch.long)).logits
+    logits = tm(
+        input_ids=torch.tensor(batch.tokens, dtype=torch.long),
+        attention_mask=(seg != 0).long(),
+        position_ids=torch.tensor(batch.positions, dtype=torch.long),
+    ).logits
     temp = torch.tensor(batch.temperature)[:, None, None]
     logp = torch.log_softmax(logits.float() / temp, -1)
     picked = logp.gather(-1, torch.tensor(batch.targets, dtype=torch.long)[..., None])[..., 0]
@@ -104,8 +110,19 @@ def test_trainer_sft_gradient_equals_torch_autograd(tiny_hf_qwen3, tie):
     model = hf_io.load_hf(path)
     rng = np.random.default_rng(2)
     rows = [(5, 7, 1.0), (9, 3, 0.7), (2, 12, 1.3)]  # prompt, response, sampling temperature
-    gens = [Generation(ACT, rng.integers(3, 256, n_p).tolist(), rng.integers(3, 256, n_g).tolist(), [0.0] * n_g,
-                       "u", i, 0, temperature=t) for i, (n_p, n_g, t) in enumerate(rows)]
+    gens = [
+        Generation(
+            ACT,
+            rng.integers(3, 256, n_p).tolist(),
+            rng.integers(3, 256, n_g).tolist(),
+            [0.0] * n_g,
+            "u",
+            i,
+            0,
+            temperature=t,
+        )
+        for i, (n_p, n_g, t) in enumerate(rows)
+    ]
     batch = build_batch(gens, [1.0] * 3, [0, 1, 2], max_len=32, length_multiple=8)
     trainer = Trainer(model, OptimConfig(), micro_batch_size=2)
     grads = trainer.gradients(batch, kind="sft")

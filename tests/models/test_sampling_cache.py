@@ -45,12 +45,12 @@ def test_uneven_multi_chunk_prefill_matches_transformers(models):
         T = 8
         ids = np.zeros((3, T), np.int32)
         for r in range(3):
-            ids[r, : take[r]] = seqs[r][done[r]: done[r] + take[r]]
+            ids[r, : take[r]] = seqs[r][done[r] : done[r] + take[r]]
         logits, cache = step(jnp.asarray(ids), cache, jnp.asarray(take, jnp.int32))
         logits = np.asarray(logits)
         for r in range(3):
             if take[r]:
-                err = np.abs(logits[r, : take[r]] - ref[r][done[r]: done[r] + take[r]]).max()
+                err = np.abs(logits[r, : take[r]] - ref[r][done[r] : done[r] + take[r]]).max()
                 assert err <= 1e-4, (r, done[r], err)
         done += take
     np.testing.assert_array_equal(np.asarray(cache.end), done)

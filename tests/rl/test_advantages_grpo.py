@@ -17,20 +17,44 @@ EPS = 1e-6
 
 # Shuffled rows, groups of uneven size, two rows from the same episode, singleton keys and a negative group id.
 #            row:  0     1    2    3    4    5    6    7    8    9    10    11
-GROUP = np.array([7,    3,   7,   3,   7,   3,   7,   7,   9,   3,   7,    -2])
-ROLE = np.array([1,     0,   0,   1,   0,   0,   1,   0,   0,   0,   1,    1])
-EPISODE = np.array([10, 20,  11,  20,  10,  21,  11,  10,  30,  20,  12,   40])
-SCORE = np.array([0.5,  1.0, 0.0, 1.0, 0.5, 0.0, 0.0, 0.5, 0.8, 1.0, 0.25, 0.3], np.float32)
+GROUP = np.array([7, 3, 7, 3, 7, 3, 7, 7, 9, 3, 7, -2])
+ROLE = np.array([1, 0, 0, 1, 0, 0, 1, 0, 0, 0, 1, 1])
+EPISODE = np.array([10, 20, 11, 20, 10, 21, 11, 10, 30, 20, 12, 40])
+SCORE = np.array([0.5, 1.0, 0.0, 1.0, 0.5, 0.0, 0.0, 0.5, 0.8, 1.0, 0.25, 0.3], np.float32)
 # Keys: (3,0) rows 1,5,9 = 1,0,1 (episodes 20,21,20); (3,1) row 3 alone; (7,0) rows 2,4,7 = 0,.5,.5
 # (episodes 11,10,10); (7,1) rows 0,6,10 = .5,0,.25 (one row per episode); (9,0) row 8 alone; (-2,1) row 11 alone.
 
 HAND = {
-    "row_mean": [0.5 - 0.25, 1 - 2 / 3, 0 - 1 / 3, 1.0, 0.5 - 1 / 3, 0 - 2 / 3, 0 - 0.25, 0.5 - 1 / 3, 0.8,
-                 1 - 2 / 3, 0.0, 0.3],
+    "row_mean": [
+        0.5 - 0.25,
+        1 - 2 / 3,
+        0 - 1 / 3,
+        1.0,
+        0.5 - 1 / 3,
+        0 - 2 / 3,
+        0 - 0.25,
+        0.5 - 1 / 3,
+        0.8,
+        1 - 2 / 3,
+        0.0,
+        0.3,
+    ],
     # (3,0): episode means 1.0 and 0.0 -> 0.5; (7,0): episode means 0.5 and 0.0 -> 0.25.
     "trajectory_mean": [0.25, 0.5, -0.25, 1.0, 0.25, -0.5, -0.25, 0.25, 0.8, 0.5, 0.0, 0.3],
-    "rloo": [0.5 - (0 + 0.25) / 2, 1 - (0 + 1) / 2, 0 - (0.5 + 0.5) / 2, 1.0, 0.5 - (0 + 0.5) / 2, 0 - (1 + 1) / 2,
-             0 - (0.5 + 0.25) / 2, 0.5 - (0 + 0.5) / 2, 0.8, 1 - (1 + 0) / 2, 0.25 - (0.5 + 0) / 2, 0.3],
+    "rloo": [
+        0.5 - (0 + 0.25) / 2,
+        1 - (0 + 1) / 2,
+        0 - (0.5 + 0.5) / 2,
+        1.0,
+        0.5 - (0 + 0.5) / 2,
+        0 - (1 + 1) / 2,
+        0 - (0.5 + 0.25) / 2,
+        0.5 - (0 + 0.5) / 2,
+        0.8,
+        1 - (1 + 0) / 2,
+        0.25 - (0.5 + 0) / 2,
+        0.3,
+    ],
     "none": SCORE.tolist(),
 }
 
@@ -53,8 +77,18 @@ def _sigma(i: int, ddof: int, traj: bool) -> float:
 
 
 def _call(baseline, normalize=False, ddof=1, **kw):
-    return np.asarray(role_wise_advantages(jnp.asarray(SCORE), jnp.asarray(GROUP), jnp.asarray(ROLE), baseline,
-                                           normalize, episode_ids=jnp.asarray(EPISODE), std_ddof=ddof, **kw))
+    return np.asarray(
+        role_wise_advantages(
+            jnp.asarray(SCORE),
+            jnp.asarray(GROUP),
+            jnp.asarray(ROLE),
+            baseline,
+            normalize,
+            episode_ids=jnp.asarray(EPISODE),
+            std_ddof=ddof,
+            **kw,
+        )
+    )
 
 
 @pytest.mark.parametrize("baseline", BASELINES)
@@ -156,8 +190,15 @@ def test_random_batches_match_brute_force(baseline, data):
     roles = data.draw(st.lists(st.integers(0, 1), min_size=b, max_size=b))
     episodes = data.draw(st.lists(st.integers(0, 3), min_size=b, max_size=b))
     scores = data.draw(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0, -0.1]), min_size=b, max_size=b))
-    got = role_wise_advantages(jnp.asarray(scores, jnp.float32), jnp.asarray(groups), jnp.asarray(roles), baseline,
-                               normalize, episode_ids=jnp.asarray(episodes), std_ddof=ddof)
+    got = role_wise_advantages(
+        jnp.asarray(scores, jnp.float32),
+        jnp.asarray(groups),
+        jnp.asarray(roles),
+        baseline,
+        normalize,
+        episode_ids=jnp.asarray(episodes),
+        std_ddof=ddof,
+    )
     want = _brute(np.float32(scores).astype(float), groups, roles, episodes, baseline, normalize, ddof)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 

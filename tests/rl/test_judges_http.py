@@ -23,17 +23,25 @@ from envace_jax.rl.reward import judge_turn
 # Generous timeouts: other jobs share this box's 2 cores, and a normal answer must never time out.
 CLIENT_TIMEOUT_S = 5.0
 SLOW_TIMEOUT_S = 1.0  # the client timeout in the timeout case
-SLOW_S = 2.5          # how long "slow" answers take in that case
+SLOW_S = 2.5  # how long "slow" answers take in that case
 
 
 def verdict(answer):
-    return {"high_level_understanding_of_the_question": "q", "analysis_of_if_focus_on": "f",
-            "analysis_of_pass_condition": "p", "analysis_of_failure_examples": "e", "answer": answer}
+    return {
+        "high_level_understanding_of_the_question": "q",
+        "analysis_of_if_focus_on": "f",
+        "analysis_of_pass_condition": "p",
+        "analysis_of_failure_examples": "e",
+        "answer": answer,
+    }
 
 
 def completion(content):
-    return {"id": "x", "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+    }
 
 
 class JudgeServer:
@@ -75,13 +83,12 @@ class JudgeServer:
                     self.end_headers()
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
-                    pass        # the client gave up (timeout); that is the point of the case
+                    pass  # the client gave up (timeout); that is the point of the case
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self.thread.start()
 
     def respond(self, path, word, n):
@@ -91,28 +98,28 @@ class JudgeServer:
             return 200, completion(json.dumps(verdict(True)))
         if word == "fail":
             return 200, completion(json.dumps(verdict(False)))
-        if word == "flaky":                       # two server errors, then a pass
+        if word == "flaky":  # two server errors, then a pass
             return (500, {"error": "overloaded"}) if n <= 2 else (200, completion(json.dumps(verdict(True))))
-        if word == "slow":                        # always slower than the client timeout
+        if word == "slow":  # always slower than the client timeout
             time.sleep(SLOW_S)
             return 200, completion(json.dumps(verdict(True)))
         if word == "slowonce":
             if n == 1:
                 time.sleep(SLOW_S)
             return 200, completion(json.dumps(verdict(True)))
-        if word == "garbage":                     # HTTP 200 with a body that is not JSON
+        if word == "garbage":  # HTTP 200 with a body that is not JSON
             return 200, b"<html>proxy error</html>"
-        if word == "prose":                       # a completion whose content is not a verdict
+        if word == "prose":  # a completion whose content is not a verdict
             return 200, completion("I think the assistant did well.")
-        if word == "noanswer":                    # the verdict lacks the answer field
+        if word == "noanswer":  # the verdict lacks the answer field
             v = verdict(True)
             del v["answer"]
             return 200, completion(json.dumps(v))
         if word == "nochoices":
             return 200, {"error": {"message": "model not loaded"}}
-        if word == "thinkfirst":                  # reasoning text before the JSON, then a fail
+        if word == "thinkfirst":  # reasoning text before the JSON, then a fail
             return 200, completion("<think>weigh it</think>" + json.dumps(verdict(False)))
-        if word.startswith("busy"):               # holds the connection a while
+        if word.startswith("busy"):  # holds the connection a while
             time.sleep(0.15)
             return 200, completion(json.dumps(verdict(True)))
         return 400, {"error": f"unknown case {word}"}
@@ -130,16 +137,31 @@ def server():
 
 
 def req(word, tag=""):
-    item = {"question": f"{word} case", "focus_on": "assistant.tool_calls", "pass_condition": "p",
-            "failure_examples": ["f"], "evidence": [], "weight": 1.0}
-    return JudgeRequest(item=item, previous_messages=[],
-                        current_messages=[{"role": "user", "content": "hi"},
-                                          {"role": "assistant", "content": "<think>t</think>ok"}], tag=tag or word)
+    item = {
+        "question": f"{word} case",
+        "focus_on": "assistant.tool_calls",
+        "pass_condition": "p",
+        "failure_examples": ["f"],
+        "evidence": [],
+        "weight": 1.0,
+    }
+    return JudgeRequest(
+        item=item,
+        previous_messages=[],
+        current_messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>t</think>ok"}],
+        tag=tag or word,
+    )
 
 
 def make_judge(url, **kw):
-    cfg = dict(base_url=url, timeout_s=CLIENT_TIMEOUT_S, backoff_base_s=0.001, backoff_max_s=0.01,
-               max_attempts=3, max_concurrency=8)
+    cfg = dict(
+        base_url=url,
+        timeout_s=CLIENT_TIMEOUT_S,
+        backoff_base_s=0.001,
+        backoff_max_s=0.01,
+        max_attempts=3,
+        max_concurrency=8,
+    )
     cfg.update(kw)
     return HttpJudge(HttpJudgeConfig(**cfg))
 
@@ -166,19 +188,33 @@ def test_mixed_cases_in_one_batch(server):
     words = ["pass", "fail", "flaky", "garbage", "prose", "noanswer", "nochoices", "thinkfirst"]
     v = dict(zip(words, judge.judge_many([req(w) for w in words])))
     expect = {  # word: (passed, ok, api_failed, attempts)
-        "pass": (True, True, False, 1), "fail": (False, True, False, 1),
-        "flaky": (True, True, False, 3), "thinkfirst": (False, True, False, 1),
-        "garbage": (False, False, True, 3), "prose": (False, False, True, 3),
-        "noanswer": (False, False, True, 3), "nochoices": (False, False, True, 3),
+        "pass": (True, True, False, 1),
+        "fail": (False, True, False, 1),
+        "flaky": (True, True, False, 3),
+        "thinkfirst": (False, True, False, 1),
+        "garbage": (False, False, True, 3),
+        "prose": (False, False, True, 3),
+        "noanswer": (False, False, True, 3),
+        "nochoices": (False, False, True, 3),
     }
-    assert {w: (x.passed, x.ok, x.api_failed, x.attempts) for w, x in v.items()} == expect, \
-        {w: x.raw for w, x in v.items()}
+    assert {w: (x.passed, x.ok, x.api_failed, x.attempts) for w, x in v.items()} == expect, {
+        w: x.raw for w, x in v.items()
+    }
     # Every attempt reached the server, so retries really happened.
     assert {w: server.attempts[w] for w in ("flaky", "garbage", "prose", "noanswer", "nochoices")} == {
-        "flaky": 3, "garbage": 3, "prose": 3, "noanswer": 3, "nochoices": 3}
+        "flaky": 3,
+        "garbage": 3,
+        "prose": 3,
+        "noanswer": 3,
+        "nochoices": 3,
+    }
     assert "answer" in v["noanswer"].raw and "not a chat completion" in v["garbage"].raw
-    assert judge.stats == {"requests": 8, "http_attempts": 1 + 1 + 3 + 1 + 3 * 4,
-                           "failed_attempts": 2 + 3 * 4, "api_failed": 4}
+    assert judge.stats == {
+        "requests": 8,
+        "http_attempts": 1 + 1 + 3 + 1 + 3 * 4,
+        "failed_attempts": 2 + 3 * 4,
+        "api_failed": 4,
+    }
 
 
 def test_timeouts_are_retried_then_counted(server):
@@ -186,7 +222,9 @@ def test_timeouts_are_retried_then_counted(server):
     slow, slowonce = judge.judge_many([req("slow"), req("slowonce")])
     assert (slow.passed, slow.ok, slow.api_failed, slow.attempts) == (False, False, True, 2)
     assert "timed out" in slow.raw
-    assert (slowonce.passed, slowonce.ok, slowonce.api_failed, slowonce.attempts) == (True, True, False, 2), slowonce.raw
+    assert (slowonce.passed, slowonce.ok, slowonce.api_failed, slowonce.attempts) == (True, True, False, 2), (
+        slowonce.raw
+    )
     assert server.attempts["slow"] == 2 and server.attempts["slowonce"] == 2
     assert judge.stats["failed_attempts"] == 3 and judge.stats["api_failed"] == 1
 
@@ -217,7 +255,7 @@ def test_concurrency_bound(server, limit):
     v = judge.judge_many([req(f"busy{i}") for i in range(2 * limit + 1)])
     assert all(x.passed for x in v)
     assert server.max_inflight <= limit
-    assert server.max_inflight >= min(limit, 2)   # the bound is reached, not just respected by luck
+    assert server.max_inflight >= min(limit, 2)  # the bound is reached, not just respected by luck
 
 
 def test_concurrency_bound_shared_across_callers(server):
@@ -245,8 +283,9 @@ def test_api_key_from_env(server, monkeypatch):
         make_judge(server.url, api_key_env="ENVACE_TEST_JUDGE_KEY").judge(req("pass"))
 
 
-@pytest.mark.parametrize("field, value", [("base_url", "127.0.0.1:9"), ("max_attempts", 0),
-                                          ("max_concurrency", 0), ("timeout_s", -1.0)])
+@pytest.mark.parametrize(
+    "field, value", [("base_url", "127.0.0.1:9"), ("max_attempts", 0), ("max_concurrency", 0), ("timeout_s", -1.0)]
+)
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         HttpJudge(HttpJudgeConfig(**{field: value}))
@@ -257,4 +296,4 @@ def test_backoff_schedule(server, monkeypatch):
     monkeypatch.setattr("envace_jax.rl.judges.time.sleep", sleeps.append)
     judge = make_judge(server.url, max_attempts=5, backoff_base_s=1.0, backoff_max_s=5.0)
     assert judge.judge(req("garbage")).api_failed
-    assert sleeps == [1.0, 2.0, 4.0, 5.0]   # min(base * 2^a, max) between the 5 attempts
+    assert sleeps == [1.0, 2.0, 4.0, 5.0]  # min(base * 2^a, max) between the 5 attempts

@@ -11,13 +11,22 @@ from envace_jax.rl.judges import JudgeRequest, LocalModelJudge
 
 
 def request(question, reply, tag):
-    return JudgeRequest(item={"question": question, "focus_on": "assistant.content.user_visible_reply",
-                              "pass_condition": f"reply mentions {question}", "failure_examples": [],
-                              "evidence": [], "weight": 1.0},
-                        previous_messages=[],
-                        current_messages=[{"role": "user", "content": "hi"},
-                                          {"role": "assistant", "content": f"<think>x</think>{reply}"}],
-                        tag=tag)
+    return JudgeRequest(
+        item={
+            "question": question,
+            "focus_on": "assistant.content.user_visible_reply",
+            "pass_condition": f"reply mentions {question}",
+            "failure_examples": [],
+            "evidence": [],
+            "weight": 1.0,
+        },
+        previous_messages=[],
+        current_messages=[
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": f"<think>x</think>{reply}"},
+        ],
+        tag=tag,
+    )
 
 
 class KeywordModel:
@@ -42,9 +51,13 @@ class KeywordModel:
                 self.garble[word] -= 1
                 out.append("<think>let me see</think>The answer is probably yes.")
                 continue
-            verdict = {"high_level_understanding_of_the_question": word, "analysis_of_if_focus_on": "present",
-                       "analysis_of_pass_condition": "checked", "analysis_of_failure_examples": "none",
-                       "answer": word.lower() in reply.lower()}
+            verdict = {
+                "high_level_understanding_of_the_question": word,
+                "analysis_of_if_focus_on": "present",
+                "analysis_of_pass_condition": "checked",
+                "analysis_of_failure_examples": "none",
+                "answer": word.lower() in reply.lower(),
+            }
             out.append(f"<think>thinking about {word}</think>\n```json\n{json.dumps(verdict)}\n```")
         return out
 
@@ -69,7 +82,9 @@ def test_only_malformed_requests_are_regenerated():
 
 def test_malformed_after_all_attempts_is_an_api_failure():
     model = KeywordModel(garble={"rome": 10})
-    v = LocalModelJudge(model, max_attempts=2).judge_many([request("rome", "Rome", "b"), request("paris", "Paris", "a")])
+    v = LocalModelJudge(model, max_attempts=2).judge_many(
+        [request("rome", "Rome", "b"), request("paris", "Paris", "a")]
+    )
     assert (v[0].passed, v[0].ok, v[0].api_failed, v[0].attempts) == (False, False, True, 2)
     assert "no JSON object" in v[0].raw
     assert v[1].passed and v[1].ok

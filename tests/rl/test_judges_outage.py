@@ -32,6 +32,7 @@ from envace_jax.rl.types import ACT, REHEARSE
 
 # ----------------------------------------------------------------------------- the judge server
 
+
 class OutageServer:
     """Answers each verdict request by the marker in the judged assistant reply; counts attempts."""
 
@@ -53,11 +54,17 @@ class OutageServer:
                 if mark == "OUTAGE":
                     status, payload = 503, {"error": "judge model is down"}
                 else:
-                    v = {"high_level_understanding_of_the_question": "q", "analysis_of_if_focus_on": "f",
-                         "analysis_of_pass_condition": "p", "analysis_of_failure_examples": "e",
-                         "answer": mark == "PASSME"}
-                    status, payload = 200, {"choices": [{"index": 0, "message": {"role": "assistant",
-                                                                                 "content": json.dumps(v)}}]}
+                    v = {
+                        "high_level_understanding_of_the_question": "q",
+                        "analysis_of_if_focus_on": "f",
+                        "analysis_of_pass_condition": "p",
+                        "analysis_of_failure_examples": "e",
+                        "answer": mark == "PASSME",
+                    }
+                    status, payload = (
+                        200,
+                        {"choices": [{"index": 0, "message": {"role": "assistant", "content": json.dumps(v)}}]},
+                    )
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -83,11 +90,15 @@ def server():
 
 
 def http_judge(url: str) -> HttpJudge:
-    return HttpJudge(HttpJudgeConfig(base_url=url, timeout_s=5.0, max_attempts=2, backoff_base_s=0.001,
-                                     backoff_max_s=0.01, max_concurrency=8))
+    return HttpJudge(
+        HttpJudgeConfig(
+            base_url=url, timeout_s=5.0, max_attempts=2, backoff_base_s=0.001, backoff_max_s=0.01, max_concurrency=8
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- baseline and mask, by hand
+
 
 def test_baseline_over_judged_rows_only_hand_computed():
     # One (prompt, role) key of four rows; rows 1 and 3 lost their judge (their scores 0 are no verdict).
@@ -98,11 +109,12 @@ def test_baseline_over_judged_rows_only_hand_computed():
     # mean over the judged rows (1.0, 0.5) = 0.75, not the 0.375 of all four
     np.testing.assert_allclose(adv("row_mean"), [0.25, 0.0, -0.25, 0.0], atol=1e-7)
     np.testing.assert_allclose(adv("trajectory_mean"), [0.25, 0.0, -0.25, 0.0], atol=1e-7)
-    np.testing.assert_allclose(adv("rloo"), [0.5, 0.0, -0.5, 0.0], atol=1e-7)      # leave-one-out: the other judged row
+    np.testing.assert_allclose(adv("rloo"), [0.5, 0.0, -0.5, 0.0], atol=1e-7)  # leave-one-out: the other judged row
     np.testing.assert_allclose(adv("none"), [1.0, 0.0, 0.5, 0.0], atol=1e-7)
-    sd = np.std([1.0, 0.5], ddof=1)                                                  # std of the judged rows
-    np.testing.assert_allclose(adv("row_mean", normalize_std=True), [0.25 / (sd + 1e-6), 0, -0.25 / (sd + 1e-6), 0],
-                               rtol=1e-6)
+    sd = np.std([1.0, 0.5], ddof=1)  # std of the judged rows
+    np.testing.assert_allclose(
+        adv("row_mean", normalize_std=True), [0.25 / (sd + 1e-6), 0, -0.25 / (sd + 1e-6), 0], rtol=1e-6
+    )
     # without a mask: the reference's baseline over all four rows
     np.testing.assert_allclose(role_wise_advantages(scores, g, r), [0.625, -0.375, 0.125, -0.375], atol=1e-7)
     with pytest.raises(ValueError, match="valid must be a bool array"):
@@ -111,17 +123,26 @@ def test_baseline_over_judged_rows_only_hand_computed():
 
 def test_mask_drops_keys_left_with_fewer_than_two_judged_episodes():
     # rows: (episode, (group, role)); episodes 1, 4 and 5 lost their judge
-    rows = [(0, (0, 0)), (1, (0, 0)), (2, (0, 0)),      # key (0, act): 2 judged left -> kept
-            (0, (0, 1)), (1, (0, 1)),                   # key (0, rehearse): 1 judged left -> dropped
-            (3, (1, 0)), (4, (1, 0)), (5, (1, 0)),      # key (1, act): 1 judged left -> dropped
-            (3, (1, 1)), (3, (1, 1)),                   # key (1, rehearse): lost nothing, one episode -> kept
-            (6, (2, 0))]                                # a lone episode that lost nothing -> kept (reference)
+    rows = [
+        (0, (0, 0)),
+        (1, (0, 0)),
+        (2, (0, 0)),  # key (0, act): 2 judged left -> kept
+        (0, (0, 1)),
+        (1, (0, 1)),  # key (0, rehearse): 1 judged left -> dropped
+        (3, (1, 0)),
+        (4, (1, 0)),
+        (5, (1, 0)),  # key (1, act): 1 judged left -> dropped
+        (3, (1, 1)),
+        (3, (1, 1)),  # key (1, rehearse): lost nothing, one episode -> kept
+        (6, (2, 0)),
+    ]  # a lone episode that lost nothing -> kept (reference)
     trained, dropped = judge_mask([e for e, _ in rows], [k for _, k in rows], {1, 4, 5})
     assert trained.tolist() == [True, False, True, False, False, False, False, False, True, True, True]
     assert dropped == 2
 
 
 # ----------------------------------------------------------------------------- the RL step against the server
+
 
 class RecordingTrainer:
     """What RLStep needs of a Trainer; keeps every batch it is asked to update on, trains nothing."""
@@ -144,11 +165,23 @@ class RecordingTrainer:
 
 
 def record(uid: str) -> dict:
-    item = {"question": "Is it right?", "focus_on": "assistant.content.user_visible_reply", "pass_condition": "p",
-            "failure_examples": [], "evidence": [], "weight": 1.0, "required_for_next_turn": False}
+    item = {
+        "question": "Is it right?",
+        "focus_on": "assistant.content.user_visible_reply",
+        "pass_condition": "p",
+        "failure_examples": [],
+        "evidence": [],
+        "weight": 1.0,
+        "required_for_next_turn": False,
+    }
     user = {"role": "user", "content": "Hi?"}
-    return {"uid": uid, "messages": [{"role": "system", "content": "Be brief."}, user], "tools": [],
-            "reference_messages": [user, {"role": "assistant", "content": "Hello."}], "checklist": [[[item]]]}
+    return {
+        "uid": uid,
+        "messages": [{"role": "system", "content": "Be brief."}, user],
+        "tools": [],
+        "reference_messages": [user, {"role": "assistant", "content": "Hello."}],
+        "checklist": [[[item]]],
+    }
 
 
 # Episodes 0-3 play prompt p0, 4-7 prompt p1. p0: two judged episodes (1 and 0) and two lost ones;
@@ -160,11 +193,20 @@ def rl_step(url: str, mask: bool, replies=tuple(REPLIES), **rl):
     from tests.helpers_rollout import ScriptedClient, codec
 
     c = codec()
-    client = ScriptedClient(c, acts={i: [f"<think>\nok\n</think>\n\nIt is {w}."] * 2  # two steps
-                                                     for i, w in enumerate(replies)})
+    client = ScriptedClient(
+        c,
+        acts={
+            i: [f"<think>\nok\n</think>\n\nIt is {w}."] * 2  # two steps
+            for i, w in enumerate(replies)
+        },
+    )
     sampling = RoleSampling(temperature=1.0, max_new_tokens=64)
-    engine = RolloutEngine(RolloutConfig(mode="rehearsal", max_model_len=4096, act=sampling, rehearse=sampling), c,
-                           client, ChecklistTurnJudge(http_judge(url)))
+    engine = RolloutEngine(
+        RolloutConfig(mode="rehearsal", max_model_len=4096, act=sampling, rehearse=sampling),
+        c,
+        client,
+        ChecklistTurnJudge(http_judge(url)),
+    )
     trainer = RecordingTrainer()
     step = RLStep(RLSection(n_rollouts=4, mask_judge_failures=mask, **rl), engine, {ACT: trainer, REHEARSE: trainer})
     return step, trainer
@@ -176,16 +218,21 @@ def test_step_masks_lost_episodes_and_baselines_over_judged_ones(server, caplog)
     lost = [e.termination == "judge_api_failure" for e in res.episodes]
     assert lost == [w == "OUTAGE" for w in REPLIES]
     assert [e.score for e in res.episodes] == [1.0, 0, 0, 0, 0, 0, 0, 1.0]
-    assert server.attempts["OUTAGE"] == 5 * 2                      # every lost verdict was tried twice
+    assert server.attempts["OUTAGE"] == 5 * 2  # every lost verdict was tried twice
     (batch,) = trainer.batches
-    assert batch.size == 8                                         # masked rows stay, with zero weight
+    assert batch.size == 8  # masked rows stay, with zero weight
     weights = batch.loss_weights.sum(axis=1)
     assert [bool(w > 0) for w in weights] == [True, False, True, False, False, False, False, False]
     # p0's baseline is the mean of its judged episodes (1 + 0) / 2; p1 has one judged episode: nothing
     np.testing.assert_allclose(batch.advantages, [0.5, 0, -0.5, 0, 0, 0, 0, 0], atol=1e-7)
     m = res.metrics
-    assert (m["judge/lost_episodes"], m["judge/masked_episodes"], m["judge/masked_rows"],
-            m["judge/dropped_groups"], m["judge/failed_verdicts"]) == (5, 5, 6, 1, 5)
+    assert (
+        m["judge/lost_episodes"],
+        m["judge/masked_episodes"],
+        m["judge/masked_rows"],
+        m["judge/dropped_groups"],
+        m["judge/failed_verdicts"],
+    ) == (5, 5, 6, 1, 5)
     assert m["judge/lost_share"] == m["judge/masked_share"] == pytest.approx(5 / 8)
     # scores of the judged episodes only: an outage does not read as a policy scoring 0
     assert m["episode/score_mean"] == pytest.approx(2 / 3) and m["act/reward_mean"] == pytest.approx(2 / 3)
@@ -205,8 +252,11 @@ def test_step_masks_lost_episodes_and_baselines_over_judged_ones(server, caplog)
     res2 = step([record("p0"), record("p1")], 1)
     err = monitor.observe(2, res2.metrics, example_error(res2.episodes))
     assert isinstance(err, JudgeOutageError) and "\n" not in str(err)
-    assert re.search(r"more than 50% of the episodes got no verdict from the HTTP judge http://127\.0\.0\.1:\d+/v1/"
-                     r"chat/completions .* on 2 consecutive steps \(step 1: 6\d%, step 2: 6\d%\); stopped", str(err))
+    assert re.search(
+        r"more than 50% of the episodes got no verdict from the HTTP judge http://127\.0\.0\.1:\d+/v1/"
+        r"chat/completions .* on 2 consecutive steps \(step 1: 6\d%, step 2: 6\d%\); stopped",
+        str(err),
+    )
     assert "config.judge.outage_share" in str(err)
 
 
@@ -247,6 +297,7 @@ def test_all_rows_masked_skips_the_update(server):
 
 # ----------------------------------------------------------------------------- the stop rule and its knobs
 
+
 def test_monitor_needs_consecutive_bad_steps():
     mon = JudgeOutageMonitor("rule judge", max_share=0.5, max_steps=3, warn=False)
     share = lambda lost: {"judge/lost_episodes": lost, "episode/count": 10}
@@ -254,11 +305,13 @@ def test_monitor_needs_consecutive_bad_steps():
     assert [mon.observe(i, share(x)) for i, x in enumerate([6, 9, 5, 6, 7], 1)] == [None] * 5
     err = mon.observe(6, share(10))
     assert isinstance(err, JudgeOutageError) and "(step 4: 60%, step 5: 70%, step 6: 100%)" in str(err)
-    assert JudgeOutageMonitor("x", max_share=1.0, max_steps=1).observe(1, share(10)) is None   # 1.0 never stops
+    assert JudgeOutageMonitor("x", max_share=1.0, max_steps=1).observe(1, share(10)) is None  # 1.0 never stops
 
 
-@pytest.mark.parametrize("field, value, what", [("outage_share", 1.5, r"in \[0, 1\]"), ("outage_share", -0.1, r"in \[0, 1\]"),
-                                                ("outage_steps", 0, "> 0")])
+@pytest.mark.parametrize(
+    "field, value, what",
+    [("outage_share", 1.5, r"in \[0, 1\]"), ("outage_share", -0.1, r"in \[0, 1\]"), ("outage_steps", 0, "> 0")],
+)
 def test_outage_knobs_are_range_checked(field, value, what):
     with pytest.raises(ConfigError, match=rf"^config\.judge\.{field} must be {what}, got {value}$"):
         load_config({"judge": {field: value}})
@@ -277,14 +330,24 @@ def test_unreachable_judge_stops_launch_train_with_one_line(tmp_path):
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
     run_dir = str(tmp_path / "run")
-    cmd = h.train_cmd(run_dir, 5, **{"judge.kind": "http", "judge.http.base_url": f"http://127.0.0.1:{dead}",
-                                     "judge.http.max_attempts": 1, "judge.http.timeout_s": 5.0,
-                                     "judge.outage_steps": 2})
+    cmd = h.train_cmd(
+        run_dir,
+        5,
+        **{
+            "judge.kind": "http",
+            "judge.http.base_url": f"http://127.0.0.1:{dead}",
+            "judge.http.max_attempts": 1,
+            "judge.http.timeout_s": 5.0,
+            "judge.outage_steps": 2,
+        },
+    )
     p = subprocess.run(cmd, env=h.env(), capture_output=True, text=True, timeout=600)
     assert p.returncode == 3, p.stderr[-3000:]
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith("judge outage: more than 50% of the episodes got no verdict from the HTTP judge "
-                           f"http://127.0.0.1:{dead}/v1/chat/completions"), last
+    assert last.startswith(
+        "judge outage: more than 50% of the episodes got no verdict from the HTTP judge "
+        f"http://127.0.0.1:{dead}/v1/chat/completions"
+    ), last
     assert re.search(r"on 2 consecutive steps \(step 1: \d+%, step 2: \d+%\); stopped", last), last
     assert "Connection refused" in last
     warnings = re.findall(r"step (\d): \d+ of 8 episodes \(\d+%\) got no verdict from the HTTP judge", p.stderr)

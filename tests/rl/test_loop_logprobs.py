@@ -31,15 +31,22 @@ REHEARSE_SAMPLING = RoleSampling(temperature=0.7, top_k=20, max_new_tokens=16)
 @pytest.fixture(scope="module")
 def rollout_rows():
     c = compact_codec()
-    cfg = qwen3.Qwen3Config(vocab_size=len(c.renderer.tokenizer), hidden_size=32, intermediate_size=64,
-                            num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16)
+    cfg = qwen3.Qwen3Config(
+        vocab_size=len(c.renderer.tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+    )
     model = qwen3.init_model(cfg, seed=0)
-    client = SamplerClient(Sampler(model, max_chunk=512, batch_buckets=(16,), length_buckets=(512,)),
-                           c.stop_token_ids)
+    client = SamplerClient(Sampler(model, max_chunk=512, batch_buckets=(16,), length_buckets=(512,)), c.stop_token_ids)
     tasks = tasks_without_required_items()
     policy = FirstActScripted(client, tasks, 8)
-    rcfg = RolloutConfig(mode="rehearsal", max_steps=5, max_model_len=800, act=ACT_SAMPLING,
-                         rehearse=REHEARSE_SAMPLING, seed=1)
+    rcfg = RolloutConfig(
+        mode="rehearsal", max_steps=5, max_model_len=800, act=ACT_SAMPLING, rehearse=REHEARSE_SAMPLING, seed=1
+    )
     eps = RolloutEngine(rcfg, c, policy, ChecklistTurnJudge(RuleJudge())).run(tasks * 2, [t["uid"] for t in tasks] * 2)
     gens = [g for e in eps for g in e.generations if (g.episode, tuple(g.gen_ids)) not in policy.scripted]
     return model, client, gens
@@ -94,8 +101,11 @@ def test_overlong_rows_are_dropped_not_truncated(rollout_rows):
 
     trainer = Spy(model, micro_batch_size=8)
     for policy, want_rows, want_trunc in (("drop", short, 0), ("truncate", len(gens), len(gens) - short)):
-        step = RLStep(StepConfig(n_rollouts=1, max_row_length=limit, overlong_rows=policy), Engine(),
-                      {ACT: trainer, REHEARSE: trainer})
+        step = RLStep(
+            StepConfig(n_rollouts=1, max_row_length=limit, overlong_rows=policy),
+            Engine(),
+            {ACT: trainer, REHEARSE: trainer},
+        )
         step.rollout = lambda records, iteration: _episodes_of(gens)
         res = step([{"uid": "x"}], 0)
         assert seen["rows"][-1] == want_rows and seen["trunc"][-1] == want_trunc

@@ -12,10 +12,8 @@ from envace_jax.rl.step import RLStep, StepConfig, adjust_batch_copy, repeat_pro
 from envace_jax.rl.types import ACT, REHEARSE, Generation
 
 
-
 def _gen(role, uid, ep, n_tokens, score, text="x"):
-    return Generation(role, [1, 2], list(range(3, 3 + n_tokens)), [-1.0] * n_tokens, uid, ep, 0, score=score,
-                      text=text)
+    return Generation(role, [1, 2], list(range(3, 3 + n_tokens)), [-1.0] * n_tokens, uid, ep, 0, score=score, text=text)
 
 
 def test_repeat_prompts_shares_uid_and_rejects_duplicates():
@@ -122,17 +120,31 @@ def test_empty_output_penalty_rollout_and_step_together(penalty):
     from tests.helpers_rollout import ScriptedClient, codec
 
     c = codec()
-    item = {"question": "q", "focus_on": "assistant.content.user_visible_reply", "pass_condition": "p", "failure_examples": [],
-            "evidence": [], "weight": 1.0, "required_for_next_turn": False,
-            "rule": {"type": "reply_contains", "values": [""]}}
-    rec = {"uid": "p0", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}],
-           "tools": [], "reference_messages": [{"role": "user", "content": "Hi?"},
-                                               {"role": "assistant", "content": "Hello."}],
-           "checklist": [[[item]]]}
+    item = {
+        "question": "q",
+        "focus_on": "assistant.content.user_visible_reply",
+        "pass_condition": "p",
+        "failure_examples": [],
+        "evidence": [],
+        "weight": 1.0,
+        "required_for_next_turn": False,
+        "rule": {"type": "reply_contains", "values": [""]},
+    }
+    rec = {
+        "uid": "p0",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}],
+        "tools": [],
+        "reference_messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}],
+        "checklist": [[[item]]],
+    }
     client = ScriptedClient(c, acts={0: [""], 1: ["<think>\nhi\n</think>\n\nHello."]})
     sampling = RoleSampling(temperature=1.0, max_new_tokens=64)
-    engine = RolloutEngine(RolloutConfig(mode="rehearsal", max_model_len=4096, act=sampling, rehearse=sampling), c,
-                           client, ChecklistTurnJudge(RuleJudge()))
+    engine = RolloutEngine(
+        RolloutConfig(mode="rehearsal", max_model_len=4096, act=sampling, rehearse=sampling),
+        c,
+        client,
+        ChecklistTurnJudge(RuleJudge()),
+    )
     trainer = _RecordingTrainer()
     step = RLStep(RLSection(n_rollouts=2, empty_output_penalty=penalty), engine, {ACT: trainer, REHEARSE: trainer})
     res = step([rec], 0)

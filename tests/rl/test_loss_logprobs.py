@@ -9,8 +9,7 @@ import pytest
 
 from envace_jax.models import qwen3
 from envace_jax.rl.head_logprobs import fused_token_logprobs
-from envace_jax.rl.loss import (chunked_token_logprobs, model_token_logprobs, token_entropy,
-                                token_logprobs)
+from envace_jax.rl.loss import chunked_token_logprobs, model_token_logprobs, token_entropy, token_logprobs
 
 
 @pytest.mark.parametrize("chunk,layout", [(3, "dv"), (4, "vd"), (64, "dv")])
@@ -33,8 +32,10 @@ def test_chunked_equals_full_values_and_gradients(chunk, layout):
             lp, ent = token_logprobs(logits, y, 0.7), token_entropy(logits, 0.7)
             return jnp.sum(lp * cot) + jnp.sum(ent), (lp, ent)
 
-        return (jax.value_and_grad(chunked, (0, 1), has_aux=True)(h, w),
-                jax.value_and_grad(full, (0, 1), has_aux=True)(h, w))
+        return (
+            jax.value_and_grad(chunked, (0, 1), has_aux=True)(h, w),
+            jax.value_and_grad(full, (0, 1), has_aux=True)(h, w),
+        )
 
     ((_, (lp_c, ent_c)), g_c), ((_, (lp_f, ent_f)), g_f) = both(h, w)
     np.testing.assert_allclose(lp_c, lp_f, atol=2e-5)
@@ -45,8 +46,16 @@ def test_chunked_equals_full_values_and_gradients(chunk, layout):
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_model_token_logprobs_chunked_matches_full_logits(tie):
-    cfg = qwen3.Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=2,
-                            num_kv_heads=1, head_dim=16, tie_word_embeddings=tie)
+    cfg = qwen3.Qwen3Config(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=48,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        tie_word_embeddings=tie,
+    )
     model = qwen3.init_model(cfg, seed=1)
     ids = jnp.asarray(np.random.default_rng(2).integers(0, 96, (2, 9)), jnp.int32)
     tgt = jnp.roll(ids, -1, axis=1)
@@ -91,8 +100,11 @@ def test_fused_head_equals_full_logits_values_and_gradients(layout):
     for a, b in zip(g_f, g_r):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     # A scalar temperature, and bfloat16 matmul inputs (float32 softmax) stay close.
-    np.testing.assert_allclose(fused_token_logprobs(h, w, y, 0.7, head_layout=layout),
-                               token_logprobs(h @ (w if layout == "dv" else w.T), y, 0.7), atol=2e-5)
+    np.testing.assert_allclose(
+        fused_token_logprobs(h, w, y, 0.7, head_layout=layout),
+        token_logprobs(h @ (w if layout == "dv" else w.T), y, 0.7),
+        atol=2e-5,
+    )
     lp_bf = fused_token_logprobs(h, w, y, 1.0, head_layout=layout, compute_dtype="bfloat16")
     assert lp_bf.dtype == jnp.float32
     np.testing.assert_allclose(lp_bf, token_logprobs(h @ (w if layout == "dv" else w.T), y), atol=0.15)

@@ -10,13 +10,31 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from envace_jax.rl.loss import (AGG_MODES, add_pairs, kl_penalty, policy_loss, reduce_pairs, role_unit_counts,
-                                token_entropy, token_logprobs)
+from envace_jax.rl.loss import (
+    AGG_MODES,
+    add_pairs,
+    kl_penalty,
+    policy_loss,
+    reduce_pairs,
+    role_unit_counts,
+    token_entropy,
+    token_logprobs,
+)
 
 B, T, V = 6, 6, 13
 # Tests call the loss through jit, as the trainer does; eager op-by-op differentiation is needlessly slow.
-_STATIC = ("clip_low", "clip_high", "dual_clip", "log_ratio_clamp", "kl_coef", "kl_type", "entropy_coef", "agg",
-           "role_balanced", "num_roles")
+_STATIC = (
+    "clip_low",
+    "clip_high",
+    "dual_clip",
+    "log_ratio_clamp",
+    "kl_coef",
+    "kl_type",
+    "entropy_coef",
+    "agg",
+    "role_balanced",
+    "num_roles",
+)
 jit_policy_loss = jax.jit(policy_loss, static_argnames=_STATIC)
 
 
@@ -53,6 +71,7 @@ def _loss(logits, targets, old, adv, w, **kw):
 
 # ---- hand-computed per-token cases --------------------------------------------------------------------------
 
+
 def _one(ratio, a, **kw):
     """A single token with the given ratio and advantage; returns (loss value, metric means)."""
     logp = jnp.array([[math.log(ratio)]], jnp.float32)
@@ -60,18 +79,21 @@ def _one(ratio, a, **kw):
     return {k: float(v) for k, v in reduce_pairs(out).items()}
 
 
-@pytest.mark.parametrize("ratio,a,kw,loss,clipfrac,lower", [
-    (1.5, 1.0, {}, -1.2, 1.0, 0.0),           # pg1=-1.5, pg2=-1.2: clip binds (no gain past 1+0.2)
-    (0.5, 1.0, {}, -0.5, 0.0, 0.0),           # pg1=-0.5, pg2=-0.8: the unclipped term is the max
-    (0.5, -1.0, {}, 0.8, 1.0, 0.0),           # pg1=0.5, pg2=0.8
-    (1.5, -1.0, {}, 1.5, 0.0, 0.0),           # pg1=1.5 > pg2=1.2, below the dual bound 3
-    (5.0, -1.0, {}, 3.0, 0.0, 1.0),           # pg1=5 -> dual clip caps at -A*3
-    (5.0, -1.0, {"dual_clip": None}, 5.0, 0.0, 0.0),
-    (5.0, -2.0, {"dual_clip": 4.0}, 8.0, 0.0, 1.0),
-    (1.5, 1.0, {"clip_low": 0.1, "clip_high": 0.3}, -1.3, 1.0, 0.0),
-    (0.5, -1.0, {"clip_low": 0.1, "clip_high": 0.3}, 0.9, 1.0, 0.0),
-    (1.0, 2.0, {}, -2.0, 0.0, 0.0),
-])
+@pytest.mark.parametrize(
+    "ratio,a,kw,loss,clipfrac,lower",
+    [
+        (1.5, 1.0, {}, -1.2, 1.0, 0.0),  # pg1=-1.5, pg2=-1.2: clip binds (no gain past 1+0.2)
+        (0.5, 1.0, {}, -0.5, 0.0, 0.0),  # pg1=-0.5, pg2=-0.8: the unclipped term is the max
+        (0.5, -1.0, {}, 0.8, 1.0, 0.0),  # pg1=0.5, pg2=0.8
+        (1.5, -1.0, {}, 1.5, 0.0, 0.0),  # pg1=1.5 > pg2=1.2, below the dual bound 3
+        (5.0, -1.0, {}, 3.0, 0.0, 1.0),  # pg1=5 -> dual clip caps at -A*3
+        (5.0, -1.0, {"dual_clip": None}, 5.0, 0.0, 0.0),
+        (5.0, -2.0, {"dual_clip": 4.0}, 8.0, 0.0, 1.0),
+        (1.5, 1.0, {"clip_low": 0.1, "clip_high": 0.3}, -1.3, 1.0, 0.0),
+        (0.5, -1.0, {"clip_low": 0.1, "clip_high": 0.3}, 0.9, 1.0, 0.0),
+        (1.0, 2.0, {}, -2.0, 0.0, 0.0),
+    ],
+)
 def test_clipping_hand_cases(ratio, a, kw, loss, clipfrac, lower):
     m = _one(ratio, a, **kw)
     assert m["loss"] == pytest.approx(loss, rel=1e-5)
@@ -81,9 +103,9 @@ def test_clipping_hand_cases(ratio, a, kw, loss, clipfrac, lower):
 
 def test_log_ratio_clamp_bounds_ratio_and_stops_its_gradient():
     def f(lp):
-        out = policy_loss(lp, jnp.zeros((1, 1)), jnp.array([1.0]), jnp.ones((1, 1)), clip_high=1e9,
-                          log_ratio_clamp=5.0)
+        out = policy_loss(lp, jnp.zeros((1, 1)), jnp.array([1.0]), jnp.ones((1, 1)), clip_high=1e9, log_ratio_clamp=5.0)
         return reduce_pairs(out)["loss"]
+
     lp = jnp.array([[30.0]])
     assert float(f(lp)) == pytest.approx(-math.exp(5.0), rel=1e-6)
     assert float(jax.grad(f)(lp)[0, 0]) == 0.0
@@ -110,13 +132,17 @@ def test_kl_and_entropy_terms_enter_the_loss():
     logits, targets, adv, w, roles, old, ref = _batch()
     lp, ent = token_logprobs(logits, targets), token_entropy(logits)
     for agg in AGG_MODES:
-        m = reduce_pairs(jit_policy_loss(lp, old, adv, w, ref_logp=ref, kl_coef=0.1, kl_type="k2", entropy=ent,
-                                     entropy_coef=0.01, agg=agg))
+        m = reduce_pairs(
+            jit_policy_loss(
+                lp, old, adv, w, ref_logp=ref, kl_coef=0.1, kl_type="k2", entropy=ent, entropy_coef=0.01, agg=agg
+            )
+        )
         assert float(m["kl"]) > 0 and float(m["entropy"]) > 0
         assert float(m["loss"]) == pytest.approx(float(m["pg_loss"] + 0.1 * m["kl"] - 0.01 * m["entropy"]), abs=1e-6)
 
 
 # ---- gradients ------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_on_policy_gradient_is_reinforce(agg):
@@ -151,9 +177,23 @@ def test_zero_weight_tokens_get_exactly_zero_gradient():
     ref_junk = jnp.where(w > 0, ref, -jnp.inf)
     ent = token_entropy(logits)
     for agg in AGG_MODES:
+
         def f(lg):
-            return _loss(lg, targets, junk, adv, w, agg=agg, ref_logp=ref_junk, kl_coef=0.1, entropy=ent,
-                         entropy_coef=0.01, role_ids=roles, role_balanced=True)[0]
+            return _loss(
+                lg,
+                targets,
+                junk,
+                adv,
+                w,
+                agg=agg,
+                ref_logp=ref_junk,
+                kl_coef=0.1,
+                entropy=ent,
+                entropy_coef=0.01,
+                role_ids=roles,
+                role_balanced=True,
+            )[0]
+
         g = np.asarray(jax.jit(jax.grad(f))(logits))
         assert np.isfinite(g).all()
         masked = np.asarray(w) == 0
@@ -176,9 +216,22 @@ def _micro_batch_all_configs(lg, tg, old, adv, w, ref, ent, roles, counts):
         rc = jnp.where(jnp.isnan(counts[c]), role_unit_counts(w, roles, agg), counts[c]) if bal else None
 
         def loss_sum(lg, agg=agg, bal=bal, rc=rc):
-            out = policy_loss(token_logprobs(lg, tg), old, adv, w, agg=agg, ref_logp=ref, kl_coef=0.2, entropy=ent,
-                              entropy_coef=0.05, role_balanced=bal, role_ids=roles, role_counts=rc)
+            out = policy_loss(
+                token_logprobs(lg, tg),
+                old,
+                adv,
+                w,
+                agg=agg,
+                ref_logp=ref,
+                kl_coef=0.2,
+                entropy=ent,
+                entropy_coef=0.05,
+                role_balanced=bal,
+                role_ids=roles,
+                role_counts=rc,
+            )
             return out["loss"][0], out
+
         (_, out), g = jax.value_and_grad(loss_sum, has_aux=True)(lg)
         res.append((out, g))
     return res
@@ -190,8 +243,9 @@ def test_micro_batches_accumulate_to_the_big_batch():
     counts = jnp.stack([role_unit_counts(w, roles, agg) for agg, _ in _CONFIGS])
 
     def run(sl, counts):
-        return _micro_batch_all_configs(logits[sl], targets[sl], old[sl], adv[sl], w[sl], ref[sl], ent[sl],
-                                        roles[sl], counts)
+        return _micro_batch_all_configs(
+            logits[sl], targets[sl], old[sl], adv[sl], w[sl], ref[sl], ent[sl], roles[sl], counts
+        )
 
     full_all = run(slice(None), jnp.full(counts.shape, jnp.nan))
     parts_all = [run(sl, counts) for sl in (slice(0, 2), slice(2, 4), slice(4, 6))]
@@ -205,11 +259,13 @@ def test_micro_batches_accumulate_to_the_big_batch():
             np.testing.assert_allclose(float(acc[k][0]), float(full[k][0]), rtol=1e-5, atol=1e-6, err_msg=f"{cfg} {k}")
             np.testing.assert_allclose(float(acc[k][1]), float(full[k][1]), rtol=1e-6, err_msg=f"{cfg} {k}")
         assert float(reduce_pairs([p for p, _ in parts])["loss"]) == pytest.approx(
-            float(reduce_pairs(full)["loss"]), rel=1e-5, abs=1e-6), cfg
+            float(reduce_pairs(full)["loss"]), rel=1e-5, abs=1e-6
+        ), cfg
         # Gradient: per-micro-batch gradients of the sums, divided once by the total count.
         g_acc = jnp.concatenate([g for _, g in parts]) / float(acc["loss"][1])
-        np.testing.assert_allclose(np.asarray(g_acc), np.asarray(g_full_sum) / float(full["loss"][1]),
-                                   rtol=1e-5, atol=1e-7, err_msg=str(cfg))
+        np.testing.assert_allclose(
+            np.asarray(g_acc), np.asarray(g_full_sum) / float(full["loss"][1]), rtol=1e-5, atol=1e-7, err_msg=str(cfg)
+        )
         assert float(jnp.abs(g_acc).max()) > 1e-4, cfg
     # Role balancing must actually change the loss here, or the balanced cases above prove nothing.
     assert abs(float(reduce_pairs(full_all[0][0])["loss"]) - float(reduce_pairs(full_all[1][0])["loss"])) > 1e-3
@@ -247,6 +303,7 @@ def test_role_balanced_hand_case():
 
 def test_token_logprobs_and_entropy_match_torch():
     import torch
+
     logits, targets, *_ = _batch()
     for temp in (1.0, 0.6):
         lt = torch.tensor(np.asarray(logits)) / temp

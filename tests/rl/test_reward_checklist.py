@@ -7,13 +7,28 @@ import json
 import pytest
 
 from envace_jax.rl.judges import Judge, LocalModelJudge, RuleJudge
-from envace_jax.rl.reward import (ChecklistTurnJudge, empty_output_penalty, episode_score, judge_turn, judge_turns,
-                                  score_conversation, turn_end_indices, validate_checklist_list)
+from envace_jax.rl.reward import (
+    ChecklistTurnJudge,
+    empty_output_penalty,
+    episode_score,
+    judge_turn,
+    judge_turns,
+    score_conversation,
+    turn_end_indices,
+    validate_checklist_list,
+)
 
 
 def item(q, focus, weight, rule=None, required=False):
-    d = {"question": q, "focus_on": focus, "pass_condition": q, "failure_examples": [],
-         "evidence": [], "weight": weight, "required_for_next_turn": required}
+    d = {
+        "question": q,
+        "focus_on": focus,
+        "pass_condition": q,
+        "failure_examples": [],
+        "evidence": [],
+        "weight": weight,
+        "required_for_next_turn": required,
+    }
     if rule is not None:
         d["rule"] = rule
     return d
@@ -28,16 +43,26 @@ def weather_turn():
     return [
         {"role": "system", "content": "You help with weather."},
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "<think>look it up</think>", "tool_calls": [call("get_weather", city="Paris")]},
+        {
+            "role": "assistant",
+            "content": "<think>look it up</think>",
+            "tool_calls": [call("get_weather", city="Paris")],
+        },
         {"role": "tool", "name": "get_weather", "tool_call_id": "call_get_weather", "content": '{"sky": "sunny"}'},
         {"role": "assistant", "content": "<think>done</think>It is Sunny in Paris."},
     ]
 
 
-CALLED = item("called weather for Paris", "assistant.tool_calls", 0.5,
-              {"type": "tool_called", "name": "get_weather", "arguments": {"city": "Paris"}}, required=True)
-REPLIED = item("says sunny", "assistant.content.user_visible_reply", 0.3,
-               {"type": "reply_contains", "values": ["sunny"]})
+CALLED = item(
+    "called weather for Paris",
+    "assistant.tool_calls",
+    0.5,
+    {"type": "tool_called", "name": "get_weather", "arguments": {"city": "Paris"}},
+    required=True,
+)
+REPLIED = item(
+    "says sunny", "assistant.content.user_visible_reply", 0.3, {"type": "reply_contains", "values": ["sunny"]}
+)
 NEVER = item("booked a flight", "assistant.tool_calls", 0.2, {"type": "tool_called", "name": "book_flight"})
 
 
@@ -58,8 +83,8 @@ def test_or_over_steps_and_weights():
     j = judge_turn(weather_turn(), checklist, 0, RuleJudge())
     assert j.item_passed == [[True, True, False]]
     assert j.turn_reward == pytest.approx(0.8)
-    assert j.calls == 6            # 2 steps x 3 items, each judged
-    assert not j.terminate         # required item passed, one checklist turn left
+    assert j.calls == 6  # 2 steps x 3 items, each judged
+    assert not j.terminate  # required item passed, one checklist turn left
     assert not j.required_failed
     assert j.api_failed_count == 0 and not j.tool_failed
 
@@ -79,9 +104,11 @@ def test_last_checklist_turn_terminates():
 
 
 def test_majority_over_checklists():
-    ok = [[CALLED, REPLIED], [REPLIED]]                         # votes continue at turn 0
-    failing = [[item("x", "assistant.tool_calls", 1.0, {"type": "tool_called", "name": "nope"}, required=True)],
-               [REPLIED]]                                       # votes terminate at turn 0
+    ok = [[CALLED, REPLIED], [REPLIED]]  # votes continue at turn 0
+    failing = [
+        [item("x", "assistant.tool_calls", 1.0, {"type": "tool_called", "name": "nope"}, required=True)],
+        [REPLIED],
+    ]  # votes terminate at turn 0
     three_two_fail = judge_turn(weather_turn(), [ok, failing, failing], 0, RuleJudge())
     assert three_two_fail.checklist_terminate == (False, True, True) and three_two_fail.terminate
     # Rewards add up across checklists: 0.8 + 0 + 0.
@@ -94,8 +121,12 @@ def test_majority_over_checklists():
 
 def test_error_tool_call_skips_tool_items_and_zeroes_turn():
     msgs = weather_turn()
-    msgs[3] = {"role": "tool", "name": "get_weather", "tool_call_id": "call_get_weather",
-               "content": json.dumps({"error_tool_call": {"code": "INVALID_ARGS"}})}
+    msgs[3] = {
+        "role": "tool",
+        "name": "get_weather",
+        "tool_call_id": "call_get_weather",
+        "content": json.dumps({"error_tool_call": {"code": "INVALID_ARGS"}}),
+    }
     judge = CountingJudge(RuleJudge())
     j = judge_turn(msgs, [[[CALLED, REPLIED, NEVER], [REPLIED]]], 0, judge)
     # Step 1 is followed by the error: its two tool_calls items are skipped (counted False)
@@ -111,15 +142,14 @@ def test_api_failure_terminates_and_counts_false():
         for p in prompts:
             text = p[0]["content"]
             # The judge model breaks on the REPLIED item and says "pass" to everything else.
-            out.append("<think>hmm</think> I cannot decide" if "says sunny" in text
-                       else '{"answer": true}')
+            out.append("<think>hmm</think> I cannot decide" if "says sunny" in text else '{"answer": true}')
         return out
 
     j = judge_turn(weather_turn(), [[[CALLED, REPLIED], [REPLIED]]], 0, LocalModelJudge(generate, max_attempts=2))
     assert j.item_passed == [[True, False]]
     assert j.turn_reward == pytest.approx(0.5)
-    assert j.api_failed_count == 2      # REPLIED at both steps
-    assert j.terminate                   # though the checklist itself would continue
+    assert j.api_failed_count == 2  # REPLIED at both steps
+    assert j.terminate  # though the checklist itself would continue
 
 
 def test_empty_checklist_and_turn_beyond_checklist():
@@ -132,7 +162,7 @@ def test_empty_checklist_and_turn_beyond_checklist():
 
 
 def test_episode_score_normaliser():
-    checklists = [[[REPLIED]] * 3, [[REPLIED]] * 3]       # 2 checklists, U = 3
+    checklists = [[[REPLIED]] * 3, [[REPLIED]] * 3]  # 2 checklists, U = 3
     assert episode_score([1.5, 0.7], checklists) == pytest.approx(2.2 / 6)
     assert episode_score([1.0], [[[REPLIED], [REPLIED]]]) == pytest.approx(0.5)
 
@@ -147,22 +177,55 @@ def two_turn_conversation():
 
 
 def test_score_conversation_reference_full_marks_and_early_stop():
-    turn1 = [item("rome tomorrow", "assistant.tool_calls", 0.6,
-                  {"type": "tool_called", "name": "get_weather", "arguments": {"city": "Rome", "day": 1}}),
-             item("says rain", "assistant.content.user_visible_reply", 0.4,
-                  {"type": "reply_contains", "values": ["RAIN", "rome"]})]
+    turn1 = [
+        item(
+            "rome tomorrow",
+            "assistant.tool_calls",
+            0.6,
+            {"type": "tool_called", "name": "get_weather", "arguments": {"city": "Rome", "day": 1}},
+        ),
+        item(
+            "says rain",
+            "assistant.content.user_visible_reply",
+            0.4,
+            {"type": "reply_contains", "values": ["RAIN", "rome"]},
+        ),
+    ]
     msgs = two_turn_conversation()
     assert turn_end_indices(msgs) == [4, 8]
     rewards = score_conversation(msgs, [[[CALLED, REPLIED, NEVER], turn1]], RuleJudge())
     assert rewards == pytest.approx([0.8, 1.0])
-    perfect = [[[CALLED, item("sunny", "assistant.content.user_visible_reply", 0.5,
-                               {"type": "reply_contains", "values": ["sunny"]})], turn1]]
+    perfect = [
+        [
+            [
+                CALLED,
+                item(
+                    "sunny",
+                    "assistant.content.user_visible_reply",
+                    0.5,
+                    {"type": "reply_contains", "values": ["sunny"]},
+                ),
+            ],
+            turn1,
+        ]
+    ]
     assert score_conversation(msgs, perfect, RuleJudge()) == pytest.approx([1.0, 1.0])
     assert episode_score([1.0, 1.0], perfect) == pytest.approx(1.0)
     # A required item that fails in turn 0 ends the dialogue: turn 1 is never judged.
-    strict = [[[item("paris day 2", "assistant.tool_calls", 1.0,
-                     {"type": "tool_called", "name": "get_weather", "arguments": {"day": 2}}, required=True)],
-               turn1]]
+    strict = [
+        [
+            [
+                item(
+                    "paris day 2",
+                    "assistant.tool_calls",
+                    1.0,
+                    {"type": "tool_called", "name": "get_weather", "arguments": {"day": 2}},
+                    required=True,
+                )
+            ],
+            turn1,
+        ]
+    ]
     assert score_conversation(msgs, strict, RuleJudge()) == [0.0]
     assert score_conversation(msgs, strict, RuleJudge(), stop_on_terminate=False) == pytest.approx([0.0, 1.0])
 
@@ -178,7 +241,7 @@ def test_judge_turns_batches_many_episodes_in_one_call():
     assert results == singles
     assert [r.turn_reward for r in results] == pytest.approx([0.8, 0.0, 0.8])
 
-    class Ep:      # the attributes the rollout engine's episodes carry
+    class Ep:  # the attributes the rollout engine's episodes carry
         def __init__(self, messages, checklist, user_turns):
             self.messages, self.record, self.user_turns = messages, {"checklist": checklist}, user_turns
 
@@ -196,13 +259,16 @@ def test_empty_output_penalty():
         empty_output_penalty([0.1], ["a", "b"])
 
 
-@pytest.mark.parametrize("bad, msg", [
-    ([[[{**REPLIED, "weight": "0.5"}]]], r"checklist_list\[0\]\[0\]\[0\]\.weight: must be a finite"),
-    ([[[{**REPLIED, "weight": -0.5}]]], r"checklist_list\[0\]\[0\]\[0\]\.weight: must be a finite non-negative"),
-    ([[[{**REPLIED, "focus_on": "assistant.vibes"}]]], r"\[0\]\[0\]\[0\]\.focus_on: must be one of"),
-    ([[[REPLIED], "turn"]], r"checklist_list\[0\]\[1\] must be a list"),
-    ({"c": 1}, "checklist_list must be a list"),
-])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        ([[[{**REPLIED, "weight": "0.5"}]]], r"checklist_list\[0\]\[0\]\[0\]\.weight: must be a finite"),
+        ([[[{**REPLIED, "weight": -0.5}]]], r"checklist_list\[0\]\[0\]\[0\]\.weight: must be a finite non-negative"),
+        ([[[{**REPLIED, "focus_on": "assistant.vibes"}]]], r"\[0\]\[0\]\[0\]\.focus_on: must be one of"),
+        ([[[REPLIED], "turn"]], r"checklist_list\[0\]\[1\] must be a list"),
+        ({"c": 1}, "checklist_list must be a list"),
+    ],
+)
 def test_bad_checklists_are_named(bad, msg):
     with pytest.raises(ValueError, match=msg):
         validate_checklist_list(bad)

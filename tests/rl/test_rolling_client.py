@@ -16,8 +16,13 @@ from envace_jax.rl.rolling_client import RollingSamplerClient
 from envace_jax.rl.rollout import RoleSampling, RolloutConfig, RolloutEngine
 from envace_jax.rl.types import ACT, REHEARSE
 from envace_jax.sampling import Sampler, SamplingParams
-from tests.helpers_rollout import FirstActScripted, FirstActScriptedStreaming, codec, compact_codec, \
-    tasks_without_required_items
+from tests.helpers_rollout import (
+    FirstActScripted,
+    FirstActScriptedStreaming,
+    codec,
+    compact_codec,
+    tasks_without_required_items,
+)
 
 CACHE = 1024
 
@@ -25,14 +30,27 @@ CACHE = 1024
 @pytest.fixture(scope="module")
 def model():
     c = codec()
-    cfg = qwen3.Qwen3Config(vocab_size=len(c.renderer.tokenizer), hidden_size=32, intermediate_size=64, num_layers=2,
-                            num_heads=2, num_kv_heads=1, head_dim=16)
+    cfg = qwen3.Qwen3Config(
+        vocab_size=len(c.renderer.tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+    )
     return qwen3.init_model(cfg, seed=0)
 
 
 def _sampler(model, batch=4):
-    return Sampler(model, cache_size=CACHE, max_chunk=512, batch_buckets=(batch,), length_buckets=(64, 512),
-                   window_buckets=(CACHE + 512,))
+    return Sampler(
+        model,
+        cache_size=CACHE,
+        max_chunk=512,
+        batch_buckets=(batch,),
+        length_buckets=(64, 512),
+        window_buckets=(CACHE + 512,),
+    )
 
 
 def _prompts(model, lengths, seed=0):
@@ -41,8 +59,9 @@ def _prompts(model, lengths, seed=0):
 
 
 def _req(ids, new, temperature=0.0, seed=0, role=ACT, key=None):
-    return GenRequest(list(ids), role, RoleSampling(temperature=temperature, max_new_tokens=new), seed=seed,
-                      cache_key=key)
+    return GenRequest(
+        list(ids), role, RoleSampling(temperature=temperature, max_new_tokens=new), seed=seed, cache_key=key
+    )
 
 
 def test_sampler_returns_early_and_running_rows_continue_their_stream(model):
@@ -62,8 +81,7 @@ def test_sampler_returns_early_and_running_rows_continue_their_stream(model):
     while pos:
         order = list(pos)
         more = [SamplingParams(temperature=1.0, max_new_tokens=news[r] - len(tokens[r]), seed=0) for r in order]
-        out = s.continue_(state, [[] for _ in order], more, rows=[pos[r] for r in order], return_state=True,
-                          min_done=1)
+        out = s.continue_(state, [[] for _ in order], more, rows=[pos[r] for r in order], return_state=True, min_done=1)
         state, pos = out.state, {}
         for i, r in enumerate(order):
             tokens[r] += out.tokens[i]
@@ -97,7 +115,7 @@ def test_rolling_client_greedy_equals_one_generation_per_request(model):
     assert sum(c.rows[ACT] - c.fresh - c.continued for c in client.calls) > 0
     lock = _sampler(model)
     for g in range(0, 7, 3):
-        SamplerClient(lock, stops).generate(reqs[g: g + 3])
+        SamplerClient(lock, stops).generate(reqs[g : g + 3])
     assert rolling_use > lock.stats.utilisation
 
 
@@ -142,8 +160,7 @@ def _rollout(model, rolling: bool, temperature: float = 0.0):
     c = compact_codec()
     tasks = tasks_without_required_items()
     rs = RoleSampling(temperature=temperature, max_new_tokens=24)
-    cfg = RolloutConfig(mode="rehearsal", max_steps=5, max_model_len=800, act=rs, rehearse=rs, seed=1,
-                        rolling=rolling)
+    cfg = RolloutConfig(mode="rehearsal", max_steps=5, max_model_len=800, act=rs, rehearse=rs, seed=1, rolling=rolling)
     s = _sampler(model, batch=8)
     if rolling:
         policy = FirstActScriptedStreaming(RollingSamplerClient(s, c.stop_token_ids, slots=4), tasks, len(tasks) * 2)
@@ -161,7 +178,7 @@ def test_rolling_engine_plays_the_same_greedy_episodes_as_lockstep(model):
     ga = [(g.role, g.prompt_ids, g.gen_ids, g.turn) for e in a for g in e.generations]
     gb = [(g.role, g.prompt_ids, g.gen_ids, g.turn) for e in b for g in e.generations]
     assert ga == gb and any(g[0] == REHEARSE for g in ga)
-    assert max(c[ACT] + c[REHEARSE] for c in eng.sampler_calls) <= 4   # never more rows than slots
+    assert max(c[ACT] + c[REHEARSE] for c in eng.sampler_calls) <= 4  # never more rows than slots
 
 
 def test_running_rows_carry_their_logits_and_write_nothing(model):
@@ -178,10 +195,10 @@ def test_running_rows_carry_their_logits_and_write_nothing(model):
     assert st.carried.tolist() == [False, True] and st.pending[1] == -1 and st.pending[0] >= 0
     assert st.ends[1] == 25 + 2  # both generated tokens are in the cache
     before = s.stats.prefill_tokens
-    out2 = s.continue_(st, [[]], [greedy(0)], rows=[1], return_state=True)   # sits out
+    out2 = s.continue_(st, [[]], [greedy(0)], rows=[1], return_state=True)  # sits out
     assert out2.lengths == [0] and out2.state.carried.tolist() == [True]
     out3 = s.continue_(out2.state, [[]], [greedy(10)], rows=[0], return_state=True, min_done=1)
-    assert s.stats.prefill_tokens == before   # neither call wrote a token
+    assert s.stats.prefill_tokens == before  # neither call wrote a token
     ref = s.generate([prompts[1]], greedy(12))
     assert out.tokens[1] + out3.tokens[0] == ref.tokens[0]
     np.testing.assert_allclose(out.logprobs[1] + out3.logprobs[0], ref.logprobs[0], atol=1e-5)

@@ -24,11 +24,24 @@ CACHE = 1024
 @pytest.fixture(scope="module")
 def sampler():
     c = codec()
-    cfg = qwen3.Qwen3Config(vocab_size=len(c.renderer.tokenizer), hidden_size=32, intermediate_size=64, num_layers=2,
-                            num_heads=2, num_kv_heads=1, head_dim=16)
+    cfg = qwen3.Qwen3Config(
+        vocab_size=len(c.renderer.tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+    )
     # One bucket per shape keeps the whole module on a handful of compiled programs.
-    return Sampler(qwen3.init_model(cfg, seed=0), cache_size=CACHE, max_chunk=512, batch_buckets=(16,),
-                   length_buckets=(512,), window_buckets=(CACHE + 512,))
+    return Sampler(
+        qwen3.init_model(cfg, seed=0),
+        cache_size=CACHE,
+        max_chunk=512,
+        batch_buckets=(16,),
+        length_buckets=(512,),
+        window_buckets=(CACHE + 512,),
+    )
 
 
 def tasks_for_batch() -> list[dict]:
@@ -45,8 +58,14 @@ def rollout(sampler, mode: str, *, temperature: float = 1.0, continuation: bool 
     policy_client = SamplerClient(sampler, c.stop_token_ids, continuation=continuation)
     sim_client = SamplerClient(sampler, c.stop_token_ids, continuation=continuation)
     policy = FirstActScripted(policy_client, tasks, len(tasks) * 2)
-    eng = RolloutEngine(cfg, c, policy, ChecklistTurnJudge(RuleJudge()), make_env=make_env,
-                        simulator=sim_client if mode in ("simulator", "noshare") else None)
+    eng = RolloutEngine(
+        cfg,
+        c,
+        policy,
+        ChecklistTurnJudge(RuleJudge()),
+        make_env=make_env,
+        simulator=sim_client if mode in ("simulator", "noshare") else None,
+    )
     eps = eng.run(tasks * 2, uids=[t["uid"] for t in tasks] * 2)
     eng.scripted_texts = policy.texts
     return eps, eng, policy_client, sim_client
@@ -79,7 +98,7 @@ def test_batched_rollout_completes_in_every_mode(sampler, mode):
         assert sum(r for _, r in role_mix(sc.calls)) == rehearse_rows
     # the caller's cache was continued across turns, not re-prefilled
     assert summary(pc.calls)["continued"] > 0
-    assert pc.cached_keys == []            # every episode released its row
+    assert pc.cached_keys == []  # every episode released its row
 
 
 def test_continuation_gives_the_same_greedy_rollout_as_fresh_prefill(sampler):
@@ -88,8 +107,11 @@ def test_continuation_gives_the_same_greedy_rollout_as_fresh_prefill(sampler):
     ga = [(g.role, g.prompt_ids, g.gen_ids) for e in a for g in e.generations]
     gb = [(g.role, g.prompt_ids, g.gen_ids) for e in b for g in e.generations]
     assert ga == gb
-    np.testing.assert_allclose(np.concatenate([g.logprobs for e in a for g in e.generations]),
-                               np.concatenate([g.logprobs for e in b for g in e.generations]), atol=1e-4)
+    np.testing.assert_allclose(
+        np.concatenate([g.logprobs for e in a for g in e.generations]),
+        np.concatenate([g.logprobs for e in b for g in e.generations]),
+        atol=1e-4,
+    )
     sa, sb = summary(pa.calls), summary(pb.calls)
     assert sa["continued"] > 0 and sb["continued"] == 0
     assert sa["prefill_tokens"] < sb["prefill_tokens"]
@@ -97,14 +119,16 @@ def test_continuation_gives_the_same_greedy_rollout_as_fresh_prefill(sampler):
 
 
 def _req(ids, role=ACT, key=None, new=NEW, episode=-1):
-    return GenRequest(list(ids), role, RoleSampling(temperature=0.0, max_new_tokens=new), seed=0, cache_key=key,
-                      episode=episode)
+    return GenRequest(
+        list(ids), role, RoleSampling(temperature=0.0, max_new_tokens=new), seed=0, cache_key=key, episode=episode
+    )
 
 
 def _fresh(sampler, contexts, new=NEW):
     stops = codec().stop_token_ids
-    return sampler.generate([list(c) for c in contexts],
-                            SamplingParams(temperature=0.0, max_new_tokens=new, stop_token_ids=stops)).tokens
+    return sampler.generate(
+        [list(c) for c in contexts], SamplingParams(temperature=0.0, max_new_tokens=new, stop_token_ids=stops)
+    ).tokens
 
 
 def test_client_rows_appear_park_and_disappear(sampler):
@@ -147,7 +171,7 @@ def test_client_falls_back_to_full_prefill_when_a_per_call_cache_is_outgrown(sam
     p1 = rng.randint(10, V, 20).tolist()
     o1 = client.generate([_req(p1, key="k")])
     cap = client._state.capacity
-    p2 = p1 + o1[0].ids + rng.randint(10, V, cap).tolist()        # no longer fits the first call's cache
+    p2 = p1 + o1[0].ids + rng.randint(10, V, cap).tolist()  # no longer fits the first call's cache
     o2 = client.generate([_req(p2, key="k")])
     assert client.calls[-1].full_prefill and client.calls[-1].continued == 0
     assert o2[0].ids == _fresh(small, [p2])[0] and len(o2[0].ids) > 0

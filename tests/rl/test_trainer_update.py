@@ -18,8 +18,9 @@ from envace_jax.rl.batch import build_batch, pad_rows
 from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
 from envace_jax.rl.types import ACT, REHEARSE, Generation
 
-CFG = qwen3.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=8)
+CFG = qwen3.Qwen3Config(
+    vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8
+)
 
 
 def _gens(n=6, seed=0):
@@ -28,8 +29,9 @@ def _gens(n=6, seed=0):
     for i in range(n):
         p = rng.integers(1, 64, rng.integers(3, 9)).tolist()
         g = rng.integers(1, 64, rng.integers(2, 6)).tolist()
-        out.append(Generation(ACT if i % 2 == 0 else REHEARSE, p, g, rng.normal(-3, 0.5, len(g)).tolist(),
-                              f"u{i // 3}", i, 0))
+        out.append(
+            Generation(ACT if i % 2 == 0 else REHEARSE, p, g, rng.normal(-3, 0.5, len(g)).tolist(), f"u{i // 3}", i, 0)
+        )
     return out
 
 
@@ -49,8 +51,13 @@ def test_micro_batches_equal_one_big_batch(agg):
     results = []
     # (micro-batch size, pad the short last micro-batch): 6 rows as 4 + 2 padded to 4 must change nothing
     for mbs, pad in ((batch.size, False), (2, False), (1, False), (4, True)):
-        tr = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)), OptimConfig(lr=1e-2), LossConfig(agg=agg),
-                     micro_batch_size=mbs, pad_micro_batches=pad)
+        tr = Trainer(
+            qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)),
+            OptimConfig(lr=1e-2),
+            LossConfig(agg=agg),
+            micro_batch_size=mbs,
+            pad_micro_batches=pad,
+        )
         logp = tr.compute_logprobs(batch)
         grads = jax.tree.map(np.asarray, tr.gradients(batch))
         results.append((grads, tr.update(batch)["loss"], logp))
@@ -62,7 +69,7 @@ def test_micro_batches_equal_one_big_batch(agg):
 
 def test_a_zero_temperature_row_is_refused_not_divided_by():
     batch = _batch()
-    batch.temperature[2] = 0.0   # e.g. a batch built by hand from greedy rows
+    batch.temperature[2] = 0.0  # e.g. a batch built by hand from greedy rows
     tr = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(5)), OptimConfig(lr=1e-2), LossConfig())
     for call in (tr.compute_logprobs, tr.update):
         with pytest.raises(ValueError, match="temperature must be > 0 in every row"):
@@ -193,8 +200,12 @@ _SHARDED = textwrap.dedent("""
 
 
 def test_sharded_update_equals_single_device(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join(p for p in (os.path.dirname(__file__), os.environ.get("PYTHONPATH")) if p))
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.pathsep.join(p for p in (os.path.dirname(__file__), os.environ.get("PYTHONPATH")) if p),
+    )
     out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     diff = float(out.stdout.split("MAXDIFF")[1].split()[0])
@@ -209,8 +220,9 @@ def test_weights_loaded_from_host_arrays_compile_the_update_once(tmp_path):
     from tests.helpers_models import make_tiny_hf_qwen3
     from envace_jax.models import hf_io
 
-    make_tiny_hf_qwen3(tmp_path, vocab_size=64, hidden_size=32, intermediate_size=48, num_heads=4,
-                       num_kv_heads=2, head_dim=8)
+    make_tiny_hf_qwen3(
+        tmp_path, vocab_size=64, hidden_size=32, intermediate_size=48, num_heads=4, num_kv_heads=2, head_dim=8
+    )
     tr = Trainer(hf_io.load_hf(str(tmp_path)), OptimConfig(lr=1e-2), LossConfig(), micro_batch_size=6)
     batch = _batch()
     for _ in range(3):

@@ -49,7 +49,7 @@ class Accumulator:
     def load(self, restored) -> None:
         self.w = np.asarray(restored.state["w"], np.float32)
         self.done = int(restored.state["done"])
-        assert restored.data_state == {"done": self.done}   # the data position saved beside it
+        assert restored.data_state == {"done": self.done}  # the data position saved beside it
 
     def data_state(self) -> dict:
         self.events.append(("data_state", self.done))
@@ -58,8 +58,16 @@ class Accumulator:
 
 def run(acc: Accumulator, ckdir, total: int, every: int, lines: list[str], **kw) -> LoopResult:
     ck = Checkpointer(str(ckdir), max_to_keep=None, save_interval_steps=every, async_save=True)
-    return run_loop(total_steps=total, step_fn=acc.step, checkpointer=ck, state=acc.state, load=acc.load,
-                    data_state=acc.data_state, log=lines.append, **kw)
+    return run_loop(
+        total_steps=total,
+        step_fn=acc.step,
+        checkpointer=ck,
+        state=acc.state,
+        load=acc.load,
+        data_state=acc.data_state,
+        log=lines.append,
+        **kw,
+    )
 
 
 def committed(ckdir) -> list[int]:
@@ -68,9 +76,9 @@ def committed(ckdir) -> list[int]:
 
 def test_hook_schedule():
     every2 = Hook(lambda k, out: None, every=2)
-    assert [k for k in range(1, 8) if every2.due(k, 7)] == [2, 4, 6, 7]      # and at the last step
+    assert [k for k in range(1, 8) if every2.due(k, 7)] == [2, 4, 6, 7]  # and at the last step
     not_last = Hook(lambda k, out: None, every=2, at_last=False)
-    assert [k for k in range(1, 7) if not_last.due(k, 6)] == [2, 4]          # never at the last step
+    assert [k for k in range(1, 7) if not_last.due(k, 6)] == [2, 4]  # never at the last step
     never = Hook(lambda k, out: None, every=0, at_last=False)
     assert not any(never.due(k, 5) for k in range(1, 6))
     with pytest.raises(ValueError, match="every must be >= 0"):
@@ -80,20 +88,38 @@ def test_hook_schedule():
 def test_saves_every_n_steps_and_at_the_end_with_hooks_in_order(tmp_path):
     events: list = []
     acc = Accumulator(events)
-    hooks = [Hook(lambda k, out: events.append(("a", k, out["w0"])), every=2),
-             Hook(lambda k, out: events.append(("b", k)), every=3, at_last=False)]
+    hooks = [
+        Hook(lambda k, out: events.append(("a", k, out["w0"])), every=2),
+        Hook(lambda k, out: events.append(("b", k)), every=3, at_last=False),
+    ]
     lines: list[str] = []
-    res = run(acc, tmp_path, total=7, every=3, lines=lines, hooks=hooks,
-              progress=Progress(line=lambda k, out: f"line {k}"))
+    res = run(
+        acc, tmp_path, total=7, every=3, lines=lines, hooks=hooks, progress=Progress(line=lambda k, out: f"line {k}")
+    )
     assert res == LoopResult(step=7, resumed_from=None, preempted=False)
     # Each step: the step, then the hooks in their order, then (when due) the data position for the save.
     w0 = [float(expected_w(k)[0]) for k in range(8)]
-    assert events == [("step", 0), ("step", 1), ("a", 2, w0[2]), ("step", 2), ("b", 3), ("data_state", 3),
-                      ("step", 3), ("a", 4, w0[4]), ("step", 4), ("step", 5), ("a", 6, w0[6]), ("b", 6),
-                      ("data_state", 6), ("step", 6), ("a", 7, w0[7]), ("data_state", 7)]
-    assert committed(tmp_path) == [3, 6, 7]                  # every 3 steps and the last
+    assert events == [
+        ("step", 0),
+        ("step", 1),
+        ("a", 2, w0[2]),
+        ("step", 2),
+        ("b", 3),
+        ("data_state", 3),
+        ("step", 3),
+        ("a", 4, w0[4]),
+        ("step", 4),
+        ("step", 5),
+        ("a", 6, w0[6]),
+        ("b", 6),
+        ("data_state", 6),
+        ("step", 6),
+        ("a", 7, w0[7]),
+        ("data_state", 7),
+    ]
+    assert committed(tmp_path) == [3, 6, 7]  # every 3 steps and the last
     assert all(check_manifest(tmp_path / str(s)) is None for s in (3, 6, 7))
-    assert lines == ["line 3", "line 6", "line 7"]           # no bar: one line per checkpoint
+    assert lines == ["line 3", "line 6", "line 7"]  # no bar: one line per checkpoint
     # A rerun of a finished run restores the last step and runs nothing.
     again = Accumulator()
     res = run(again, tmp_path, total=7, every=3, lines=lines)
@@ -113,9 +139,17 @@ def test_a_hook_that_raises_stops_without_saving_that_step_and_the_rerun_resumes
     ck = Checkpointer(str(tmp_path), max_to_keep=None, save_interval_steps=2, async_save=True)
     acc = Accumulator()
     with pytest.raises(Outage, match="stopped at 5"):
-        run_loop(total_steps=8, step_fn=acc.step, checkpointer=ck, state=acc.state, load=acc.load,
-                 data_state=acc.data_state, hooks=[Hook(stop_at_5)], log=lambda s: None)
-    assert committed(tmp_path) == [2, 4]                     # step 5 was not saved
+        run_loop(
+            total_steps=8,
+            step_fn=acc.step,
+            checkpointer=ck,
+            state=acc.state,
+            load=acc.load,
+            data_state=acc.data_state,
+            hooks=[Hook(stop_at_5)],
+            log=lambda s: None,
+        )
+    assert committed(tmp_path) == [2, 4]  # step 5 was not saved
     lines: list[str] = []
     acc = Accumulator()
     res = run(acc, tmp_path, total=8, every=2, lines=lines)
@@ -127,7 +161,7 @@ def test_a_hook_that_raises_stops_without_saving_that_step_and_the_rerun_resumes
 
 def test_a_corrupt_newest_checkpoint_is_reported_and_skipped(tmp_path):
     run(Accumulator(), tmp_path, total=4, every=2, lines=[])
-    state_dir = tmp_path / "4" / "state"                     # cut step 4's largest file in half
+    state_dir = tmp_path / "4" / "state"  # cut step 4's largest file in half
     victim = max((os.path.join(dp, f) for dp, _, fs in os.walk(state_dir) for f in fs), key=os.path.getsize)
     with open(victim, "r+b") as f:
         f.truncate(os.path.getsize(victim) // 2)
@@ -170,8 +204,14 @@ def _start(tmp_path, ckdir, total: int, every: int) -> subprocess.Popen:
     script = tmp_path / "loop.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, str(script), str(ckdir), str(total), str(every)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(ckdir), str(total), str(every)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def _wait_for_line(proc: subprocess.Popen, prefix: str) -> str:
@@ -223,7 +263,7 @@ def test_sigterm_saves_the_step_it_finished_and_exits_zero(tmp_path):
     saved = report["step"]
     assert report["preempted"] and 2 <= saved < 1000
     assert f"preempted (signal {int(signal.SIGTERM)}): saved step {saved}\n" in err, err[-3000:]
-    assert committed(ckdir) == [saved] and check_manifest(ckdir / str(saved)) is None   # off-cadence, forced
+    assert committed(ckdir) == [saved] and check_manifest(ckdir / str(saved)) is None  # off-cadence, forced
     np.testing.assert_array_equal(np.asarray(report["w"], np.float32), expected_w(saved))
     acc = Accumulator()
     res = run(acc, ckdir, total=saved + 3, every=1000, lines=[])
@@ -233,8 +273,14 @@ def test_sigterm_saves_the_step_it_finished_and_exits_zero(tmp_path):
 
 def test_a_bar_shows_the_postfix_and_replaces_the_checkpoint_lines(tmp_path, capsys):
     lines: list[str] = []
-    run(Accumulator(), tmp_path, total=4, every=2, lines=lines,
-        progress=Progress("demo-bar", postfix=lambda out: {"w0": f"{out['w0']:.2f}"}, line=lambda k, out: "no"))
+    run(
+        Accumulator(),
+        tmp_path,
+        total=4,
+        every=2,
+        lines=lines,
+        progress=Progress("demo-bar", postfix=lambda out: {"w0": f"{out['w0']:.2f}"}, line=lambda k, out: "no"),
+    )
     err = capsys.readouterr().err
     assert "demo-bar" in err and "4/4" in err and f"w0={float(expected_w(4)[0]):.2f}" in err, err
-    assert lines == []                                       # the bar shows progress; no checkpoint lines
+    assert lines == []  # the bar shows progress; no checkpoint lines

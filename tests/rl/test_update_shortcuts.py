@@ -41,10 +41,20 @@ def _episodes(rng: np.random.Generator, scores: list[list[float]]) -> list[Episo
             gens = []
             for role in [ACT] * int(rng.integers(1, 3)) + [REHEARSE]:
                 n_prompt, n_gen = int(rng.integers(4, 20)), int(rng.integers(1, 9))
-                gens.append(Generation(role, rng.integers(1, VOCAB, n_prompt).tolist(),
-                                       rng.integers(1, VOCAB, n_gen).tolist(), (-rng.random(n_gen)).tolist(),
-                                       f"p{p}", k, 0, text="x", score=score,
-                                       temperature=0.7 if role == ACT else 1.3))
+                gens.append(
+                    Generation(
+                        role,
+                        rng.integers(1, VOCAB, n_prompt).tolist(),
+                        rng.integers(1, VOCAB, n_gen).tolist(),
+                        (-rng.random(n_gen)).tolist(),
+                        f"p{p}",
+                        k,
+                        0,
+                        text="x",
+                        score=score,
+                        temperature=0.7 if role == ACT else 1.3,
+                    )
+                )
             eps.append(Episode(k, f"p{p}", {}, [], [], generations=gens, score=score, termination="completed"))
     return eps
 
@@ -59,27 +69,45 @@ def _signal_rows(eps: list[Episode]) -> int:
 
 
 def _step(model, rl: RLSection, loss: LossConfig, eps) -> tuple[RLStep, Trainer]:
-    trainer = Trainer(model, OptimConfig(lr=1e-2, schedule="constant", weight_decay=0.0, grad_clip=1.0), loss,
-                      micro_batch_size=4, pad_micro_batches=True)
+    trainer = Trainer(
+        model,
+        OptimConfig(lr=1e-2, schedule="constant", weight_decay=0.0, grad_clip=1.0),
+        loss,
+        micro_batch_size=4,
+        pad_micro_batches=True,
+    )
     step = RLStep(rl, _Engine(), {ACT: trainer, REHEARSE: trainer})
     step.rollout = lambda records, iteration: eps[iteration]
     return step, trainer
 
 
-@pytest.mark.parametrize("loss", [LossConfig(), LossConfig(agg="token_mean", role_balanced=True),
-                                  LossConfig(agg="seq_mean_token_sum", dual_clip=None)],
-                         ids=["reference", "token_mean_role_balanced", "seq_sum"])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        LossConfig(),
+        LossConfig(agg="token_mean", role_balanced=True),
+        LossConfig(agg="seq_mean_token_sum", dual_clip=None),
+    ],
+    ids=["reference", "token_mean_role_balanced", "seq_sum"],
+)
 def test_shortcuts_take_the_faithful_optimizer_steps(loss):
-    cfg = qwen3.Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
-                            num_kv_heads=1, head_dim=16)
+    cfg = qwen3.Qwen3Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16
+    )
     rng = np.random.default_rng(0)
-    eps = [_episodes(rng, [[1.0, 0.0, 1.0], [0.5, 0.5, 0.5], [1.0, 1.0, 1.0]]),   # one group with signal
-           _episodes(rng, [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.2, 0.2, 0.2]]),   # none: every row skipped
-           _episodes(rng, [[0.0, 1.0, 0.0], [1.0, 0.0, 0.5], [0.3, 0.3, 0.3]])]
+    eps = [
+        _episodes(rng, [[1.0, 0.0, 1.0], [0.5, 0.5, 0.5], [1.0, 1.0, 1.0]]),  # one group with signal
+        _episodes(rng, [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.2, 0.2, 0.2]]),  # none: every row skipped
+        _episodes(rng, [[0.0, 1.0, 0.0], [1.0, 0.0, 0.5], [0.3, 0.3, 0.3]]),
+    ]
     common = dict(n_rollouts=3, micro_batch_size=4, max_row_length=64, length_multiple=16)
     faithful, t_ref = _step(qwen3.init_model(cfg, seed=3), RLSection(**common), loss, eps)
-    fast, t_fast = _step(qwen3.init_model(cfg, seed=3), RLSection(**common, old_logprobs_from_update=True,
-                                                                   skip_zero_advantage_rows=True), loss, eps)
+    fast, t_fast = _step(
+        qwen3.init_model(cfg, seed=3),
+        RLSection(**common, old_logprobs_from_update=True, skip_zero_advantage_rows=True),
+        loss,
+        eps,
+    )
     seen = []
     real_update = t_fast.update
 
@@ -97,8 +125,9 @@ def test_shortcuts_take_the_faithful_optimizer_steps(loss):
         assert b.metrics["update/ratio"] == 1.0 if b.metrics["update/rows"] else True
         assert b.metrics["update/loss"] == pytest.approx(a.metrics["update/loss"], abs=1e-6)
         assert b.metrics["update/grad_norm"] == pytest.approx(a.metrics["update/grad_norm"], rel=1e-4, abs=1e-7)
-        for x, y in zip(jax.tree.leaves(nnx.state(t_ref.model, nnx.Param)),
-                        jax.tree.leaves(nnx.state(t_fast.model, nnx.Param))):
+        for x, y in zip(
+            jax.tree.leaves(nnx.state(t_ref.model, nnx.Param)), jax.tree.leaves(nnx.state(t_fast.model, nnx.Param))
+        ):
             np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-5, atol=1e-6)
     # what the fast trainer ran: the signal rows only (none in step 2), over the whole batch's count
     assert [n for n, _ in seen] == [_signal_rows(e) for e in eps] and seen[1][0] == 0
@@ -120,8 +149,9 @@ def test_loss_count_matches_policy_loss():
     for agg in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"):
         np.testing.assert_allclose(loss_lib.loss_count(w, agg, roles)[1], loss_lib.role_unit_counts(w, roles, agg))
         for rb in (False, True):
-            want = loss_lib.policy_loss(z, z, np.zeros(3, np.float32), w, agg=agg, role_ids=roles,
-                                        role_balanced=rb)["loss"][1]
+            want = loss_lib.policy_loss(z, z, np.zeros(3, np.float32), w, agg=agg, role_ids=roles, role_balanced=rb)[
+                "loss"
+            ][1]
             assert loss_lib.loss_count(w, agg, roles, role_balanced=rb)[0] == pytest.approx(float(want))
 
 
@@ -130,18 +160,24 @@ def test_shortcut_settings_are_checked():
         RLSection(old_logprobs_from_update=True, ppo_epochs=2)
     with pytest.raises(ValueError, match="skip_zero_advantage_rows"):
         RLSection(skip_zero_advantage_rows=True, mini_batches=2)
-    cfg = qwen3.Qwen3Config(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
-                            num_kv_heads=1, head_dim=8)
+    cfg = qwen3.Qwen3Config(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8
+    )
     eps = [_episodes(np.random.default_rng(1), [[1.0, 0.0]])]
     with pytest.raises(ValueError, match="kl_coef"):
-        _step(qwen3.init_model(cfg, seed=0), RLSection(n_rollouts=2, skip_zero_advantage_rows=True, max_row_length=64),
-              LossConfig(kl_coef=0.01), eps)
+        _step(
+            qwen3.init_model(cfg, seed=0),
+            RLSection(n_rollouts=2, skip_zero_advantage_rows=True, max_row_length=64),
+            LossConfig(kl_coef=0.01),
+            eps,
+        )
 
 
 def test_trainer_refuses_an_entropy_bonus_it_would_not_apply():
     """LossConfig.entropy_coef was accepted and silently ignored by the Trainer (its fused head computes
     no entropy); it is now refused by name."""
-    cfg = qwen3.Qwen3Config(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
-                            num_kv_heads=1, head_dim=8)
+    cfg = qwen3.Qwen3Config(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8
+    )
     with pytest.raises(ValueError, match="entropy_coef"):
         Trainer(qwen3.init_model(cfg, seed=0), OptimConfig(), LossConfig(entropy_coef=0.01))

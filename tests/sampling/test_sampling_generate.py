@@ -26,8 +26,9 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sampler(models):
     # Fixed window and batch buckets keep every test in this module on the same few programs.
-    return Sampler(models[1], cache_size=128, max_chunk=64, length_buckets=(32, 64), window_buckets=(192,),
-                   batch_buckets=(4,))
+    return Sampler(
+        models[1], cache_size=128, max_chunk=64, length_buckets=(32, 64), window_buckets=(192,), batch_buckets=(4,)
+    )
 
 
 def _prompts(seed: int, lengths):
@@ -40,12 +41,13 @@ def _hf_greedy(hf, prompts, new: int):
     ids = np.zeros((len(prompts), T), np.int64)
     mask = np.zeros_like(ids)
     for b, p in enumerate(prompts):
-        ids[b, T - len(p):] = p
-        mask[b, T - len(p):] = 1
+        ids[b, T - len(p) :] = p
+        mask[b, T - len(p) :] = 1
     hf.generation_config.eos_token_id = None  # no early stop: compare all `new` tokens
     with torch.no_grad():
-        out = hf.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), do_sample=False,
-                          max_new_tokens=new, pad_token_id=0)
+        out = hf.generate(
+            torch.tensor(ids), attention_mask=torch.tensor(mask), do_sample=False, max_new_tokens=new, pad_token_id=0
+        )
     return out[:, T:].numpy()
 
 
@@ -72,10 +74,12 @@ def test_greedy_matches_transformers_generate(models, sampler):
 def test_logprobs_equal_teacher_forced_recomputation(models, sampler):
     hf, _ = models
     prompts = _prompts(1, [7, 20, 12, 3])
-    ps = [SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=NEW, seed=3),
-          SamplingParams(temperature=0.6, top_k=10, max_new_tokens=NEW, seed=4),
-          SamplingParams(temperature=0.0, max_new_tokens=NEW),
-          SamplingParams(temperature=1.3, max_new_tokens=NEW - 9, seed=5)]
+    ps = [
+        SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=NEW, seed=3),
+        SamplingParams(temperature=0.6, top_k=10, max_new_tokens=NEW, seed=4),
+        SamplingParams(temperature=0.0, max_new_tokens=NEW),
+        SamplingParams(temperature=1.3, max_new_tokens=NEW - 9, seed=5),
+    ]
     out = sampler.generate(prompts, ps)
     for b, p in enumerate(ps):
         assert out.lengths[b] == p.max_new_tokens
@@ -92,8 +96,9 @@ def test_continuation_equals_fresh_prefill(models, sampler):
     fresh_prompt = _prompts(4, [8])[0]
     # Rows reordered and one dropped; a fresh prompt takes the third slot.
     rows = [2, 0, -1]
-    cont = sampler.continue_(first.state, appended + [fresh_prompt], SamplingParams(temperature=0.0,
-                             max_new_tokens=NEW), rows=rows)
+    cont = sampler.continue_(
+        first.state, appended + [fresh_prompt], SamplingParams(temperature=0.0, max_new_tokens=NEW), rows=rows
+    )
     full = [prompts[2] + first.tokens[2] + appended[0], prompts[0] + first.tokens[0] + appended[1], fresh_prompt]
     ref = sampler.generate(full, SamplingParams(temperature=0.0, max_new_tokens=NEW))
     np.testing.assert_allclose(np.asarray(cont.prefill_logits), np.asarray(ref.prefill_logits), atol=1e-4)
@@ -127,10 +132,17 @@ def test_mixed_rows_do_not_recompile(sampler):
     before = sampler.num_compilations
     rng = np.random.RandomState(7)
     for call in range(10):
-        ps = [SamplingParams(temperature=float(rng.choice([0.0, 0.6, 1.0, 1.7])), top_p=float(rng.uniform(0.3, 1.0)),
-                             top_k=int(rng.choice([0, 1, 5, 100])), max_new_tokens=int(rng.randint(33, NEW + 1)),
-                             stop_token_ids=tuple(rng.randint(3, V, rng.randint(0, 4)).tolist()), seed=call * 10 + b)
-              for b in range(int(rng.randint(2, 5)))]
+        ps = [
+            SamplingParams(
+                temperature=float(rng.choice([0.0, 0.6, 1.0, 1.7])),
+                top_p=float(rng.uniform(0.3, 1.0)),
+                top_k=int(rng.choice([0, 1, 5, 100])),
+                max_new_tokens=int(rng.randint(33, NEW + 1)),
+                stop_token_ids=tuple(rng.randint(3, V, rng.randint(0, 4)).tolist()),
+                seed=call * 10 + b,
+            )
+            for b in range(int(rng.randint(2, 5)))
+        ]
         out = sampler.generate(_prompts(100 + call, rng.randint(1, 17, len(ps))), ps)
         assert len(out.tokens) == len(ps)
     assert sampler.num_compilations == before
@@ -142,17 +154,20 @@ def test_finish_reasons(sampler):
     stop_tok = base[0][3]
     first = base[0].index(stop_tok)
     # Row 3: 100 prompt tokens in a 128-token cache leave room for 28 generated tokens.
-    ps = [SamplingParams(temperature=0.0, max_new_tokens=NEW, stop_token_ids=(stop_tok,)),
-          SamplingParams(temperature=0.0, max_new_tokens=5),
-          SamplingParams(temperature=0.0, max_new_tokens=NEW)]
+    ps = [
+        SamplingParams(temperature=0.0, max_new_tokens=NEW, stop_token_ids=(stop_tok,)),
+        SamplingParams(temperature=0.0, max_new_tokens=5),
+        SamplingParams(temperature=0.0, max_new_tokens=NEW),
+    ]
     out = sampler.generate(prompts, ps, return_state=True)
     assert out.finish_reasons == ["stop", "length", "cache_full"]
     assert out.tokens[0] == base[0][: first + 1] and out.tokens[1] == base[1][:5]
     assert out.lengths[2] == 28
     np.testing.assert_array_equal(out.state.total_lengths(), [6 + first + 1, 16, 128])
     # Appending more than fits ends the row at once and writes nothing; the other row goes on.
-    out = sampler.continue_(out.state, [[5], [7, 8]], SamplingParams(temperature=0.0, max_new_tokens=NEW),
-                            rows=[2, 1], return_state=True)
+    out = sampler.continue_(
+        out.state, [[5], [7, 8]], SamplingParams(temperature=0.0, max_new_tokens=NEW), rows=[2, 1], return_state=True
+    )
     assert out.finish_reasons == ["cache_full", "length"] and out.lengths == [0, NEW] and out.tokens[0] == []
     np.testing.assert_array_equal(out.state.total_lengths(), [128, 16 + 2 + NEW])
     # A prompt longer than the cache is refused the same way.
@@ -168,8 +183,11 @@ def test_first_token_frequencies_match_model_distribution(models):
     n = 3000
     s = Sampler(model, batch_buckets=(n,))
     cases = [(0.7, 0, 1.0), (1.0, 0, 0.8), (1.0, 12, 1.0)]
-    ps = [SamplingParams(temperature=t, top_k=k, top_p=p, max_new_tokens=1, seed=11)
-          for (t, k, p) in cases for _ in range(n // len(cases))]
+    ps = [
+        SamplingParams(temperature=t, top_k=k, top_p=p, max_new_tokens=1, seed=11)
+        for (t, k, p) in cases
+        for _ in range(n // len(cases))
+    ]
     out = s.generate([prompt] * n, ps)
     tok = np.asarray([t[0] for t in out.tokens]).reshape(len(cases), -1)
     for i, (t, k, p) in enumerate(cases):
@@ -206,14 +224,28 @@ def test_fresh_row_that_does_not_fit_starts_empty(sampler):
 def test_compiler_options_reach_the_programs_and_keep_greedy_equal_to_transformers(models):
     hf, model = models
     opts = {"xla_cpu_enable_concurrency_optimized_scheduler": False}
-    s = Sampler(model, cache_size=128, max_chunk=64, length_buckets=(32, 64), window_buckets=(192,),
-                batch_buckets=(4,), compiler_options=opts)
+    s = Sampler(
+        model,
+        cache_size=128,
+        max_chunk=64,
+        length_buckets=(32, 64),
+        window_buckets=(192,),
+        batch_buckets=(4,),
+        compiler_options=opts,
+    )
     assert s.compiler_options == opts
     prompts = _prompts(3, [7, 12, 4, 20])
     out = s.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=NEW))
     assert [list(t) for t in out.tokens] == _hf_greedy(hf, prompts, NEW).tolist()
     # an option XLA does not know is refused when the first program compiles, by name
-    bad = Sampler(model, cache_size=128, max_chunk=64, length_buckets=(32,), window_buckets=(192,),
-                  batch_buckets=(4,), compiler_options={"xla_cpu_no_such_option": 1})
+    bad = Sampler(
+        model,
+        cache_size=128,
+        max_chunk=64,
+        length_buckets=(32,),
+        window_buckets=(192,),
+        batch_buckets=(4,),
+        compiler_options={"xla_cpu_no_such_option": 1},
+    )
     with pytest.raises(Exception, match="xla_cpu_no_such_option"):
         bad.generate(prompts[:1], SamplingParams(temperature=0.0, max_new_tokens=2))

@@ -48,7 +48,8 @@ SCRIPT = textwrap.dedent("""
     e1 = s.generate(prompts, staggered, return_state=True, min_done=2)
     carried = int(e1.state.carried.sum())
     out4 = s.continue_(e1.state, [[]] * 8, greedy)
-    print(json.dumps({"same4": out4.tokens == ref4.tokens, "carried": carried,"same": out.tokens == ref.tokens, "same2": out2.tokens == ref2.tokens,
+    print(json.dumps({"same4": out4.tokens == ref4.tokens, "carried": carried,
+                      "same": out.tokens == ref.tokens, "same2": out2.tokens == ref2.tokens,
                       "same3": out3.tokens == ref3.tokens, "split_slots": split_slots,
                       "lp": float(np.max(np.abs(np.concatenate(out.logprobs) - np.concatenate(ref.logprobs)))),
                       "spec": str(spec)}))
@@ -58,15 +59,16 @@ SCRIPT = textwrap.dedent("""
 def test_sharded_greedy_equals_single_device():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     root = ROOT
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     import json
 
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["same"] and res["same2"] and res["same3"] and res["same4"], res
     assert res["carried"] == 6, res
-    assert res["split_slots"] == 8 * 16 + 2 * 64, res   # the one-call prefill would compute 8 x 64
+    assert res["split_slots"] == 8 * 16 + 2 * 64, res  # the one-call prefill would compute 8 x 64
     assert res["lp"] < 1e-4, res
     # The cache is split over the batch (data, fsdp) and kv heads (tensor).
     assert "('data', 'fsdp')" in res["spec"] and "tensor" in res["spec"], res

@@ -36,8 +36,14 @@ def drawn():
     top_p = np.repeat([c[4] for c in CASES], ROWS).astype(np.float32)
     keys = np.stack([np.full(n, 7, np.uint32), np.arange(n, dtype=np.uint32)], axis=1)
     fn = jax.jit(lambda *a: sample_tokens(*a, k_max=8))
-    tok, lp = fn(jnp.asarray(logits), jnp.asarray(keys), jnp.zeros(n, jnp.int32), jnp.asarray(temp),
-                 jnp.asarray(top_p), jnp.asarray(top_k))
+    tok, lp = fn(
+        jnp.asarray(logits),
+        jnp.asarray(keys),
+        jnp.zeros(n, jnp.int32),
+        jnp.asarray(temp),
+        jnp.asarray(top_p),
+        jnp.asarray(top_k),
+    )
     return base, np.asarray(tok).reshape(len(CASES), ROWS), np.asarray(lp).reshape(len(CASES), ROWS)
 
 
@@ -75,8 +81,14 @@ def test_greedy_rows_ignore_truncation_and_use_unit_temperature():
     rng = np.random.RandomState(1)
     logits = rng.randn(3, V).astype(np.float32)
     logits[2, [10, 20]] = 9.0  # a tie: argmax picks the first index
-    tok, lp = jax.jit(sample_tokens)(jnp.asarray(logits), jnp.zeros((3, 2), jnp.uint32), jnp.zeros(3, jnp.int32),
-                                     jnp.zeros(3), jnp.asarray([0.1, 1.0, 0.5]), jnp.asarray([1, 0, 3]))
+    tok, lp = jax.jit(sample_tokens)(
+        jnp.asarray(logits),
+        jnp.zeros((3, 2), jnp.uint32),
+        jnp.zeros(3, jnp.int32),
+        jnp.zeros(3),
+        jnp.asarray([0.1, 1.0, 0.5]),
+        jnp.asarray([1, 0, 3]),
+    )
     np.testing.assert_array_equal(np.asarray(tok), [logits[0].argmax(), logits[1].argmax(), 10])
     ref = logits - np.log(np.exp(logits.astype(np.float64)).sum(-1, keepdims=True))
     np.testing.assert_allclose(np.asarray(lp), ref[np.arange(3), np.asarray(tok)], atol=1e-5)

@@ -13,8 +13,13 @@ from envace_jax.sampling.plan import CACHE_FULL, LENGTH, PrevRows, plan_batch
 def _prev(ends, pending, rows):
     k = len(ends)
     keys = np.stack([np.arange(k, dtype=np.uint32) + 100, np.arange(k, dtype=np.uint32) + 200], axis=1)
-    return PrevRows(ends=np.asarray(ends, np.int64), pending=np.asarray(pending, np.int64), keys=keys,
-                    draws=np.asarray([7 * (r + 1) for r in range(k)], np.int32), rows=np.asarray(rows, np.int64))
+    return PrevRows(
+        ends=np.asarray(ends, np.int64),
+        pending=np.asarray(pending, np.int64),
+        keys=keys,
+        draws=np.asarray([7 * (r + 1) for r in range(k)], np.int32),
+        rows=np.asarray(rows, np.int64),
+    )
 
 
 def _ids(*lengths):
@@ -98,8 +103,12 @@ def test_split_rows_by_hand():
     assert short.rows[6:].tolist() == [3, 5] and short.end[6:].tolist() == [43, 90]
     assert len(set(short.rows.tolist())) == 8
     # Rows of similar length: one call costs little more, so the chunk is not split.
-    assert split_rows(np.array([60, 70, 80, 90]), np.zeros(4, np.int64), length=128, headroom=512,
-                      length_buckets=None, min_rows=1) is None
+    assert (
+        split_rows(
+            np.array([60, 70, 80, 90]), np.zeros(4, np.int64), length=128, headroom=512, length_buckets=None, min_rows=1
+        )
+        is None
+    )
     # Sub-batches of at least 8 rows (the default): a 32-row call with 28 one-token rows and 4 prompts
     take = np.array([1] * 28 + [100] * 4)
     short, long_ = split_rows(take, np.arange(32) + 200, length=128, headroom=512, length_buckets=None)
@@ -110,8 +119,9 @@ def test_plan_splits_only_when_asked_and_sizes_the_window_for_the_padding_writes
     p = SamplingParams(temperature=0.0, max_new_tokens=4)
     # twelve resumed rows write their pending token, one fresh row a 100-token prompt, in a 32-row call
     ins = [np.zeros(0, np.int32)] * 12 + _ids(100)
-    prev = _prev(ends=[30 + r for r in range(12)] + [0], pending=[5 + r for r in range(12)] + [-1],
-                 rows=list(range(12)) + [-1])
+    prev = _prev(
+        ends=[30 + r for r in range(12)] + [0], pending=[5 + r for r in range(12)] + [-1], rows=list(range(12)) + [-1]
+    )
     kw = dict(batch=32, max_chunk=512, prev=prev)
     whole = plan_batch(ins, [p] * 13, [0] * 13, 256, **kw)
     split = plan_batch(ins, [p] * 13, [0] * 13, 256, **kw, split_prefill=True)
@@ -121,9 +131,9 @@ def test_plan_splits_only_when_asked_and_sizes_the_window_for_the_padding_writes
     # prompt with the other seven pending tokens in its padding rows (12 + 1 rows at 16 x 16 + 8 x 128,
     # or all 13 at 16 x 128, cost more).
     assert [x.n_real for x in g] == [5, 8] and split.prefill[0].slots == 8 * 16 + 8 * 128
-    assert [x.length for x in g] == [16, 128] and 12 in g[1].rows[:g[1].n_real].tolist()
-    assert sorted(np.concatenate([x.rows[:x.n_real] for x in g]).tolist()) == list(range(13))
+    assert [x.length for x in g] == [16, 128] and 12 in g[1].rows[: g[1].n_real].tolist()
+    assert sorted(np.concatenate([x.rows[: x.n_real] for x in g]).tolist()) == list(range(13))
     assert split.window >= max(int((x.end + x.length).max()) for x in g) and split.window == whole.window
-    tok = {int(r): split.group_tokens(split.prefill[0], x)[i] for x in g for i, r in enumerate(x.rows[:x.n_real])}
+    tok = {int(r): split.group_tokens(split.prefill[0], x)[i] for x in g for i, r in enumerate(x.rows[: x.n_real])}
     assert tok[12][:100].tolist() == ins[12].tolist()
-    assert [int(tok[r][0]) for r in range(12)] == [5 + r for r in range(12)]   # the pending tokens
+    assert [int(tok[r][0]) for r in range(12)] == [5 + r for r in range(12)]  # the pending tokens

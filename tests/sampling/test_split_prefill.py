@@ -26,8 +26,9 @@ def _rolling_calls(sampler, params):
     finished, so their last token was not fed) while two fresh long prompts join, and one more call
     continues everything with short appended suffixes."""
     first = sampler.generate(_prompts([3, 5, 90, 4, 7, 120]), params, return_state=True)
-    second = sampler.continue_(first.state, [[]] * 6 + _prompts([150, 70], seed=1), params,
-                               rows=[0, 1, 2, 3, 4, 5, -1, -1], return_state=True)
+    second = sampler.continue_(
+        first.state, [[]] * 6 + _prompts([150, 70], seed=1), params, rows=[0, 1, 2, 3, 4, 5, -1, -1], return_state=True
+    )
     third = sampler.continue_(second.state, _prompts([2, 3, 1, 2, 4, 1, 2, 3], seed=2), params)
     return [first, second, third]
 

@@ -19,13 +19,14 @@ Builder = Callable[[random.Random, Recorder], None]
 
 
 class WorldTasks(NamedTuple):
-    state: Callable[[random.Random], dict[str, Any]]   # a fresh initial state of the world
-    system: Callable[[dict[str, Any]], str]           # the system prompt for that state
-    tasks: list[tuple[str, Builder, int]]             # (task type, builder, draw weight)
+    state: Callable[[random.Random], dict[str, Any]]  # a fresh initial state of the world
+    system: Callable[[dict[str, Any]], str]  # the system prompt for that state
+    tasks: list[tuple[str, Builder, int]]  # (task type, builder, draw weight)
 
 
-WORLD_TASKS: dict[str, WorldTasks] = {m.__name__.rsplit(".", 1)[1]: WorldTasks(m.state, m.system, m.TASKS)
-                                      for m in (bank, shop, calendar, units)}
+WORLD_TASKS: dict[str, WorldTasks] = {
+    m.__name__.rsplit(".", 1)[1]: WorldTasks(m.state, m.system, m.TASKS) for m in (bank, shop, calendar, units)
+}
 assert set(WORLD_TASKS) == set(WORLDS)
 
 __all__ = ["Builder", "Recorder", "Reject", "WORLD_TASKS", "WorldTasks", "normalise_weights"]

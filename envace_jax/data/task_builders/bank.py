@@ -63,8 +63,11 @@ def conditional(rng, rec):
         rec.reply(f"Sent {x} from {a} to {b}.", [x, b], f"Does the reply confirm that {x} went to {b}?")
     else:
         rec.push_back = True
-        rec.reply(f"{a} has only {r['balance']}, so I sent nothing.", [r["balance"]],
-                  f"Does the reply say {a} has only {r['balance']}?")
+        rec.reply(
+            f"{a} has only {r['balance']}, so I sent nothing.",
+            [r["balance"]],
+            f"Does the reply say {a} has only {r['balance']}?",
+        )
 
 
 def compare(rng, rec):
@@ -74,8 +77,11 @@ def compare(rng, rec):
     rec.user(f"Who has more money, {a} or {b}?")
     ra, rb = rec.call(("get_balance", {"account": a}), ("get_balance", {"account": b}))
     win, lose = (ra, rb) if ra["balance"] > rb["balance"] else (rb, ra)
-    rec.reply(f"{win['account']} has more: {win['balance']} against {lose['balance']}.",
-              [win["account"], win["balance"]], f"Does the reply name {win['account']} as richer?")
+    rec.reply(
+        f"{win['account']} has more: {win['balance']} against {lose['balance']}.",
+        [win["account"], win["balance"]],
+        f"Does the reply name {win['account']} as richer?",
+    )
 
 
 def overdraw(rng, rec):
@@ -83,8 +89,11 @@ def overdraw(rng, rec):
     x = rec.env.accounts[a] + rng.randint(1, 30)
     rec.user(f"Send {x} from {a} to {b}.")
     rec.call(("transfer", {"from_account": a, "to_account": b, "amount": x}))
-    rec.reply(f"I could not send it: insufficient funds in {a}.", ["insufficient"],
-              "Does the reply say the transfer failed for insufficient funds?")
+    rec.reply(
+        f"I could not send it: insufficient funds in {a}.",
+        ["insufficient"],
+        "Does the reply say the transfer failed for insufficient funds?",
+    )
 
 
 def unknown(rng, rec):
@@ -94,5 +103,12 @@ def unknown(rng, rec):
     rec.reply(f"There is no account named {z}.", ["no account", z], f"Does the reply say {z} has no account?")
 
 
-TASKS = [("balance", balance, 3), ("transfer", transfer, 3), ("transfer_then_balance", transfer_then_balance, 3),
-         ("conditional", conditional, 3), ("compare", compare, 2), ("overdraw", overdraw, 1), ("unknown", unknown, 1)]
+TASKS = [
+    ("balance", balance, 3),
+    ("transfer", transfer, 3),
+    ("transfer_then_balance", transfer_then_balance, 3),
+    ("conditional", conditional, 3),
+    ("compare", compare, 2),
+    ("overdraw", overdraw, 1),
+    ("unknown", unknown, 1),
+]

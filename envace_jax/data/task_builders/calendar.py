@@ -32,7 +32,9 @@ def day(rng, rec):
     (r,) = rec.call(("list_events", {"day": day}))
     if r["events"]:
         parts = ", ".join(f"{e['title']} at {e['hour']}" for e in r["events"])
-        rec.reply(f"On {day}: {parts}.", [e["title"] for e in r["events"]], f"Does the reply list every event on {day}?")
+        rec.reply(
+            f"On {day}: {parts}.", [e["title"] for e in r["events"]], f"Does the reply list every event on {day}?"
+        )
     else:
         rec.reply(f"Nothing is booked on {day}.", ["nothing"], f"Does the reply say {day} is empty?")
 

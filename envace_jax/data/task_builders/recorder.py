@@ -23,7 +23,7 @@ class Recorder:
         self.turns: list[list[dict[str, Any]]] = []
         self.users: list[str] = []
         self.n_calls = 0
-        self.push_back = False      # a tool refused or the user's condition failed (see ``branch_of``)
+        self.push_back = False  # a tool refused or the user's condition failed (see ``branch_of``)
         self.types: list[str] = []  # the builder of each user turn (the task type)
         self._step = 0
         self._responses: dict[str, str] = {}
@@ -46,8 +46,7 @@ class Recorder:
             key = canonical_json({"arguments": args, "name": name})
             if self._responses.setdefault(key, result.content) != result.content:
                 raise Reject(f"{key} would appear twice with different responses")
-            tool_calls.append({"id": call_id, "type": "function",
-                               "function": {"name": name, "arguments": dict(args)}})
+            tool_calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": dict(args)}})
             tool_msgs.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": result.content})
             payloads.append(json.loads(result.content))
             self.turns[turn].append(_call_item(name, args, result.content, turn, step))
@@ -74,10 +73,16 @@ def _call_item(name: str, args: dict[str, Any], response: str, turn: int, step: 
         "question": f"Does the assistant call {name} with {_args_text(args)}?",
         "focus_on": "assistant.tool_calls",
         "pass_condition": f"A tool call named {name} has arguments {_args_text(args)} (other keys may be absent).",
-        "failure_examples": [f"No call to {name}.", f"{name} is called with a different {first}."
-                             if first else f"A different tool is called instead of {name}."],
-        "evidence": [{"snippet": call, "turn": turn, "step": step, "from": "assistant.tool_calls"},
-                     {"snippet": response, "turn": turn, "step": step, "from": "tool.content"}],
+        "failure_examples": [
+            f"No call to {name}.",
+            f"{name} is called with a different {first}."
+            if first
+            else f"A different tool is called instead of {name}.",
+        ],
+        "evidence": [
+            {"snippet": call, "turn": turn, "step": step, "from": "assistant.tool_calls"},
+            {"snippet": response, "turn": turn, "step": step, "from": "tool.content"},
+        ],
         "weight": 1.0,
         "required_for_next_turn": True,
         "rule": {"type": "tool_called", "name": name, "arguments": dict(args)},
@@ -88,8 +93,9 @@ def _reply_item(values: list[str], question: str, reply: str, turn: int, step: i
     return {
         "question": question,
         "focus_on": "assistant.content.user_visible_reply",
-        "pass_condition": "The user-visible reply contains " + ", ".join(repr(v) for v in values)
-                          + " (case-insensitive).",
+        "pass_condition": "The user-visible reply contains "
+        + ", ".join(repr(v) for v in values)
+        + " (case-insensitive).",
         "failure_examples": ["The reply states a different value.", "There is no final reply."],
         "evidence": [{"snippet": reply, "turn": turn, "step": step, "from": "assistant.content.user_visible_reply"}],
         "weight": 1.0,

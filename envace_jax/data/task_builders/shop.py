@@ -16,9 +16,17 @@ from envace_jax.envs.demo_worlds import ITEMS
 def state(rng: random.Random) -> dict[str, Any]:
     items = sorted(rng.sample(ITEMS[:8], rng.randint(3, 5)))
     ids = rng.sample(range(10, 100), 2)
-    return {"items": {i: {"price": rng.randint(1, 20), "stock": rng.randint(0, 9)} for i in items},
-            "orders": {f"o{k}": {"item": rng.choice(items), "quantity": rng.randint(1, 3),
-                                 "status": rng.choice(["placed", "shipped"])} for k in ids}}
+    return {
+        "items": {i: {"price": rng.randint(1, 20), "stock": rng.randint(0, 9)} for i in items},
+        "orders": {
+            f"o{k}": {
+                "item": rng.choice(items),
+                "quantity": rng.randint(1, 3),
+                "status": rng.choice(["placed", "shipped"]),
+            }
+            for k in ids
+        },
+    }
 
 
 def system(state: dict[str, Any]) -> str:
@@ -30,16 +38,23 @@ def stock(rng, rec):
     if rng.random() < 0.5:
         rec.user(f"How many {item} are in stock?")
         (r,) = rec.call(("check_stock", {"item": item}))
-        rec.reply(f"{r['stock']} {item} in stock.", [r["stock"]], f"Does the reply give the {item} stock, {r['stock']}?")
+        rec.reply(
+            f"{r['stock']} {item} in stock.", [r["stock"]], f"Does the reply give the {item} stock, {r['stock']}?"
+        )
     else:
         rec.user(f"How much is one {item}?")
         (r,) = rec.call(("check_stock", {"item": item}))
-        rec.reply(f"One {item} costs {r['price']}.", [r["price"]], f"Does the reply give the {item} price, {r['price']}?")
+        rec.reply(
+            f"One {item} costs {r['price']}.", [r["price"]], f"Does the reply give the {item} price, {r['price']}?"
+        )
 
 
 def _ordered(rec, r, q, item):
-    rec.reply(f"Ordered {q} {item}, order {r['order_id']}.", [r["order_id"]],
-              f"Does the reply give the new order id, {r['order_id']}?")
+    rec.reply(
+        f"Ordered {q} {item}, order {r['order_id']}.",
+        [r["order_id"]],
+        f"Does the reply give the new order id, {r['order_id']}?",
+    )
 
 
 def order(rng, rec):
@@ -63,8 +78,11 @@ def order_if(rng, rec):
         _ordered(rec, o, q, item)
     else:
         rec.push_back = True
-        rec.reply(f"Only {r['stock']} {item} left, so I did not order.", [r["stock"]],
-                  f"Does the reply say only {r['stock']} {item} are left?")
+        rec.reply(
+            f"Only {r['stock']} {item} left, so I did not order.",
+            [r["stock"]],
+            f"Does the reply say only {r['stock']} {item} are left?",
+        )
 
 
 def order_status(rng, rec):
@@ -79,8 +97,11 @@ def cancel(rng, rec):
     rec.user(f"Cancel order {oid}.")
     (r,) = rec.call(("cancel_order", {"order_id": oid}))
     if "error" in r:
-        rec.reply(f"Order {oid} cannot be cancelled: {r['error']}.", ["cannot"],
-                  f"Does the reply say order {oid} cannot be cancelled?")
+        rec.reply(
+            f"Order {oid} cannot be cancelled: {r['error']}.",
+            ["cannot"],
+            f"Does the reply say order {oid} cannot be cancelled?",
+        )
     else:
         rec.reply(f"Order {oid} is cancelled.", ["cancelled"], f"Does the reply confirm order {oid} is cancelled?")
 
@@ -92,5 +113,11 @@ def unknown(rng, rec):
     rec.reply(f"Sorry, we do not sell {item}.", ["not sell", item], f"Does the reply say {item} is not sold?")
 
 
-TASKS = [("stock", stock, 3), ("order", order, 3), ("order_if", order_if, 3), ("order_status", order_status, 2),
-         ("cancel", cancel, 2), ("unknown", unknown, 1)]
+TASKS = [
+    ("stock", stock, 3),
+    ("order", order, 3),
+    ("order_if", order_if, 3),
+    ("order_status", order_status, 2),
+    ("cancel", cancel, 2),
+    ("unknown", unknown, 1),
+]

@@ -41,10 +41,15 @@ def two(rng, rec):
     if (v1, f1, t1) == (v2, f2, t2):
         raise Reject("same conversion twice")
     rec.user(f"Convert {v1} {f1} to {t1} and {v2} {f2} to {t2}.")
-    r1, r2 = rec.call(("convert", {"value": v1, "from_unit": f1, "to_unit": t1}),
-                      ("convert", {"value": v2, "from_unit": f2, "to_unit": t2}))
-    rec.reply(f"{v1} {f1} is {r1['result']} {t1} and {v2} {f2} is {r2['result']} {t2}.",
-              [r1["result"], r2["result"]], "Does the reply give both converted values?")
+    r1, r2 = rec.call(
+        ("convert", {"value": v1, "from_unit": f1, "to_unit": t1}),
+        ("convert", {"value": v2, "from_unit": f2, "to_unit": t2}),
+    )
+    rec.reply(
+        f"{v1} {f1} is {r1['result']} {t1} and {v2} {f2} is {r2['result']} {t2}.",
+        [r1["result"], r2["result"]],
+        "Does the reply give both converted values?",
+    )
 
 
 def list_units(rng, rec):
