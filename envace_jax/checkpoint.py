@@ -157,6 +157,12 @@ def abstract_target(tree: Any) -> Any:
     return jax.tree.map(lambda x: x if isinstance(x, (bool, int, float)) else _abstract_leaf(x), tree)
 
 
+def _plain_path(path: tuple) -> tuple[str, ...]:
+    """A tree path as plain strings, so a stored tree (dicts) and a live one (dicts, lists, nnx state)
+    name the same leaf the same way."""
+    return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
 def _rebuild_leaf(target_leaf: Any, value: Any, impl: str | None) -> Any:
     if impl is not None:
         return jax.random.wrap_key_data(value, impl=impl)
@@ -329,11 +335,32 @@ class Checkpointer:
         data = self._mgr.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
         impls = data.get(_KEY_IMPLS, {}) if isinstance(data, dict) else {}
         abstract = jax.tree.map(_abstract_leaf, target)
+        self._check_shapes(step, abstract)
         raw = self._mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
         state = jax.tree_util.tree_map_with_path(
             lambda path, t, v: _rebuild_leaf(t, v, impls.get(jax.tree_util.keystr(path))), target, raw
         )
         return state, data.get("data_state")
+
+    def _check_shapes(self, step: int, abstract: Any) -> None:
+        """Raises before any array is read when ``abstract`` asks for a shape the step does not hold.
+
+        Orbax would raise the same mismatch itself, but only after it has started reading every array;
+        the reads still in flight then finish into a closed event loop and print stray tracebacks from
+        TensorStore's threads. Comparing against the step's metadata first reads no array at all.
+        """
+        try:
+            stored = ocp.StandardCheckpointHandler().metadata(self._step_dir(step) / "state").tree
+        except Exception:  # no readable metadata: let the restore itself report what is wrong
+            return
+        shapes = {_plain_path(p): tuple(m.shape) for p, m in jax.tree_util.tree_flatten_with_path(stored)[0]}
+        for path, want in jax.tree_util.tree_flatten_with_path(abstract)[0]:
+            have = shapes.get(_plain_path(path))
+            if have is not None and isinstance(want, jax.ShapeDtypeStruct) and tuple(want.shape) != have:
+                raise ValueError(
+                    f"Requested shape: {tuple(want.shape)} is not compatible with the stored shape: {have} "
+                    f"(array {jax.tree_util.keystr(path)} of step {step})"
+                )
 
     def restore_latest_good(self, target: Any) -> RestoreResult | None:
         """Restores the newest step that passes its manifest check and restores cleanly.

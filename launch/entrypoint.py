@@ -275,10 +275,20 @@ def report(exc: BaseException, prog: str | None = None, stream=None) -> int | No
     return code
 
 
+def _closed_loop_noise(exc: BaseException | None) -> bool:
+    """True for the error a TensorStore read callback raises when it finishes after Orbax closed its event
+    loop (a restore that failed part-way). It says nothing about the run, and it arrives from another
+    thread at any moment, in the middle of our own message."""
+    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+
+
 @contextlib.contextmanager
 def guard(argv: Sequence[str] | None = None, prog: str | None = None) -> Iterator[None]:
     """Runs the body; an expected failure becomes two lines on stderr and ``SystemExit`` (see ``describe``).
     With ``--verbose`` in ``argv`` or ``ENVACE_DEBUG=1`` every exception propagates unchanged."""
+    previous_hook = sys.unraisablehook
+    if not debug_requested(argv):
+        sys.unraisablehook = lambda u: None if _closed_loop_noise(u.exc_value) else previous_hook(u)
     try:
         yield
     except SystemExit:

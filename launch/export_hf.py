@@ -58,14 +58,16 @@ def export(
         raise ValueError(f"--role={role!r}: this run's checkpoint holds {sorted(distinct)}")
     target = {"iteration": 0, "trainers": {r: t.state_dict() for r, t in distinct.items()}}
     ck = Checkpointer(ckpt_dir, async_save=False, read_only=True)  # safe beside a run still training
-    if step is None:
-        res = ck.restore_latest_good(target)
-        if res is None:
-            raise FileNotFoundError(f"no checkpoint in {ck.directory}")
-        state, step = res.state, res.step
-    else:
-        state, _ = ck.restore(step, target)
-    ck.close()
+    try:
+        if step is None:
+            res = ck.restore_latest_good(target)
+            if res is None:
+                raise FileNotFoundError(f"no checkpoint in {ck.directory}")
+            state, step = res.state, res.step
+        else:
+            state, _ = ck.restore(step, target)
+    finally:
+        ck.close()
     trainer = trainers[role]
     trainer.load_state_dict(state["trainers"][[r for r, t in distinct.items() if t is trainer][0]])
     hf_io.save_hf(

@@ -237,6 +237,9 @@ def test_wrong_target_raises_instead_of_discarding_checkpoints(tmp_path):
     with pytest.raises(RuntimeError, match=r"step 2: restore failed.*step 1: restore failed"):
         ck.restore_latest_good(wrong)
     assert ck.all_steps() == [1, 2]
+    # The mismatch is found in the step's metadata, before any array is read, and names the array.
+    with pytest.raises(ValueError, match=r"Requested shape: \(7, 5\).*stored shape: \((\d+, )*\d+\).*'a'.*'kernel'"):
+        ck.restore(2, wrong)
     assert Checkpointer(tmp_path).restore_latest_good(train_state()).step == 2
 
 
