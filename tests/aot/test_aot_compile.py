@@ -24,6 +24,9 @@ from envace_jax.config import config_from_file, load_config
 from tests.helpers_paths import ROOT as REPO
 
 HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
+# The in-process topology tests load libtpu here; without this, any other process on the machine holding
+# libtpu's machine-wide lock (a second test run, a TPU-less JAX program) makes them fail.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 needs_libtpu = pytest.mark.skipif(
     not HAVE_LIBTPU, reason="libtpu is not installed (pip install -e '.[aot]'); TPU compilation cannot run"
 )
