@@ -70,12 +70,13 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from entrypoint import guard
+    from entrypoint import guard, show_library_log
 
     # A CPU run: keep XLA's freed step buffers in the process (envace_jax/host_memory.py; re-executes once).
     from envace_jax.host_memory import retain_freed_memory
 
     retain_freed_memory()
+    show_library_log()  # the corpus, validation and resume lines of run_pretrain
     with guard():
         code = main()
     sys.exit(code)
