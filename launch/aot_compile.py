@@ -17,6 +17,11 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+if __package__:  # python -m launch.aot_compile
+    from .entrypoint import run
+else:  # python launch/aot_compile.py: launch/ is first on sys.path
+    from entrypoint import run
+
 # Set before jax loads (main imports it; absl and ml_collections do not). Compile-only TPU devices need
 # libtpu but no TPU backend: keep JAX itself on the CPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -82,6 +87,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from entrypoint import run
-
     run(main)

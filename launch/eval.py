@@ -21,6 +21,11 @@ import sys
 from absl import app
 from ml_collections import config_flags
 
+if __package__:  # python -m launch.eval
+    from .entrypoint import run
+else:  # python launch/eval.py: launch/ is first on sys.path
+    from entrypoint import run
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "eval config file (configs/eval_*.py)", lock_config=True)
 
 
@@ -38,6 +43,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from entrypoint import run
-
     run(main)

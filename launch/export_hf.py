@@ -18,6 +18,11 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+if __package__:  # python -m launch.export_hf
+    from .entrypoint import run
+else:  # python launch/export_hf.py: launch/ is first on sys.path
+    from entrypoint import run
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "the run's ml-collections config file", lock_config=True)
 _CKPT = flags.DEFINE_string("checkpoint_dir", None, "default: <run_dir>/checkpoints")
 _OUT = flags.DEFINE_string("out_dir", None, "Hugging Face directory to write", required=True)
@@ -101,6 +106,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from entrypoint import run
-
     run(main)

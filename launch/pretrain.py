@@ -18,13 +18,16 @@ import json
 import os
 import sys
 
+if __package__:  # python -m launch.pretrain
+    from .entrypoint import UsageError, guard, nearest, show_library_log
+else:  # python launch/pretrain.py: launch/ is first on sys.path
+    from entrypoint import UsageError, guard, nearest, show_library_log
+
 DEFAULT_OUT = "assets/demo_base"
 
 
 def check_set_fields(items: list[str], fields: list[str]) -> None:
     """An unknown ``--set FIELD=...`` is one line naming the nearest field."""
-    from entrypoint import UsageError, nearest
-
     for item in items:
         name = item.partition("=")[0]
         if name not in fields:
@@ -70,8 +73,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from entrypoint import guard, show_library_log
-
     # A CPU run: keep XLA's freed step buffers in the process (envace_jax/host_memory.py; re-executes once).
     from envace_jax.host_memory import retain_freed_memory
 

@@ -22,6 +22,11 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+if __package__:  # python -m launch.train
+    from .entrypoint import run
+else:  # python launch/train.py: launch/ is first on sys.path
+    from entrypoint import run
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file", lock_config=True)
 _COORD = flags.DEFINE_string("coordinator", None, "host:port of process 0 (multi-process runs)")
 _NPROC = flags.DEFINE_integer("num_processes", None, "number of JAX processes")
@@ -57,6 +62,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from entrypoint import run
-
     run(main)
