@@ -23,10 +23,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-if __package__:  # python -m launch.demo
-    from .entrypoint import check_overrides, guard, run
-else:  # python launch/demo.py: launch/ is first on sys.path
-    from entrypoint import check_overrides, guard, run
+from envace_jax.cli.entrypoint import check_overrides, guard, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -29,7 +29,7 @@ from envace_jax.checkpoint import Checkpointer, PreemptionGuard, RestoreResult
 
 
 # The lines a run reports (a resume, an unusable checkpoint, a preemption, progress without a bar) are INFO
-# records of this logger; the launch commands show them on stderr as bare lines (launch/entrypoint.py).
+# records of this logger; the launch commands show them on stderr as bare lines (envace_jax/cli/entrypoint.py).
 logger = logging.getLogger(__name__)
 
 

@@ -1,27 +1,16 @@
 """The package logs (``logging.getLogger("envace_jax....")``) and the launch commands show its records on stderr
-as the bare lines they printed before (launch/entrypoint.py ``show_library_log``), once each, also under absl's
+as the bare lines they printed before (envace_jax/cli/entrypoint.py ``show_library_log``), once each, also under absl's
 app.run, which puts a handler of its own on the root logger."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import logging
-import os
 import subprocess
 import sys
 import textwrap
 
 from tests import helpers_loop as h
-
-ENTRYPOINT = os.path.join(h.ROOT, "launch", "entrypoint.py")
-
-
-def _entrypoint():
-    spec = importlib.util.spec_from_file_location("entrypoint_under_test", ENTRYPOINT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class _Records(logging.Handler):
@@ -34,7 +23,8 @@ class _Records(logging.Handler):
 
 
 def test_bare_lines_at_info_that_stop_at_the_package_logger():
-    ep = _entrypoint()
+    from envace_jax.cli import entrypoint as ep
+
     pkg, root = logging.getLogger("envace_jax"), logging.getLogger()
     saved = (list(pkg.handlers), pkg.level, pkg.propagate)
     on_root = _Records()
@@ -56,11 +46,9 @@ def test_bare_lines_at_info_that_stop_at_the_package_logger():
 
 
 SCRIPT = textwrap.dedent("""
-    import importlib.util, logging, sys
+    import logging, sys
 
-    spec = importlib.util.spec_from_file_location("entrypoint", sys.argv[1])
-    ep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ep)
+    from envace_jax.cli.entrypoint import run
     import orbax.checkpoint  # what the commands import: it gives the root logger a handler of its own
 
     def main(argv):
@@ -72,15 +60,13 @@ SCRIPT = textwrap.dedent("""
         logging.getLogger("elsewhere").info("another library's INFO: below absl's WARNING")
 
     sys.argv = sys.argv[:1]
-    ep.run(main, config_flag=None)
+    run(main, config_flag=None)
 """)
 
 
 def test_a_command_under_absl_prints_each_package_line_once_and_bare(tmp_path):
     script = tmp_path / "command.py"
     script.write_text(SCRIPT)
-    r = subprocess.run(
-        [sys.executable, str(script), ENTRYPOINT], capture_output=True, text=True, env=h.env(), timeout=300
-    )
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=h.env(), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stderr == "resumed from checkpoint step 3\nmoved bad checkpoint step 4 aside\n"

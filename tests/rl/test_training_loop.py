@@ -177,7 +177,7 @@ def test_a_corrupt_newest_checkpoint_is_reported_and_skipped(tmp_path):
 
 def test_by_default_the_loop_reports_through_its_module_logger(tmp_path, caplog):
     # No ``log`` given: the lines are INFO records of envace_jax.rl.training_loop (the launch commands show
-    # them on stderr, launch/entrypoint.py); nothing is printed.
+    # them on stderr, envace_jax/cli/entrypoint.py); nothing is printed.
     with caplog.at_level(logging.INFO, logger="envace_jax"):
         for total in (4, 6):
             acc = Accumulator()

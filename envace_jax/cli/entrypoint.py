@@ -339,6 +339,20 @@ def guard(argv: Sequence[str] | None = None, prog: str | None = None) -> Iterato
         raise SystemExit(code) from None
 
 
+def lend_help(main: Callable) -> None:
+    """absl's ``--help`` prints the ``__main__`` module's docstring and the flags that module defined. A main in
+    ``envace_jax.cli`` runs from a wrapper (``launch/train.py``, the ``envace-train`` console script), which is
+    ``__main__`` then: it gets the docstring and flags of ``main``'s module, so ``--help`` shows those."""
+    from absl import flags
+
+    module = sys.modules.get(getattr(main, "__module__", ""))
+    if module is None or module is sys.modules.get("__main__"):
+        return
+    for flag in flags.FLAGS.get_key_flags_for_module(module.__name__):
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    sys.modules["__main__"].__doc__ = module.__doc__
+
+
 def run(
     main: Callable[[list[str]], Any], default_config: str | None = None, config_flag: str | None = "config"
 ) -> None:
@@ -349,6 +363,7 @@ def run(
 
     if "verbose" not in flags.FLAGS:
         flags.DEFINE_bool("verbose", False, f"full tracebacks on failure (or set {DEBUG_ENV}=1)")
+    lend_help(main)
     quiet_cpu_host()
     show_library_log()
     with guard():
