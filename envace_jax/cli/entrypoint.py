@@ -1,8 +1,11 @@
-"""What every ``launch/`` command shares: a short message instead of a traceback for the failures a user
-can fix, and a quiet start on hosts without an accelerator.
+"""What every command shares (``launch/*.py``, ``python -m launch.<name>``, the ``envace-*`` console scripts): a
+short message instead of a traceback for the failures a user can fix, the package's log on stderr, and a quiet
+start on hosts without an accelerator. It needs only the standard library (and absl inside ``run``): the cluster
+scripts in launch/gpu and launch/tpu_vm load it by its path, where the package may not be installed.
 
-- ``run(main)`` runs an absl main: it checks the ``--config.a.b=v`` overrides against the config file first
-  (an unknown field is one line naming the nearest valid one, exit 2), then runs ``main`` under ``guard``.
+- ``run(main)`` runs an absl main: ``--help`` shows its module's docstring and flags (``lend_help``); it checks
+  the ``--config.a.b=v`` overrides against the config file first (an unknown field is one line naming the
+  nearest valid one, exit 2), then runs ``main`` under ``guard``.
 - ``guard()`` turns the expected failures (a config error, a missing file, a full disk, a corrupt weights
   file, a checkpoint that does not fit the config, other bad input) into one or two lines on stderr and a
   non-zero exit. ``--verbose`` or ``ENVACE_DEBUG=1`` lets the exception through with its traceback.
