@@ -42,20 +42,21 @@ def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def _entrypoint():
-    """launch/entrypoint.py: imported as a sibling when launch/ is on sys.path (a launch/*.py script), else
-    loaded by its path (the cluster scripts in launch/gpu and launch/tpu_vm load this module by path)."""
-    if "entrypoint" not in sys.modules:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "entrypoint.py")
-        spec = importlib.util.spec_from_file_location("entrypoint", path)
+    """envace_jax/cli/entrypoint.py, loaded by its path: a cluster script runs where the package need not be
+    installed (the machine that only starts the pods), and that module needs only the standard library."""
+    if "envace_entrypoint" not in sys.modules:
+        launch = os.path.dirname(os.path.abspath(__file__))
+        path = os.path.join(os.path.dirname(launch), "envace_jax", "cli", "entrypoint.py")
+        spec = importlib.util.spec_from_file_location("envace_entrypoint", path)
         module = importlib.util.module_from_spec(spec)
-        sys.modules["entrypoint"] = module
+        sys.modules["envace_entrypoint"] = module
         spec.loader.exec_module(module)
-    return sys.modules["entrypoint"]
+    return sys.modules["envace_entrypoint"]
 
 
 def main(commands: Callable[[], tuple[list[list[str]], bool]]) -> None:
     """A cluster script's ``__main__``: build the commands, print (and unless dry-run, run) them; a missing
-    executable (no ``gcloud`` on PATH) or another expected failure is a short message (launch/entrypoint.py)."""
+    executable (no ``gcloud`` on PATH) or another expected failure is a short message (envace_jax/cli/entrypoint.py)."""
     with _entrypoint().guard():
         cmds, dry = commands()
         rc = execute(cmds, dry)

@@ -23,6 +23,8 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
+from envace_jax.cli.entrypoint import check_overrides, guard, run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "demo.py")
@@ -58,8 +60,6 @@ def legacy_argv(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    from entrypoint import check_overrides, guard
-
     # A CPU run: keep XLA's freed step buffers in the process (envace_jax/host_memory.py; re-executes once).
     from envace_jax.host_memory import retain_freed_memory
 
@@ -141,6 +141,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    from entrypoint import run
-
     run(main, config_flag=None)  # the overrides were checked above, before the config flag was defined

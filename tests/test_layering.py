@@ -14,7 +14,8 @@ The layers, lowest first (a module may import from its own layer and from any la
     demo      demo/                                          the demo uses eval's harnesses, never the reverse
     aot       aot/                                           ahead-of-time TPU compilation of a run's programs
     api       envace_jax/__init__.py                         the package's public names (lazy: see _lazy.py)
-    launch    launch/ (absl mains and pod scripts), benchmarks/
+    cli       envace_jax/cli/                                the commands' mains (console scripts in pyproject.toml)
+    launch    launch/ (the commands as files, pod scripts), benchmarks/
 
 Every import statement counts, including the ones inside functions (a lazy import is still a
 dependency). The graph is read from the source with ``ast``; nothing is imported.
@@ -48,6 +49,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("demo", ("envace_jax.demo",)),
     ("aot", ("envace_jax.aot",)),
     ("api", ("envace_jax.__init__",)),
+    ("cli", ("envace_jax.cli",)),
     ("launch", ("launch", "benchmarks")),
 ]
 ACCELERATOR_LIBS = ("jax", "flax", "optax", "orbax", "jaxlib")

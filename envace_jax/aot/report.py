@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
-import sys
 import time
 from typing import Any, Callable, Iterator, Sequence
 
@@ -26,6 +26,9 @@ from envace_jax.aot.analyze import ProgramReport, analyze, compiled_cost, layer_
 from envace_jax.aot.chips import ChipSpec, chip_for_topology, topology_chips
 from envace_jax.aot.plan import RunShapes, hosts, model_config
 from envace_jax.config import ExperimentConfig
+
+# The progress lines of a report ("aot: <program> ..."); launch/aot_compile.py shows them on stderr.
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -101,10 +104,6 @@ def host_topology(topology: str, devices: Sequence[Any]) -> str | None:
     return f"{gen}:{'x'.join(str(d) for d in dims)}"
 
 
-def _stderr_line(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 @contextlib.contextmanager
 def _timed(say: Callable[[str], None], what: str) -> Iterator[None]:
     """A line before ``what`` and one after it with the seconds it took: one compile of a large model
@@ -121,10 +120,10 @@ def compile_report(
     num_slices: int = 1,
     only: Sequence[str] | None = None,
     *,
-    say: Callable[[str], None] = _stderr_line,
+    say: Callable[[str], None] = logger.info,
 ) -> Report:
     """Compiles the programs of ``cfg`` (``only``: these names) for ``topology``; ``say`` gets a progress
-    line before and after each compilation (default: stderr)."""
+    line before and after each compilation (default: an INFO record of this module's logger)."""
     from envace_jax.aot.programs import DECODE_SETUP, build_programs
 
     chip = chip_for_topology(topology)

@@ -38,9 +38,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
-import sys
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -52,6 +52,9 @@ from envace_jax.demo import data as demo_data
 from envace_jax.eval.results import is_success
 from envace_jax.model_sizes import DEMO, MICRO
 from envace_jax.rl.types import ACT, REHEARSE, Generation
+
+# The corpus, validation and resume lines of a pretraining run; launch/pretrain.py shows them on stderr.
+logger = logging.getLogger(__name__)
 
 # Pretraining tasks come from their own seed stream of the train split (the demo's RL prompts come from
 # another one, and the demo removes any task the pretraining corpus used).
@@ -589,7 +592,7 @@ def run_pretrain(
     out_dir: str,
     *,
     progress: bool = True,
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+    log: Callable[[str], None] = logger.info,
 ) -> dict[str, Any]:
     """Trains the base and writes ``out_dir``; rerunning resumes from ``out_dir/checkpoints``. A SIGTERM saves the
     step it finished and exits 0 (``SystemExit``)."""

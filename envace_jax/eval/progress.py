@@ -16,7 +16,8 @@ from typing import Any, Iterator, Sequence
 def say(message: str) -> None:
     from tqdm import tqdm
 
-    # tqdm.write moves an open bar below the line instead of gluing the line onto the bar's row
+    # Part of the progress display (with the bar below), not a log record: tqdm.write moves an open bar below
+    # the line instead of gluing the line onto the bar's row, which a logging handler writing to stderr does.
     tqdm.write(f"eval: {message}", file=sys.stderr)
 
 

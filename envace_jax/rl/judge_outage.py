@@ -27,7 +27,7 @@ import numpy as np
 
 JUDGE_FAILURE = "judge_api_failure"  # the termination reason (rl.types.TERMINATION_REASONS)
 
-log = logging.getLogger("envace.judge")
+log = logging.getLogger(__name__)
 
 
 class JudgeOutageError(RuntimeError):

@@ -9,7 +9,6 @@ cadence, preemption, progress) is ``envace_jax.rl.training_loop.run_loop``, shar
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import time
 from typing import Any, Sequence
@@ -29,8 +28,6 @@ from envace_jax.rl.step import RLStep, StepResult, build_rl_step
 from envace_jax.rl.trainer import Trainer
 from envace_jax.rl.training_loop import Hook, Progress, run_loop
 from envace_jax.rl.types import REHEARSE
-
-log = logging.getLogger("envace.train")
 
 
 # ----------------------------------------------------------------------------- distributed

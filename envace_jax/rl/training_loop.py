@@ -20,6 +20,7 @@ last step saved.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -27,8 +28,9 @@ from typing import Any
 from envace_jax.checkpoint import Checkpointer, PreemptionGuard, RestoreResult
 
 
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+# The lines a run reports (a resume, an unusable checkpoint, a preemption, progress without a bar) are INFO
+# records of this logger; the launch commands show them on stderr as bare lines (envace_jax/cli/entrypoint.py).
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +77,7 @@ def resume(
     state: Any,
     load: Callable[[RestoreResult], None],
     *,
-    log: Callable[[str], None] = _stderr,
+    log: Callable[[str], None] = logger.info,
 ) -> int | None:
     """Restores the newest good checkpoint into ``state``'s structure and hands it to ``load``; returns its
     step (None: nothing saved yet, a fresh start). Each newer step it had to skip is logged with its reason."""
@@ -98,7 +100,7 @@ def run_loop(
     data_state: Callable[[], Any] = lambda: None,
     hooks: Sequence[Hook] = (),
     progress: Progress = Progress(),
-    log: Callable[[str], None] = _stderr,
+    log: Callable[[str], None] = logger.info,
     resumed_line: str = "resumed from checkpoint step {step}",
     preempted_line: str = "preempted (signal {signal}): saved step {step}",
 ) -> LoopResult:

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import argparse
 
-from hosts import main  # the print-then-run helper shared by the cluster scripts
+# main: the print-then-run helper shared by the cluster scripts
+if __package__:  # python -m launch.gpu.create
+    from .hosts import main
+else:  # python launch/gpu/create.py: launch/gpu/ is first on sys.path
+    from hosts import main
 
 
 def commands(argv=None) -> tuple[list[list[str]], bool]:

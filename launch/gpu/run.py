@@ -14,7 +14,10 @@ import os
 import shlex
 import sys
 
-from hosts import LOCAL, REPO_DIR, host_list, main, on_host, parser, split_passthrough
+if __package__:  # python -m launch.gpu.run
+    from .hosts import LOCAL, REPO_DIR, host_list, main, on_host, parser, split_passthrough
+else:  # python launch/gpu/run.py: launch/gpu/ is first on sys.path
+    from hosts import LOCAL, REPO_DIR, host_list, main, on_host, parser, split_passthrough
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

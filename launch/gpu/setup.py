@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 
-from hosts import LOCAL, REPO_DIR, host_list, main, on_host, parser
+if __package__:  # python -m launch.gpu.setup
+    from .hosts import LOCAL, REPO_DIR, host_list, main, on_host, parser
+else:  # python launch/gpu/setup.py: launch/gpu/ is first on sys.path
+    from hosts import LOCAL, REPO_DIR, host_list, main, on_host, parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -5,7 +5,10 @@ python launch/tpu_vm/create.py --name=envace --zone=us-east5-a --accelerator=v5p
 
 from __future__ import annotations
 
-from _common import gcloud, main, parser
+if __package__:  # python -m launch.tpu_vm.create
+    from ._common import gcloud, main, parser
+else:  # python launch/tpu_vm/create.py: launch/tpu_vm/ is first on sys.path
+    from _common import gcloud, main, parser
 
 
 def commands(argv=None) -> tuple[list[list[str]], bool]:

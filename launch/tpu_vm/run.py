@@ -12,7 +12,10 @@ from __future__ import annotations
 import shlex
 import sys
 
-from _common import REPO_DIR, main, parser, split_passthrough, ssh_all
+if __package__:  # python -m launch.tpu_vm.run
+    from ._common import REPO_DIR, main, parser, split_passthrough, ssh_all
+else:  # python launch/tpu_vm/run.py: launch/tpu_vm/ is first on sys.path
+    from _common import REPO_DIR, main, parser, split_passthrough, ssh_all
 
 
 def commands(argv=None) -> tuple[list[list[str]], bool]:

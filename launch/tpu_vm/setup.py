@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 
-from _common import REPO_DIR, gcloud, main, parser, ssh_all
+if __package__:  # python -m launch.tpu_vm.setup
+    from ._common import REPO_DIR, gcloud, main, parser, ssh_all
+else:  # python launch/tpu_vm/setup.py: launch/tpu_vm/ is first on sys.path
+    from _common import REPO_DIR, gcloud, main, parser, ssh_all
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

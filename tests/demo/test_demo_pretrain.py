@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 
 import numpy as np
@@ -104,7 +105,7 @@ def test_memory_rows_carry_memories_built_by_the_test_time_code(tiny_run):
         assert MEMORY_HEADER in text and MEMORY_HEADER not in codec.decode(p.prompt_ids)
 
 
-def test_preempted_run_resumes_to_the_same_parameters(tiny_run, tmp_path, monkeypatch):
+def test_preempted_run_resumes_to_the_same_parameters(tiny_run, tmp_path, monkeypatch, caplog):
     from envace_jax import checkpoint
 
     out, _ = tiny_run
@@ -119,11 +120,17 @@ def test_preempted_run_resumes_to_the_same_parameters(tiny_run, tmp_path, monkey
 
     monkeypatch.setattr(checkpoint.PreemptionGuard, "check", check_then_preempt)
     resumed = str(tmp_path / "base")
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(SystemExit) as stop, caplog.at_level(logging.INFO, logger="envace_jax"):
         pt.run_pretrain(pt.tiny(), resumed, progress=False)
     assert stop.value.code == 0 and os.path.exists(os.path.join(resumed, "checkpoints"))
     monkeypatch.setattr(checkpoint.PreemptionGuard, "check", real_check)
-    pt.run_pretrain(pt.tiny(), resumed, progress=False)
+    with caplog.at_level(logging.INFO, logger="envace_jax"):
+        pt.run_pretrain(pt.tiny(), resumed, progress=False)
+    # What the run reports is logged (launch/pretrain.py shows it on stderr), not printed.
+    said = [r.getMessage() for r in caplog.records if r.name == "envace_jax.demo.pretrain"]
+    stop_at = said.index("pretrain: preempted at step 4; rerun to resume")
+    assert said[0].startswith("pretrain corpus: ") and said[stop_at + 1].startswith("pretrain corpus: "), said
+    assert said[stop_at + 2] == "pretrain: resumed at step 4", said
     a, b = _params(os.path.join(out, "model")), _params(os.path.join(resumed, "model"))
     assert a.keys() == b.keys()
     for k in a:

@@ -1,5 +1,5 @@
 """The launch/ commands end an expected failure with a short message and a non-zero exit, not a traceback
-(launch/entrypoint.py); ENVACE_DEBUG=1 brings the traceback back. Each case runs the real script."""
+(envace_jax/cli/entrypoint.py); ENVACE_DEBUG=1 brings the traceback back. Each case runs the real script."""
 
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ LAUNCH = os.path.join(ROOT, "launch")
 
 
 def _entrypoint():
-    spec = importlib.util.spec_from_file_location("entrypoint_under_test", os.path.join(LAUNCH, "entrypoint.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from envace_jax.cli import entrypoint
+
+    return entrypoint
 
 
 def _run(script: str, *args: str, debug: bool = False, cwd: str = ROOT, **env) -> subprocess.CompletedProcess:

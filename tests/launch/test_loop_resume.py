@@ -96,6 +96,7 @@ def test_sigkill_sigterm_corrupt_checkpoint_resume_bit_identical(tmp_path):
     rc, err = _start_and_signal(run_dir, signal.SIGTERM, n_before + 2)
     assert rc == 0, err[-3000:]
     assert f"resumed from checkpoint step {newest}\n" in err, err[-2000:]
+    assert err.count("resumed from checkpoint step") == 1, err[-2000:]  # once: not again through absl's handler
     assert "unusable" not in err, err[-2000:]
     assert "preempted (signal 15): saved step" in err, err[-2000:]
     saved = int(err.split("saved step ")[1].split()[0])

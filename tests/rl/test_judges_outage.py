@@ -241,7 +241,7 @@ def test_step_masks_lost_episodes_and_baselines_over_judged_ones(server, caplog)
     monitor = JudgeOutageMonitor(step.engine.judge.describe(), max_share=0.5, max_steps=2)
     from envace_jax.rl.judge_outage import example_error
 
-    with caplog.at_level(logging.WARNING, logger="envace.judge"):
+    with caplog.at_level(logging.WARNING, logger="envace_jax.rl.judge_outage"):
         assert monitor.observe(1, m, example_error(res.episodes)) is None
     (rec,) = caplog.records
     msg = rec.getMessage()

@@ -6,6 +6,7 @@ step recurrence computed here by hand: w_k = 0.5 * w_(k-1) + [k, 2k, 3k] (float3
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -174,15 +175,38 @@ def test_a_corrupt_newest_checkpoint_is_reported_and_skipped(tmp_path):
     np.testing.assert_array_equal(acc.w, expected_w(6))
 
 
+def test_by_default_the_loop_reports_through_its_module_logger(tmp_path, caplog):
+    # No ``log`` given: the lines are INFO records of envace_jax.rl.training_loop (the launch commands show
+    # them on stderr, envace_jax/cli/entrypoint.py); nothing is printed.
+    with caplog.at_level(logging.INFO, logger="envace_jax"):
+        for total in (4, 6):
+            acc = Accumulator()
+            run_loop(
+                total_steps=total,
+                step_fn=acc.step,
+                checkpointer=Checkpointer(str(tmp_path), max_to_keep=None, save_interval_steps=2, async_save=True),
+                state=acc.state,
+                load=acc.load,
+                data_state=acc.data_state,
+                progress=Progress(line=lambda k, out: f"at {k}"),
+            )
+    ours = [(r.name, r.levelno, r.getMessage()) for r in caplog.records if r.name.startswith("envace_jax.rl")]
+    info = lambda m: ("envace_jax.rl.training_loop", logging.INFO, m)
+    assert ours == [info("at 2"), info("at 4"), info("resumed from checkpoint step 4"), info("at 6")]
+    np.testing.assert_array_equal(acc.w, expected_w(6))
+
+
 # --------------------------------------------------------------------------- real processes
 
 # The Accumulator's step and state, as a script: w_k = 0.5 * w_(k-1) + [k, 2k, 3k], a line "DONE k" after each step.
 SCRIPT = textwrap.dedent("""
-    import json, sys, time
+    import json, logging, sys, time
     import numpy as np
     from envace_jax.checkpoint import Checkpointer
     from envace_jax.rl.training_loop import Hook, run_loop
 
+    # The loop's lines, shown the way a library user would (force: importing orbax already gave root a handler).
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     ckdir, total, every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     run = {"w": np.zeros(3, np.float32), "done": 0}
 

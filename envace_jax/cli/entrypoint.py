@@ -1,12 +1,18 @@
-"""What every ``launch/`` command shares: a short message instead of a traceback for the failures a user
-can fix, and a quiet start on hosts without an accelerator.
+"""What every command shares (``launch/*.py``, ``python -m launch.<name>``, the ``envace-*`` console scripts): a
+short message instead of a traceback for the failures a user can fix, the package's log on stderr, and a quiet
+start on hosts without an accelerator. It needs only the standard library (and absl inside ``run``): the cluster
+scripts in launch/gpu and launch/tpu_vm load it by its path, where the package may not be installed.
 
-- ``run(main)`` runs an absl main: it checks the ``--config.a.b=v`` overrides against the config file first
-  (an unknown field is one line naming the nearest valid one, exit 2), then runs ``main`` under ``guard``.
+- ``run(main)`` runs an absl main: ``--help`` shows its module's docstring and flags (``lend_help``); it checks
+  the ``--config.a.b=v`` overrides against the config file first (an unknown field is one line naming the
+  nearest valid one, exit 2), then runs ``main`` under ``guard``.
 - ``guard()`` turns the expected failures (a config error, a missing file, a full disk, a corrupt weights
   file, a checkpoint that does not fit the config, other bad input) into one or two lines on stderr and a
   non-zero exit. ``--verbose`` or ``ENVACE_DEBUG=1`` lets the exception through with its traceback.
   Anything else (a TypeError, a KeyError, ...) is a bug and keeps its traceback.
+- ``show_library_log()`` prints the package's log records (``logging.getLogger("envace_jax")``: a resume, a
+  preemption, compile progress) on stderr as bare lines, as the commands printed them before the package
+  logged them.
 - ``quiet_cpu_host()`` keeps JAX on the CPU when this host has no TPU or GPU and the user did not choose
   a platform, so an installed libtpu does not print its start-up complaints (see the function).
 
@@ -20,6 +26,7 @@ import contextlib
 import difflib
 import errno
 import glob
+import logging
 import os
 import re
 import sys
@@ -88,6 +95,35 @@ def quiet_cpu_host(environ: dict | None = None, root: str = "/") -> bool:
         return False
     env["JAX_PLATFORMS"] = "cpu"
     return True
+
+
+# ----------------------------------------------------------------------------- the package's log
+
+LIBRARY_LOGGER = "envace_jax"
+
+
+class _LibraryLogHandler(logging.StreamHandler):
+    """Marks the handler ``show_library_log`` installed, so a second call does not add another."""
+
+
+def show_library_log(stream=None) -> logging.Handler:
+    """Shows the package's INFO and higher records on ``stream`` (stderr) as the bare message, and returns
+    the handler. The package logs what a run reports (``resumed from checkpoint step 7``, ``aot: ...``) and
+    leaves the display to its user; a command shows those lines as plain text, the way it printed them.
+
+    The records do not go on to the root logger: absl.app puts its own handler there, which would print
+    each line a second time with its prefix (level, time, thread, file:line), and ``absl_logging.
+    set_verbosity(WARNING)`` in a main (quiet Orbax) sets the root level, not this logger's."""
+    logger = logging.getLogger(LIBRARY_LOGGER)
+    for h in logger.handlers:
+        if isinstance(h, _LibraryLogHandler):
+            return h
+    handler = _LibraryLogHandler(sys.stderr if stream is None else stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return handler
 
 
 # ----------------------------------------------------------------------------- config overrides
@@ -306,16 +342,33 @@ def guard(argv: Sequence[str] | None = None, prog: str | None = None) -> Iterato
         raise SystemExit(code) from None
 
 
+def lend_help(main: Callable) -> None:
+    """absl's ``--help`` prints the ``__main__`` module's docstring and the flags that module defined. A main in
+    ``envace_jax.cli`` runs from a wrapper (``launch/train.py``, the ``envace-train`` console script), which is
+    ``__main__`` then: it gets the docstring and flags of ``main``'s module, so ``--help`` shows those."""
+    from absl import flags
+
+    module = sys.modules.get(getattr(main, "__module__", ""))
+    if module is None or module is sys.modules.get("__main__"):
+        return
+    for flag in flags.FLAGS.get_key_flags_for_module(module.__name__):
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    sys.modules["__main__"].__doc__ = module.__doc__
+
+
 def run(
     main: Callable[[list[str]], Any], default_config: str | None = None, config_flag: str | None = "config"
 ) -> None:
-    """``absl.app.run(main)`` with the checks above: the accelerator choice, the config overrides, then
-    ``main`` under ``guard``. ``--verbose`` is accepted as a flag (it only changes how failures print)."""
+    """``absl.app.run(main)`` with the checks above: the accelerator choice, the package's log on stderr,
+    the config overrides, then ``main`` under ``guard``. ``--verbose`` is accepted as a flag (it only changes
+    how failures print)."""
     from absl import app, flags
 
     if "verbose" not in flags.FLAGS:
         flags.DEFINE_bool("verbose", False, f"full tracebacks on failure (or set {DEBUG_ENV}=1)")
+    lend_help(main)
     quiet_cpu_host()
+    show_library_log()
     with guard():
         if config_flag:
             check_overrides(sys.argv[1:], default_config, config_flag)

@@ -1,0 +1,1 @@
+"""Tests of envace_jax/cli/."""
