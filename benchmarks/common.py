@@ -1,5 +1,6 @@
-"""What the benchmarks share: the ~40M Qwen3 they all time, its analytic FLOPs, the float32 matmul
-peak they report against, and building the transformers model and ours from the same weights."""
+"""What the benchmarks share: the ~40M Qwen3 they all time, Qwen3-0.6B's shape, their analytic FLOPs,
+the float32 matmul peak they report against, and building the transformers model and ours from the same
+weights."""
 
 from __future__ import annotations
 
@@ -22,10 +23,28 @@ CONFIG = dict(
     vocab_size=32000, **BENCH.hf_fields(), tie_word_embeddings=True, max_position_embeddings=4096, rope_theta=1e6
 )
 
+# transformers' Qwen3Config fields of the released Qwen3-0.6B (its config.json): hidden 1024, 28 layers,
+# 16 heads, 8 kv heads, head_dim 128, MLP 3072, vocabulary 151,936, tied embeddings (596.0M parameters,
+# 440.5M of them outside the embedding). Benchmarks build it with random weights.
+QWEN3_0_6B = dict(
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+    max_position_embeddings=40960,
+    rope_theta=1e6,
+)
 
-def forward_flops(c: dict, batch: int, length: int) -> float:
+
+def forward_flops(c: dict, batch: int, length: int, head_positions: int | None = None) -> float:
     """Matmul FLOPs of one forward pass (2 per multiply-add). Attention scores are counted over the
-    full T x T square, since both implementations compute it before masking."""
+    full T x T square, since both implementations compute it before masking. The vocabulary head runs
+    on ``head_positions`` positions (default every one of the ``batch * length``; fewer when a step
+    projects only its trained positions)."""
     d, f, n, k, h, v, L = (
         c["hidden_size"],
         c["intermediate_size"],
@@ -36,9 +55,18 @@ def forward_flops(c: dict, batch: int, length: int) -> float:
         c["num_hidden_layers"],
     )
     tokens = batch * length
-    dense = L * (2 * d * n * h + 2 * d * k * h + 3 * d * f) + d * v  # q,o + k,v + mlp, plus lm head
+    head_positions = tokens if head_positions is None else head_positions
+    dense = L * (2 * d * n * h + 2 * d * k * h + 3 * d * f)  # q,o + k,v + mlp
     attn = L * 2 * batch * length * length * n * h  # QK^T and PV
-    return 2.0 * (tokens * dense + attn)
+    return 2.0 * (tokens * dense + head_positions * d * v + attn)
+
+
+def train_step_flops(c: dict, batch: int, length: int, head_positions: int | None = None) -> float:
+    """Matmul FLOPs of one training step: the forward and a backward of twice its work (the gradients of
+    each matmul's input and of its weight), i.e. 6 x matmul weights x tokens plus attention, with the
+    head on ``head_positions``. Recomputation under rematerialisation is not counted: this is the work
+    a step must do, so a share of peak computed from it is comparable between implementations."""
+    return 3 * forward_flops(c, batch, length, head_positions)
 
 
 def timed(fn, clock=time.perf_counter) -> float:

@@ -8,14 +8,26 @@ Presets:
   head_dim 32, mlp 256, vocab 2048, tied) and its SFT step: 32 rows of 100-250 tokens (a prompt and a
   trained response) right-padded to a multiple of 64, two micro-batches of 16 rows, gradients
   accumulated, clip 1.0, AdamW.
+- ``qwen3_0_6b``: Qwen3-0.6B's shape (``common.QWEN3_0_6B``: 28 layers, hidden 1024, vocabulary 151,936,
+  tied) with random weights, and a GRPO policy update: 4 rows of one group, each a shared 256-token prompt
+  and its own 256-token completion (4 x 512 tokens, the 1,024 completion positions trained), old
+  log-probs near -log(V) as a random policy's sampler gives them, group advantages +-1 and +-0.5, the
+  reference's clipped loss (clip 0.2/0.2, dual clip 3, per-sequence token mean), clip 1.0, AdamW. Float32
+  AdamW holds ~9.5 GB per framework (weights, gradients, two moments), so the two sides run one after
+  the other, each freed before the other loads: the repetitions of a side follow each other, and
+  ``--rounds 2`` runs the sides ABBA (ours, PyTorch, PyTorch, ours) so that a drift in the machine's
+  load reaches both. ``--layers`` cuts the depth for a
+  smoke run; ``--remat full`` rematerialises each layer on both sides (ours ``remat_policy="full"``,
+  transformers' ``activation_checkpointing_enable()``) when the activations do not fit.
 
-Both sides do the same work: the SFT cross-entropy (mean over trained tokens of -log p(target)),
-gradient clipping at 1.0 and an AdamW step; the PyTorch side runs the same micro-batches with the same
-padding mask and positions. Repetitions alternate between the frameworks so background load hits both
-alike; medians are reported, with the process CPU seconds of each step beside the wall seconds (on a
-shared machine CPU seconds show the work done, wall seconds also the waiting). Achieved GFLOP/s uses
-analytic FLOPs (3x the forward, attention over the full padded square, the vocabulary head at every
-position, so for our gathered head on the demo preset it overstates the work done) against a float32
+For the default and demo presets both sides do the same work: the SFT cross-entropy (mean over trained
+tokens of -log p(target)), gradient clipping at 1.0 and an AdamW step; the PyTorch side runs the same
+micro-batches with the same padding mask and positions. Repetitions alternate between the frameworks so
+background load hits both alike; medians are reported, with the process CPU seconds of each step beside
+the wall seconds (on a shared machine CPU seconds show the work done, wall seconds also the waiting).
+Achieved GFLOP/s uses analytic FLOPs (3x the forward, attention over the full padded square, the
+vocabulary head at every position, so for our gathered head on the demo preset it overstates the work
+done; for ``qwen3_0_6b`` at the trained positions only, as both sides run it there) against a float32
 2048^2 matmul peak measured in the same run.
 
 ``--retain-freed-memory`` reruns the process with glibc keeping freed memory (``envace_jax/host_memory.py``):
@@ -32,24 +44,36 @@ changes). The PyTorch step is transformers' forward, logits at every position, a
 ``Qwen3ForCausalLM`` gets them; ``--compare-gather`` also times a PyTorch step that gathers the same
 positions before its head, and ours with the head at every position.
 
-Usage: python benchmarks/train_step.py [--preset default|demo] [--reps 3] [--threads 2] [--bf16] [--compare-gather]
-       [--retain-freed-memory]
+The PyTorch side of ``qwen3_0_6b`` gathers the trained positions before its head as ours does, and
+steps a ``fused=True`` AdamW (PyTorch's fastest CPU AdamW, without the foreach variant's temporaries of
+the parameters' size). The first step of each side, from the same weights, prints its loss and gradient
+norm: the two must agree (the same loss on the same rows).
+
+Usage: python benchmarks/train_step.py [--preset default|demo|qwen3_0_6b] [--reps 3] [--threads 2] [--bf16]
+       [--compare-gather] [--retain-freed-memory] [--rounds 1] [--layers N] [--remat none|full]
+       [--dry-run]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import math
+import resource
 import statistics
+import tempfile
 import time
 
 # common (a sibling: the script's folder is on sys.path) sets JAX_PLATFORMS before it loads jax.
-from common import CONFIG, build_models, forward_flops, matmul_peak_gflops
+from common import CONFIG, QWEN3_0_6B, build_models, forward_flops, matmul_peak_gflops, train_step_flops
 
 import jax
 import numpy as np
 
 from envace_jax import host_memory
+from envace_jax.config import LossConfig
 from envace_jax.model_sizes import DEMO
+from envace_jax.models import hf_io
 from envace_jax.rl.batch import build_batch
 from envace_jax.rl.trainer import OptimConfig, Trainer
 from envace_jax.rl.types import ACT, Generation
@@ -82,14 +106,56 @@ def make_rows(preset: str, vocab: int, batch: int, length: int):
     return tb
 
 
-def torch_step_fn(tm, tb, micro: int, bf16: bool, gathered: bool = False):
+# Group advantages of the qwen3_0_6b preset's rows, in turn (a GRPO group's scores, normalised).
+GRPO_ADVANTAGES = (1.0, -1.0, 0.5, -0.5)
+
+
+def grpo_rows(vocab: int, batch: int, length: int, prompt: int):
+    """One GRPO group: ``batch`` rows of a shared ``prompt``-token prompt and ``length - prompt`` completion
+    tokens each, the completions trained. Old log-probs are -log(vocab) plus N(0, 0.1) noise, what a
+    sampler with random weights reports, so the clipped ratio sees values off 1 on both sides."""
+    if not 0 < prompt < length:
+        raise ValueError(f"--prompt {prompt} must be between 1 and --length {length} - 1")
+    rng = np.random.RandomState(0)
+    shared = [int(t) for t in rng.randint(0, vocab, prompt)]
+    gens = []
+    for i in range(batch):
+        gen = [int(t) for t in rng.randint(0, vocab, length - prompt)]
+        old = (-math.log(vocab) + 0.1 * rng.randn(len(gen))).tolist()
+        gens.append(Generation(ACT, shared, gen, old, "g", i, 0))
+    adv = [GRPO_ADVANTAGES[i % len(GRPO_ADVANTAGES)] for i in range(batch)]
+    return build_batch(gens, adv, [0] * batch, max_len=length, length_multiple=length)
+
+
+def torch_policy_loss(logp, old, adv, w, c: LossConfig):
+    """Our ``loss.policy_loss`` in PyTorch, for the per-sequence aggregations without role balancing:
+    (sum over rows, rows counted). logp, old, w ``[B, T]``; adv ``[B]``."""
+    import torch
+
+    on = w > 0
+    old = torch.where(on, old, logp.detach())
+    adv = torch.where(on, adv[:, None].expand_as(logp), torch.zeros_like(logp))
+    ratio = torch.exp((logp - old).clamp(-c.log_ratio_clamp, c.log_ratio_clamp))
+    clipped = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - c.clip_low, 1.0 + c.clip_high))
+    pg = torch.where(adv < 0, torch.minimum(clipped, -adv * c.dual_clip), clipped) if c.dual_clip else clipped
+    row_w = w.sum(-1)
+    has = row_w > 0
+    row_sum = torch.where(on, pg * w, torch.zeros_like(pg)).sum(-1)
+    if c.agg == "seq_mean_token_mean":
+        row_sum = row_sum / torch.where(has, row_w, torch.ones_like(row_w))
+    return torch.where(has, row_sum, torch.zeros_like(row_sum)).sum(), has.sum()
+
+
+def torch_step_fn(tm, tb, micro: int, bf16: bool, gathered: bool = False, rl: LossConfig | None = None):
     """One PyTorch optimizer step over ``tb`` in micro-batches of ``micro`` rows (same loss as ours).
 
     ``gathered``: the vocabulary head and log-softmax run on the trained positions only (what our
-    Trainer does by default), instead of transformers' logits at every position."""
+    Trainer does by default), instead of transformers' logits at every position. ``rl``: the policy
+    loss of these settings (``torch_policy_loss``) instead of the SFT cross-entropy, and a fused AdamW.
+    The step returns (loss, gradient norm before clipping)."""
     import torch
 
-    opt = torch.optim.AdamW(tm.parameters(), lr=1e-6, weight_decay=0.01)
+    opt = torch.optim.AdamW(tm.parameters(), lr=1e-6, weight_decay=0.01, fused=rl is not None)
     seg = torch.tensor(tb.segment_ids)
     parts = []
     for s in range(0, tb.size, micro):
@@ -101,43 +167,169 @@ def torch_step_fn(tm, tb, micro: int, bf16: bool, gathered: bool = False):
                 mask=(seg[sl] != 0).long(),
                 tgt=torch.tensor(tb.targets[sl], dtype=torch.long),
                 w=torch.tensor(tb.loss_weights[sl]),
+                old=torch.tensor(tb.old_logprobs[sl]),
+                adv=torch.tensor(tb.advantages[sl]),
             )
         )
-    total = float(tb.loss_weights.sum())
+    # The loss is a sum over micro-batches divided by the batch's count, as our Trainer's.
+    total = float((tb.loss_weights.sum(-1) > 0).sum()) if rl is not None else float(tb.loss_weights.sum())
 
     def step():
+        loss = 0.0
         for p in parts:
             tgt, w = p["tgt"], p["w"]
+            on = w != 0
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 if gathered:
-                    on = w != 0
                     hidden = tm.model(input_ids=p["ids"], attention_mask=p["mask"], position_ids=p["pos"])[0]
-                    logits, tgt, w = tm.lm_head(hidden[on]), tgt[on], w[on]
+                    logits, tgt_on = tm.lm_head(hidden[on]), tgt[on]
                 else:
                     logits = tm(input_ids=p["ids"], attention_mask=p["mask"], position_ids=p["pos"]).logits
-            logp = torch.log_softmax(logits.float(), -1).gather(-1, tgt[..., None])[..., 0]
-            (-(logp * w).sum() / total).backward()
-        torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
+            if rl is not None:
+                # Log-probs at the trained positions (all positions' logits sliced there when not gathered),
+                # put back in [B, T] for the per-row aggregation.
+                picked = logits.float() if gathered else logits.float()[on]
+                lp = torch.log_softmax(picked, -1).gather(-1, (tgt_on if gathered else tgt[on])[:, None])[:, 0]
+                logp = torch.zeros(w.shape, dtype=lp.dtype).masked_scatter(on, lp)
+                part = torch_policy_loss(logp, p["old"], p["adv"], w, rl)[0] / total
+            else:
+                if gathered:
+                    logits, tgt, w = logits, tgt_on, w[on]
+                logp = torch.log_softmax(logits.float(), -1).gather(-1, tgt[..., None])[..., 0]
+                part = -(logp * w).sum() / total
+            part.backward()
+            loss += float(part.detach())
+        gnorm = torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss, float(gnorm)
 
     return step
 
 
-def timed(fn) -> tuple[float, float]:
-    """(wall, process CPU) seconds of one call."""
+def timed(fn) -> tuple[float, float, object]:
+    """(wall, process CPU) seconds of one call, and what it returned."""
     w, c = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - w, time.process_time() - c
+    out = fn()
+    return time.perf_counter() - w, time.process_time() - c, out
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far (ru_maxrss, KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / float(1 << 20)
+
+
+def jax_rl_step(trainer: Trainer, tb):
+    def step():
+        m = trainer.update(tb, kind="rl")
+        return m["loss"], m["grad_norm"]
+
+    return step
+
+
+def run_sequential(args, config: dict, tb, micro: int) -> tuple[dict, dict, dict, dict]:
+    """Each side alone in memory: save a seeded transformers model once, then per phase load one side from
+    that folder, take a first step (compile / optimizer state) and ``args.reps`` timed steps, and free it
+    before the next. Phases run ours, PyTorch, then ABBA over ``args.rounds``. Returns (wall, cpu, first
+    step, peak) lists per side: the first step's (seconds, loss, grad norm) and the matmul peak measured
+    right after the phase's steps (the load of a shared machine drifts between phases) kept per phase."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    loss_cfg = LossConfig()
+    wall, cpu, first, peaks = ({"jax": [], "torch": []} for _ in range(4))
+    order = []
+    for r in range(args.rounds):
+        order += ["jax", "torch"] if r % 2 == 0 else ["torch", "jax"]
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as d:
+        torch.manual_seed(0)
+        tm = Qwen3ForCausalLM(Qwen3Config(**config))
+        tm.save_pretrained(d)
+        del tm
+        gc.collect()
+        for side in order:
+            if side == "jax":
+                model = hf_io.load_hf(d, remat_policy=args.remat)
+                trainer = Trainer(model, OptimConfig(lr=1e-6, weight_decay=0.01), loss_cfg, micro_batch_size=micro)
+                step = jax_rl_step(trainer, tb)
+            else:
+                tm = Qwen3ForCausalLM.from_pretrained(d, dtype=torch.float32, use_cache=False).train()
+                if args.remat == "full":
+                    # transformers 5.25 renamed it; older releases know only the first name.
+                    enable = getattr(tm, "activation_checkpointing_enable", None) or tm.gradient_checkpointing_enable
+                    enable()
+                step = torch_step_fn(tm, tb, micro, False, gathered=True, rl=loss_cfg)
+            w0, _, (loss, gnorm) = timed(step)
+            first[side].append((w0, loss, gnorm))
+            print(f"{side:5s} first step {w0:.1f} s: loss {loss:.6f}, grad norm {gnorm:.6f}", flush=True)
+            for _ in range(args.reps):
+                w, c, _ = timed(step)
+                wall[side].append(w)
+                cpu[side].append(c)
+                print(f"{side:5s} step {w:.2f} s (cpu {c:.1f} s)  peak rss {peak_rss_gib():.1f} GiB", flush=True)
+            peaks[side].append(matmul_peak_gflops())
+            print(f"{side:5s} phase's matmul peak {peaks[side][-1]:.1f} GFLOP/s", flush=True)
+            if side == "jax":
+                del model, trainer
+                jax.clear_caches()
+            else:
+                del tm
+            del step
+            gc.collect()
+    return wall, cpu, first, peaks
+
+
+def report_sequential(args, config: dict, tb, micro: int) -> None:
+    import torch
+
+    B, T = tb.tokens.shape
+    trained = int((tb.loss_weights != 0).sum())
+    wall, cpu, first, peaks = run_sequential(args, config, tb, micro)
+    flops = train_step_flops(config, B, T, head_positions=trained)
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    print(
+        f"jax {jax.__version__} torch {torch.__version__}  preset {args.preset}: {config['num_hidden_layers']} "
+        f"layers, {B} rows x {T} tokens ({trained} trained, the head on those only on both sides), "
+        f"micro-batch {micro}, remat {args.remat}, {args.threads} threads, sides one at a time, "
+        f"order {'ABBA' if args.rounds > 1 else 'AB'} x {args.rounds} round(s)"
+    )
+    print(host_memory.describe())
+    for k in ("jax", "torch"):
+        f = ", ".join(f"{w:.1f} s (loss {lo:.6f}, grad norm {g:.6f})" for w, lo, g in first[k])
+        print(f"{k:5s} first step(s): {f}")
+    for k in ("jax", "torch"):
+        peak = statistics.median(peaks[k])
+        print(
+            f"{k:5s} step s: {[round(x, 2) for x in wall[k]]} median {med[k]:.2f}  cpu-s median "
+            f"{statistics.median(cpu[k]):.1f}  -> {flops / med[k] / 1e9:.1f} GFLOP/s "
+            f"({flops / med[k] / 1e9 / peak:.0%} of its phases' matmul peak, {peak:.1f} GFLOP/s)"
+        )
+    print(f"step FLOPs (6 x matmul weights x tokens + attention, head on {trained} positions): {flops / 1e12:.3f} T")
+    print(f"matmul peak (jnp float32 2048^2) per phase: {peaks}; process peak rss {peak_rss_gib():.1f} GiB")
+    cpu_ratio = statistics.median(cpu["torch"]) / statistics.median(cpu["jax"])
+    print(
+        f"ours/PyTorch speed (PyTorch time / our time, medians): {med['torch'] / med['jax']:.2f}x wall, "
+        f"{cpu_ratio:.2f}x process CPU seconds  (>1: ours faster)"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--preset", choices=("default", "demo"), default="default")
+    ap.add_argument("--preset", choices=("default", "demo", "qwen3_0_6b"), default="default")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=None, help="rows (default 8; demo 32)")
-    ap.add_argument("--length", type=int, default=512, help="row length of the default preset")
+    ap.add_argument("--batch", type=int, default=None, help="rows (default 8; demo 32; qwen3_0_6b 4)")
+    ap.add_argument("--length", type=int, default=512, help="row length of the default and qwen3_0_6b presets")
+    ap.add_argument("--prompt", type=int, default=None, help="qwen3_0_6b: prompt tokens per row (default half)")
+    ap.add_argument("--layers", type=int, default=None, help="qwen3_0_6b: fewer layers, for a smoke run")
+    ap.add_argument("--remat", choices=("none", "full"), default="none", help="qwen3_0_6b: per-layer remat")
+    ap.add_argument("--rounds", type=int, default=1, help="qwen3_0_6b: rounds of both sides, ABBA")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="qwen3_0_6b: print the rows, their trained positions and the step's FLOPs, and build nothing",
+    )
     ap.add_argument("--micro", type=int, default=None, help="micro-batch rows (default: all; demo 16)")
     ap.add_argument("--bf16", action="store_true", help="also time bfloat16 compute on both sides")
     ap.add_argument(
@@ -156,6 +348,22 @@ def main() -> None:
     if args.retain_freed_memory:
         host_memory.retain_freed_memory()
     demo = args.preset == "demo"
+    if args.preset == "qwen3_0_6b":
+        config = dict(QWEN3_0_6B, num_hidden_layers=args.layers or QWEN3_0_6B["num_hidden_layers"])
+        B = args.batch or 4
+        tb = grpo_rows(config["vocab_size"], B, args.length, args.prompt or args.length // 2)
+        if args.dry_run:
+            trained = int((tb.loss_weights != 0).sum())
+            flops = train_step_flops(config, B, tb.tokens.shape[1], head_positions=trained)
+            print(f"rows {B} x {tb.tokens.shape[1]} tokens, trained {trained}, layers {config['num_hidden_layers']}")
+            print(f"step FLOPs {flops:.0f}")
+            return
+        if args.bf16 or args.compare_gather:
+            raise SystemExit("--bf16 and --compare-gather are not available with --preset qwen3_0_6b")
+        report_sequential(args, config, tb, args.micro or B)
+        return
+    if args.layers or args.remat != "none" or args.prompt or args.rounds != 1 or args.dry_run:
+        raise SystemExit("--layers, --remat, --prompt, --rounds and --dry-run apply to --preset qwen3_0_6b only")
     config = DEMO_CONFIG if demo else CONFIG
     B = args.batch or (32 if demo else 8)
     micro = args.micro or (16 if demo else B)
@@ -197,7 +405,7 @@ def main() -> None:
     names = list(steps)
     for r in range(args.reps):
         for k in names if r % 2 == 0 else names[::-1]:
-            w, c = timed(steps[k])
+            w, c, _ = timed(steps[k])
             wall[k].append(w)
             cpu[k].append(c)
     peak = matmul_peak_gflops()
