@@ -21,7 +21,7 @@ from envace_jax.demo.config import REPLAY_ROLES, DemoConfig
 from envace_jax.data.demo_tasks import BRANCHES
 from envace_jax.eval import paired
 from envace_jax.eval.results import nan_to_none
-from envace_jax.rl.types import ACT, REHEARSE, ROLES
+from envace_jax.rl.types import REHEARSE, ROLES
 
 
 def _bar(total: int, desc: str, enabled: bool):
@@ -38,6 +38,8 @@ class Demo:
         self.timing: dict[str, stages.Clock] = collections.OrderedDict()
         self.curves: dict[str, list[dict[str, Any]]] = {}  # RL tag -> learning-curve points (rl_eval_every)
         self.outcomes: dict[str, list[paired.TaskOutcome]] = {}  # evaluated arm -> per-task outcomes
+        # the model that plays REHEARSE when it is not the policy (after a noshare RL run): its fidelity is measured
+        self.rehearse_model = None
         os.makedirs(run_dir, exist_ok=True)
 
     def clock(self, name: str) -> stages.Clock:
@@ -123,7 +125,9 @@ class Demo:
             self.outcomes[tag] = paired.outcomes_of(res.uids, res.scores)
             paired.write_outcomes(self.run_dir, tag, self.outcomes[tag])
             # the fidelity tasks keep the split's branch mix, so error responses are represented
-            fid = stages.evaluate_fidelity(cfg, self.model, self.codec, self.eval_tasks[: cfg.fidelity_tasks])
+            fid = stages.evaluate_fidelity(
+                cfg, self.rehearse_model or self.model, self.codec, self.eval_tasks[: cfg.fidelity_tasks]
+            )
         with open(os.path.join(self.run_dir, f"fidelity_{tag}.md"), "w") as f:
             f.write(fid.to_markdown())
         with open(os.path.join(self.run_dir, f"fidelity_{tag}.json"), "w") as f:
@@ -148,12 +152,13 @@ class Demo:
             stages.restore(sim_model, self.sft_params)
         if mode == "noshare":
             trainers[REHEARSE] = stages.make_trainer(sim_model, cfg, cfg.rl_lr, 0)
+        self.rehearse_model = sim_model if mode == "noshare" else None
         step, client = stages.make_rl_step(
             cfg.replace(seed=cfg.rl_stream_seed),
             mode,
             self.model,
             self.codec,
-            trainer if mode != "noshare" else {ACT: trainer, REHEARSE: trainers[REHEARSE]},
+            trainers if mode == "noshare" else trainer,
             sim_model,
         )
         prompts = PromptIterator(
@@ -224,6 +229,7 @@ class Demo:
         return [rep.curve_point(0, before)] + self.curves.get(tag, []) + [rep.curve_point(self.cfg.rl_steps, after)]
 
     def more_sft(self, seconds: float) -> int:
+        self.rehearse_model = None
         stages.restore(self.model, self.sft_params)
         self.sft_trainer.load_state_dict(
             stages.jax.tree.map(lambda x: stages.jnp.asarray(x) if isinstance(x, np.ndarray) else x, self.sft_state)

@@ -58,3 +58,43 @@ def test_compare_runs_every_mode_from_one_start_and_states_each_share_of_the_rea
     )
     on_disk = json.loads((tmp_path / "compare.json").read_text())
     assert on_disk["modes"]["real"]["eval"]["success"] == out["modes"]["real"]["eval"]["success"]
+
+
+def test_noshare_trains_a_second_model_for_rehearse_and_its_fidelity_is_measured(tmp_path, monkeypatch):
+    """Under ``noshare`` REHEARSE is a second model, copied from the start and trained apart from the policy
+    (here by the replay batch of REHEARSE rows); the evaluation after that run measures REHEARSE fidelity on
+    that model, and the policy's real-tool episodes on the policy."""
+    import jax
+    import numpy as np
+
+    from envace_jax.demo import stages
+    from envace_jax.demo.pipeline import Demo
+
+    cfg = reduced().replace(rl_steps=1, test_tasks=4, fidelity_tasks=2, rl_replay_roles="rehearse")
+    d = Demo(cfg, str(tmp_path), progress=False)
+    d.prepare()
+    d.sft()
+    start = jax.tree.leaves(d.sft_params)
+    d.rl("noshare", tag="rl_noshare")
+    sim = d.rehearse_model
+    assert sim is not None and sim is not d.model
+    leaves = lambda m: [np.asarray(x) for x in jax.tree.leaves(stages.snapshot(m))]
+    # the replay batch (REHEARSE rows only) moved the REHEARSE model away from the start, and not the policy
+    # onto the same weights
+    assert any(not np.array_equal(a, b) for a, b in zip(leaves(sim), start))
+    assert any(not np.array_equal(a, b) for a, b in zip(leaves(sim), leaves(d.model)))
+    seen = {}
+
+    def recording(name, fn):
+        def wrapped(c, model, *args, **kw):
+            seen[name] = model
+            return fn(c, model, *args, **kw)
+
+        return wrapped
+
+    monkeypatch.setattr(stages, "evaluate_real", recording("real", stages.evaluate_real))
+    monkeypatch.setattr(stages, "evaluate_fidelity", recording("fidelity", stages.evaluate_fidelity))
+    d.evaluate("after_noshare")
+    assert seen == {"real": d.model, "fidelity": sim}
+    d.more_sft(0.0)
+    assert d.rehearse_model is None
