@@ -68,7 +68,8 @@ def paired_section(
     arms: Mapping[str, Sequence[paired.TaskOutcome]], pairs: Sequence[tuple[str, str, str]], seed: int = 0
 ) -> tuple[str, list[dict]]:
     """The markdown table (with its note) of ``pairs`` among ``arms``, and the same results as dicts (for the
-    summary JSON); an empty table when no pair's two arms were evaluated."""
+    summary JSON); an empty table when no pair's two arms were evaluated. The bootstrap's ``seed`` is fixed
+    (0, as ``launch/paired_stats.py``'s default), not the run's, so the script reproduces the reports' rows."""
     results = paired.compare_arms(arms, pairs, seed=seed)
     if not results:
         return "", []

@@ -355,7 +355,7 @@ def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[st
     if cfg.more_sft:
         s["more_sft_success_by_branch"] = s["eval"]["more_sft"]["success_by_branch"]
     # task-by-task comparisons of the arms (eval.paired), beside the per-arm intervals above
-    s["paired"] = arms.paired_section(d.outcomes, arms.DEMO_PAIRS, seed=cfg.seed)[1]
+    s["paired"] = arms.paired_section(d.outcomes, arms.DEMO_PAIRS)[1]
     s["rl"]["train"] = rl_train_stats(log)
     s["rl"]["curve"] = d.curve("rl", ev_b, ev_a)
     s["timing"] = {k: v.as_dict() for k, v in d.timing.items()}
@@ -433,7 +433,7 @@ def run_compare(
         + ["score", "REHEARSE exact", "optimistic halluc.", "share of real-tools gain", "CI apart from start"]
     )
     text = rep.table(rows, header)
-    paired_text, out["paired"] = arms.paired_section(d.outcomes, arms.COMPARE_PAIRS, seed=cfg.seed)
+    paired_text, out["paired"] = arms.paired_section(d.outcomes, arms.COMPARE_PAIRS)
     with open(os.path.join(run_dir, "compare.md"), "w") as f:
         f.write(
             f"# RL modes from one start ({cfg.eval_split} split, {len(d.eval_tasks)} real-tool episodes)\n\n"

@@ -87,7 +87,7 @@ def run_rehearsal_table(
         if arm not in outcomes:
             outcomes[arm] = paired.outcomes_of([e.id for e in cat.entries], [e.detail["score"] for e in cat.entries])
             paired.write_outcomes(run_dir, arm, outcomes[arm])
-    paired_text, paired_rows = arms.paired_section(outcomes, arms.REHEARSAL_PAIRS, seed=cfg.seed)
+    paired_text, paired_rows = arms.paired_section(outcomes, arms.REHEARSAL_PAIRS)
     header = (
         f"# Test-time rehearsal on the demo suite ({cfg.eval_split} split, {len(tasks)} tasks, real tools, "
         f"greedy)\n\nModel: {model_dir}. N imagined episodes (REHEARSE plays the tools, no logged results) "

@@ -120,7 +120,7 @@ def test_per_task_outcomes_and_the_paired_table(reduced_run):
     assert "Paired comparisons on the same test tasks" in text
     assert [(r["label"], r["a"], r["b"]) for r in s["paired"]] == arms.DEMO_PAIRS
     for label, a, b in arms.DEMO_PAIRS:
-        r = paired.compare(outcomes[a], outcomes[b], a, b, seed=s["config"]["seed"])
+        r = paired.compare(outcomes[a], outcomes[b], a, b)
         assert _table_cells(text, label) == paired.paired_row(label, r)
         # the counts, read independently of the module: tasks A solved and B did not, and the reverse
         by_b = {o.uid: o.success for o in outcomes[b]}
@@ -131,8 +131,6 @@ def test_per_task_outcomes_and_the_paired_table(reduced_run):
             sys.executable,
             os.path.join(ROOT, "launch", "paired_stats.py"),
             str(run_dir),
-            "--seed",
-            str(s["config"]["seed"]),
         ],
         env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")),
         capture_output=True,
@@ -232,7 +230,7 @@ def test_exported_model_runs_the_rehearsal_sweep(reduced_run):
     assert len(n0) == 3 and {o.uid for o in n0} == {o.uid for o in n1}
     assert sum(o.success for o in n1) / 3 == pytest.approx(out["rows"][1]["success"])
     assert [(r["label"], r["a"], r["b"]) for r in out["paired"]] == [("N=1 parallel vs N=0", "n1", "n0")]
-    want = paired.paired_row("N=1 parallel vs N=0", paired.compare(n1, n0, "n1", "n0", seed=reduced().seed))
+    want = paired.paired_row("N=1 parallel vs N=0", paired.compare(n1, n0, "n1", "n0"))
     assert _table_cells((run_dir / "rehearsal_sweep.md").read_text(), "N=1 parallel vs N=0") == want
 
 
