@@ -12,14 +12,16 @@ from typing import Any
 
 import numpy as np
 
+from envace_jax.demo import arms
 from envace_jax.demo import data as demo_data
 from envace_jax.demo import pretrain
 from envace_jax.demo import report as rep
 from envace_jax.demo import stages
 from envace_jax.demo.config import REPLAY_ROLES, DemoConfig
 from envace_jax.data.demo_tasks import BRANCHES
+from envace_jax.eval import paired
 from envace_jax.eval.results import nan_to_none
-from envace_jax.rl.types import ROLES
+from envace_jax.rl.types import REHEARSE, ROLES
 
 
 def _bar(total: int, desc: str, enabled: bool):
@@ -35,6 +37,9 @@ class Demo:
         self.cfg, self.run_dir, self.progress = cfg, run_dir, progress
         self.timing: dict[str, stages.Clock] = collections.OrderedDict()
         self.curves: dict[str, list[dict[str, Any]]] = {}  # RL tag -> learning-curve points (rl_eval_every)
+        self.outcomes: dict[str, list[paired.TaskOutcome]] = {}  # evaluated arm -> per-task outcomes
+        # the model that plays REHEARSE when it is not the policy (after a noshare RL run): its fidelity is measured
+        self.rehearse_model = None
         os.makedirs(run_dir, exist_ok=True)
 
     def clock(self, name: str) -> stages.Clock:
@@ -116,8 +121,13 @@ class Demo:
         cfg = self.cfg
         with self.clock(f"eval {tag}"), _bar(len(self.eval_tasks), f"eval {tag} (real tools)", self.progress) as bar:
             res = stages.evaluate_real(cfg, self.model, self.codec, self.eval_tasks, progress=bar.update)
+            # per-task outcomes, so any two arms can be compared task by task (eval.paired)
+            self.outcomes[tag] = paired.outcomes_of(res.uids, res.scores)
+            paired.write_outcomes(self.run_dir, tag, self.outcomes[tag])
             # the fidelity tasks keep the split's branch mix, so error responses are represented
-            fid = stages.evaluate_fidelity(cfg, self.model, self.codec, self.eval_tasks[: cfg.fidelity_tasks])
+            fid = stages.evaluate_fidelity(
+                cfg, self.rehearse_model or self.model, self.codec, self.eval_tasks[: cfg.fidelity_tasks]
+            )
         with open(os.path.join(self.run_dir, f"fidelity_{tag}.md"), "w") as f:
             f.write(fid.to_markdown())
         with open(os.path.join(self.run_dir, f"fidelity_{tag}.json"), "w") as f:
@@ -133,12 +143,23 @@ class Demo:
         cfg = self.cfg
         stages.restore(self.model, self.sft_params)
         trainer = stages.make_trainer(self.model, cfg, cfg.rl_lr, 0)
+        trainers: dict[str, Any] = {role: trainer for role in ROLES}
         sim_model = None
-        if mode == "simulator":  # the frozen simulator is the SFT model
+        if mode in ("simulator", "noshare"):
+            # simulator: the frozen simulator is a copy of the start; noshare: that copy plays REHEARSE and is
+            # trained on REHEARSE rows by its own optimizer, while the policy learns ACT only
             sim_model = stages.build_model(cfg, len(self.tok))
             stages.restore(sim_model, self.sft_params)
+        if mode == "noshare":
+            trainers[REHEARSE] = stages.make_trainer(sim_model, cfg, cfg.rl_lr, 0)
+        self.rehearse_model = sim_model if mode == "noshare" else None
         step, client = stages.make_rl_step(
-            cfg.replace(seed=cfg.rl_stream_seed), mode, self.model, self.codec, trainer, sim_model
+            cfg.replace(seed=cfg.rl_stream_seed),
+            mode,
+            self.model,
+            self.codec,
+            trainers if mode == "noshare" else trainer,
+            sim_model,
         )
         prompts = PromptIterator(
             self.rl_tasks,
@@ -165,8 +186,7 @@ class Demo:
                     client.reset()
                     m = {"step": it + 1, **res.metrics}
                     for _ in range(cfg.rl_replay_batches):
-                        r = trainer.update(stages.sft_batch(next(replay), self.max_len), kind="sft")
-                        m.update({f"replay/{k}": v for k, v in r.items() if k.startswith("nll/")})
+                        m.update(self._replay(next(replay), trainers))
                 log.append(m)
                 bar.update(1)
                 post = dict(act=f"{m.get('act/reward_mean', 0):.3f}", reh=f"{m.get('rehearse/reward_mean', 0):.3f}")
@@ -178,6 +198,21 @@ class Demo:
             for m in log:
                 f.write(json.dumps({k: (v if v == v else None) for k, v in m.items()}) + "\n")
         return log
+
+    def _replay(self, rows, trainers) -> dict[str, float]:
+        """One replay batch: each role's rows update the model that plays that role (one model but in
+        ``noshare``)."""
+        out = {}
+        by_trainer: dict[int, list] = {}
+        for r in rows:
+            by_trainer.setdefault(id(trainers[r.role]), []).append(r)
+        for key, part in by_trainer.items():
+            trainer = next(t for t in trainers.values() if id(t) == key)
+            roles = {r.role for r in part}
+            res = trainer.update(stages.sft_batch(part, self.max_len), kind="sft")
+            # a role's NLL from the update that saw its rows (the other update has none of them)
+            out.update({f"replay/{k}": v for k, v in res.items() if k.startswith("nll/") and k[4:] in roles})
+        return out
 
     def curve_point(self, step: int, tag: str) -> dict[str, Any]:
         """Greedy real-tool success of the current model on the eval split after ``step`` RL steps (a point of
@@ -194,6 +229,7 @@ class Demo:
         return [rep.curve_point(0, before)] + self.curves.get(tag, []) + [rep.curve_point(self.cfg.rl_steps, after)]
 
     def more_sft(self, seconds: float) -> int:
+        self.rehearse_model = None
         stages.restore(self.model, self.sft_params)
         self.sft_trainer.load_state_dict(
             stages.jax.tree.map(lambda x: stages.jnp.asarray(x) if isinstance(x, np.ndarray) else x, self.sft_state)
@@ -318,6 +354,8 @@ def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[st
         s[f"pessimistic_hallucination_{tag}"] = fid["kinds"]["pessimistic_hallucination"]
     if cfg.more_sft:
         s["more_sft_success_by_branch"] = s["eval"]["more_sft"]["success_by_branch"]
+    # task-by-task comparisons of the arms (eval.paired), beside the per-arm intervals above
+    s["paired"] = arms.paired_section(d.outcomes, arms.DEMO_PAIRS)[1]
     s["rl"]["train"] = rl_train_stats(log)
     s["rl"]["curve"] = d.curve("rl", ev_b, ev_a)
     s["timing"] = {k: v.as_dict() for k, v in d.timing.items()}
@@ -331,10 +369,15 @@ def run_demo(cfg: DemoConfig, run_dir: str, *, progress: bool = True) -> dict[st
 
 
 def run_compare(
-    cfg: DemoConfig, run_dir: str, *, progress: bool = True, modes: tuple[str, ...] = ("real", "simulator", "rehearsal")
+    cfg: DemoConfig, run_dir: str, *, progress: bool = True, modes: tuple[str, ...] = arms.COMPARE_MODES
 ) -> dict[str, Any]:
-    """The same RL budget from one start in each mode, plus more SFT for the rehearsal run's wall time; one
-    table (compare.md/.json) with success per branch kind and the share of the real-tools gain each recovers."""
+    """The same RL budget from one start in each mode (real tools, frozen simulator, no sharing, world
+    rehearsal), plus more SFT for the last mode's wall time; one table (compare.md/.json) with success per
+    branch kind and the share of the real-tools gain each recovers, and the paired table of each arm against
+    the start (and rehearsal against real tools and more SFT) on the same tasks."""
+    unknown = [m for m in modes if m not in arms.MODE_LABELS]
+    if unknown:
+        raise ValueError(f"run_compare: unknown RL mode(s) {unknown}; known: {sorted(arms.MODE_LABELS)}")
     d = Demo(cfg, run_dir, progress)
     d.prepare()
     d.sft()
@@ -343,7 +386,7 @@ def run_compare(
     results = [("start (" + ("base" if cfg.from_base else "SFT") + ")", None, ev_b, fid_b)]
     for mode in modes:
         log = d.rl(mode, tag=f"rl_{mode}")
-        ev, fid = d.evaluate(f"after_{mode}")
+        ev, fid = d.evaluate(arms.compare_arm(mode))
         wall = d.timing[f"rl_{mode}"].wall
         out["modes"][mode] = {
             "eval": ev,
@@ -352,7 +395,7 @@ def run_compare(
             "train_reward_last": log[-1].get("episode/score_mean") if log else None,
             "curve": d.curve(f"rl_{mode}", ev_b, ev),
         }
-        results.append((f"RL {mode}", wall, ev, fid))
+        results.append((arms.MODE_LABELS[mode], wall, ev, fid))
     if cfg.more_sft:
         wall = d.timing[f"rl_{modes[-1]}"].wall
         steps = d.more_sft(wall)
@@ -390,15 +433,17 @@ def run_compare(
         + ["score", "REHEARSE exact", "optimistic halluc.", "share of real-tools gain", "CI apart from start"]
     )
     text = rep.table(rows, header)
+    paired_text, out["paired"] = arms.paired_section(d.outcomes, arms.COMPARE_PAIRS)
     with open(os.path.join(run_dir, "compare.md"), "w") as f:
         f.write(
             f"# RL modes from one start ({cfg.eval_split} split, {len(d.eval_tasks)} real-tool episodes)\n\n"
             + text
             + "\n"
+            + (f"\nPaired comparisons on the same test tasks (A - B):\n\n{paired_text}\n" if paired_text else "")
         )
     with open(os.path.join(run_dir, "compare.json"), "w") as f:
         json.dump(nan_to_none(out), f, indent=1, allow_nan=False)
-    out["table"] = text
+    out["table"] = text + ("\n\n" + paired_text if paired_text else "")
     return out
 
 

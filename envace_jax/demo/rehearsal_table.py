@@ -8,12 +8,15 @@ before the real one, for each N and mode; writes ``rehearsal_sweep.md`` / ``.jso
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any, Sequence
 
+from envace_jax.demo import arms
 from envace_jax.demo import data as demo_data
 from envace_jax.demo import stages
 from envace_jax.demo.config import DemoConfig
+from envace_jax.eval import paired
 
 MODEL_DIR = "model"
 
@@ -74,17 +77,28 @@ def run_rehearsal_table(
         place_memory=cfg.rehearsal_place_memory,
         seed=cfg.seed,
     )
-    result, _ = demo_eval.sweep(
+    result, cats = demo_eval.sweep(
         tasks, codec, stages.make_client(model, codec), rollout, base, ns, modes, make_env=demo_data.make_real_env
     )
+    # per-task outcomes of each N (eval_n0_tasks.jsonl, eval_n1_tasks.jsonl, ...) and N = k against N = 0
+    outcomes = {}
+    for row, cat in zip(result.rows, cats):
+        arm = arms.rehearsal_arm(row["n"], row["mode"])
+        if arm not in outcomes:
+            outcomes[arm] = paired.outcomes_of([e.id for e in cat.entries], [e.detail["score"] for e in cat.entries])
+            paired.write_outcomes(run_dir, arm, outcomes[arm])
+    paired_text, paired_rows = arms.paired_section(outcomes, arms.REHEARSAL_PAIRS)
     header = (
         f"# Test-time rehearsal on the demo suite ({cfg.eval_split} split, {len(tasks)} tasks, real tools, "
         f"greedy)\n\nModel: {model_dir}. N imagined episodes (REHEARSE plays the tools, no logged results) "
         f"are condensed into a memory in the system prompt before the one real episode "
         f"(placed: {cfg.rehearsal_place_memory}).\n\n"
     )
+    markdown = result.to_markdown() + (
+        f"\nPaired against N = 0 on the same tasks (A - B):\n\n{paired_text}\n" if paired_text else ""
+    )
     with open(os.path.join(run_dir, "rehearsal_sweep.md"), "w", encoding="utf-8") as f:
-        f.write(header + result.to_markdown())
+        f.write(header + markdown)
     with open(os.path.join(run_dir, "rehearsal_sweep.json"), "w", encoding="utf-8") as f:
-        f.write(result.to_json())
-    return {"rows": result.rows, "markdown": result.to_markdown()}
+        json.dump({"rows": result.rows, "paired": paired_rows}, f, indent=2)
+    return {"rows": result.rows, "markdown": markdown, "paired": paired_rows}

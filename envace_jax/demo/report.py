@@ -7,6 +7,7 @@ import json
 import os
 from typing import Any, Mapping, Sequence
 
+from envace_jax.eval import paired
 from envace_jax.eval.results import (
     is_success,
     mean_ci,
@@ -341,6 +342,7 @@ def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mappi
         "",
         verdict,
         "",
+        *paired_md(summary.get("paired") or []),
         "Success by branch kind (happy: every tool answers; push_back: a tool errs or a returned value makes the "
         "user's condition fail, so the right reply depends on what the tool said):",
         "",
@@ -376,6 +378,37 @@ def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mappi
     return path
 
 
+def paired_md(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The report's paired table (``summary["paired"]``: dicts of ``eval.paired.PairedResult`` with a
+    ``label``), as markdown lines; none when there is nothing to compare."""
+    if not results:
+        return []
+    rows = [paired.paired_row(r["label"], paired.PairedResult.from_dict(r)) for r in results]
+    return [
+        "Paired comparisons on the same test tasks (A - B):",
+        "",
+        paired.markdown_table(rows),
+        "",
+        paired.PAIRED_NOTE,
+        "",
+    ]
+
+
+def _paired(s: Mapping[str, Any], a: str, b: str) -> paired.PairedResult | None:
+    for r in s.get("paired") or []:
+        if r["a"] == a and r["b"] == b:
+            return paired.PairedResult.from_dict(r)
+    return None
+
+
+def _paired_words(r: paired.PairedResult) -> str:
+    lo, hi = r.success_diff_ci
+    return (
+        f"paired difference {r.success_diff:+.3f} [{lo:+.3f}, {hi:+.3f}], McNemar p = {paired._p(r.mcnemar_p)}, "
+        f"{r.wins} tasks won / {r.losses} lost"
+    )
+
+
 def _train_line(t: Mapping[str, Any]) -> str:
     if not t:
         return ""
@@ -392,7 +425,14 @@ def _verdict(s: Mapping[str, Any]) -> str:
     sep = cis_separate(s["real_success_ci_before"], s["real_success_ci_after"])
     fb = s["fidelity_before"]
     fa = s["fidelity_after"]
-    if a > b and sep:
+    rl_start = _paired(s, "after", "before")
+    if rl_start is not None:  # the tasks are the same: the paired interval is the one that says it
+        gain = rl_start.success_diff > 0 and rl_start.significant
+        verb = "raised" if a > b else "did not raise"
+        head = f"RL {verb} real success ({b:.3f} -> {a:.3f}; {_paired_words(rl_start)}): " + (
+            "a significant gain at 95%." if gain else "not a significant gain at 95%."
+        )
+    elif a > b and sep:
         head = f"RL raised real success from {b:.3f} to {a:.3f}; the 95% CIs do not overlap."
     elif a > b:
         head = f"RL raised real success from {b:.3f} to {a:.3f}, but the 95% CIs overlap: not a significant gain."
@@ -400,7 +440,13 @@ def _verdict(s: Mapping[str, Any]) -> str:
         head = f"RL did not raise real success ({b:.3f} -> {a:.3f})."
     ms = s.get("more_sft_success")
     tail = ""
-    if ms is not None:
+    rl_sft = _paired(s, "after", "more_sft")
+    if ms is not None and rl_sft is not None:
+        tail = (
+            f" More SFT for the same wall time reached {ms:.3f} (RL against it: {_paired_words(rl_sft)}; "
+            f"{'significant' if rl_sft.significant else 'not significant'} at 95%)."
+        )
+    elif ms is not None:
         apart = cis_separate(s["real_success_ci_after"], s["more_sft_success_ci"])
         tail = (
             f" More SFT for the same wall time reached {ms:.3f} "

@@ -212,6 +212,7 @@ class EvalResult:
     # push-back tasks by whether a tool error announces the push-back ("announced") or only the values
     # read back do ("silent": a condition fails; demo.data.silent_push_back) -> scores
     by_push_back_kind: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    uids: list[str] = dataclasses.field(default_factory=list)  # the task of each score, in order
 
     @property
     def n(self) -> int:
@@ -231,7 +232,7 @@ def evaluate_real(
     (then at the training temperature with ``cfg.seed``); success = every checklist item of every turn passed."""
     client = make_client(model, codec, cfg, slots=cfg.eval_batch)
     engine = make_engine(cfg, "real", codec, client, greedy=greedy)
-    scores, calls, terms, by_world, samples = [], [], {}, {}, []
+    scores, calls, terms, by_world, samples, uids = [], [], {}, {}, [], []
     by_branch: dict[str, list[float]] = {}
     by_type: dict[str, list[float]] = {}
     by_kind: dict[str, list[float]] = {}
@@ -243,6 +244,7 @@ def evaluate_real(
         eps = engine.run(chunk, [t["uid"] for t in chunk])
         client.reset()
         for t, e in zip(chunk, eps):
+            uids.append(t["uid"])
             scores.append(float(e.score))
             calls.append(e.tool_calls())
             terms[e.termination] = terms.get(e.termination, 0) + 1
@@ -272,6 +274,7 @@ def evaluate_real(
         float(np.mean(calls)) if calls else 0.0,
         samples,
         by_kind,
+        uids,
     )
 
 
@@ -293,7 +296,11 @@ def evaluate_fidelity(cfg: DemoConfig, model, codec, tasks: Sequence[Mapping[str
 # ----------------------------------------------------------------------------- RL
 
 
-def make_rl_step(cfg: DemoConfig, mode: str, model, codec, trainer: Trainer, simulator_model=None):
+def make_rl_step(
+    cfg: DemoConfig, mode: str, model, codec, trainer: Trainer | Mapping[str, Trainer], simulator_model=None
+):
+    """The demo's RL step in ``mode``: ``trainer`` is one Trainer (a shared policy), or one per trained role
+    (``noshare``: ACT's on ``model``, REHEARSE's on ``simulator_model``)."""
     from envace_jax.config import RLSection
     from envace_jax.rl.step import build_rl_step
 

@@ -79,6 +79,72 @@ def test_report_files_exist_and_summary_has_required_keys(reduced_run):
     assert "| model" in stdout and "total:" in stdout
 
 
+def _table_cells(text: str, label: str) -> list[str]:
+    """The cells of the markdown table row that starts with ``label``."""
+    rows = [line for line in text.splitlines() if line.startswith(f"| {label} ")]
+    assert len(rows) == 1, (label, rows)
+    return [c.strip() for c in rows[0].strip().strip("|").split("|")]
+
+
+def test_per_task_outcomes_and_the_paired_table(reduced_run):
+    """Every evaluated arm leaves eval_<arm>_tasks.jsonl with one line per test task (the split's uids, in
+    the same set for every arm); the success rate of the report is their mean; report.md's paired table is
+    what eval.paired computes from those files, and launch/paired_stats.py prints the same rows."""
+    from envace_jax.data.tfds_builder import read_split
+    from envace_jax.demo import arms
+    from envace_jax.demo import data as demo_data
+    from envace_jax.eval import paired
+
+    run_dir, _ = reduced_run
+    s = json.loads((run_dir / "summary.json").read_text())
+    test = read_split(str(run_dir / "data"), demo_data.DATASET_NAME, "test")
+    uids = [test[i]["uid"] for i in range(len(test))]
+    assert len(set(uids)) == len(uids) == s["test_episodes"]
+    assert set(paired.find_arms(str(run_dir))) == {"before", "after", "more_sft"}
+    outcomes = {}
+    for arm, key in (
+        ("before", "real_success_before"),
+        ("after", "real_success_after"),
+        ("more_sft", "more_sft_success"),
+    ):
+        outcomes[arm] = paired.read_outcomes(str(run_dir / f"eval_{arm}_tasks.jsonl"))
+        assert sorted(o.uid for o in outcomes[arm]) == sorted(uids), arm
+        assert all(o.success == report.is_success(o.score) for o in outcomes[arm])
+        assert sum(o.success for o in outcomes[arm]) / len(uids) == pytest.approx(s[key])
+        assert sum(o.score for o in outcomes[arm]) / len(uids) == pytest.approx(s["eval"][arm]["score"])
+        # the transcripts kept for diagnosis name their task and score too: the same pairs
+        by_uid = {o.uid: o.score for o in outcomes[arm]}
+        samples = json.loads((run_dir / f"eval_{arm}_samples.json").read_text())
+        assert samples and all(by_uid[x["uid"]] == x["score"] for x in samples)
+    text = (run_dir / "report.md").read_text()
+    assert "Paired comparisons on the same test tasks" in text
+    assert [(r["label"], r["a"], r["b"]) for r in s["paired"]] == arms.DEMO_PAIRS
+    for label, a, b in arms.DEMO_PAIRS:
+        r = paired.compare(outcomes[a], outcomes[b], a, b)
+        assert _table_cells(text, label) == paired.paired_row(label, r)
+        # the counts, read independently of the module: tasks A solved and B did not, and the reverse
+        by_b = {o.uid: o.success for o in outcomes[b]}
+        assert r.wins == sum(o.success and not by_b[o.uid] for o in outcomes[a])
+        assert r.losses == sum(by_b[o.uid] and not o.success for o in outcomes[a])
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "launch", "paired_stats.py"),
+            str(run_dir),
+        ],
+        env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for label, a, b in arms.DEMO_PAIRS:
+        assert f"## {label} (A = {a}, B = {b})" in proc.stdout
+        block = proc.stdout.split(f"## {label} ")[1].split("\n## ")[0]
+        # the same cells as report.md's row, the first (the run directory instead of the label) aside
+        assert _table_cells(block, str(run_dir))[1:] == _table_cells(text, label)[1:]
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
@@ -157,6 +223,15 @@ def test_exported_model_runs_the_rehearsal_sweep(reduced_run):
         lo, hi = r["success_ci95"]
         assert 0.0 <= lo <= r["success"] <= hi <= 1.0
     assert (run_dir / "rehearsal_sweep.md").read_text().count("| parallel |") == 2
+    # per-task outcomes of N = 0 and N = 1 on the same 3 tasks, and N = 1 paired against N = 0
+    from envace_jax.eval import paired
+
+    n0, n1 = (paired.read_outcomes(str(run_dir / f"eval_{arm}_tasks.jsonl")) for arm in ("n0", "n1"))
+    assert len(n0) == 3 and {o.uid for o in n0} == {o.uid for o in n1}
+    assert sum(o.success for o in n1) / 3 == pytest.approx(out["rows"][1]["success"])
+    assert [(r["label"], r["a"], r["b"]) for r in out["paired"]] == [("N=1 parallel vs N=0", "n1", "n0")]
+    want = paired.paired_row("N=1 parallel vs N=0", paired.compare(n1, n0, "n1", "n0"))
+    assert _table_cells((run_dir / "rehearsal_sweep.md").read_text(), "N=1 parallel vs N=0") == want
 
 
 # ----------------------------------------------------------------------------- from a pretrained base
@@ -272,6 +347,33 @@ def test_replay_batches_hold_the_configured_roles(tmp_path):
     assert Demo(default().replace(rl_replay_batches=0), str(tmp_path), progress=False).replay_stream() is None
     with pytest.raises(ValueError, match="rl_replay_roles"):
         default().replace(rl_replay_roles="act")
+
+
+def test_replay_rows_update_the_model_that_plays_their_role(tmp_path):
+    """A replay batch updates the shared policy with all its rows, in order; under ``noshare`` the ACT rows
+    update the policy's trainer and the REHEARSE rows the simulator copy's, each NLL read from its own update."""
+    from envace_jax.demo.config import reduced
+    from envace_jax.demo.pipeline import Demo
+    from envace_jax.rl.types import ACT, REHEARSE, ROLE_ID, Generation
+
+    class Recorder:
+        def __init__(self, nll):
+            self.seen, self.nll = [], nll
+
+        def update(self, batch, kind):
+            assert kind == "sft"
+            self.seen.append([int(r) for r in batch.role_ids])
+            return {f"nll/{role}": self.nll for role in (ACT, REHEARSE)} | {"loss": 0.0}
+
+    rows = [Generation(role, [1, 2], [3], [0.0], f"u{i}", i, 0) for i, role in enumerate([ACT, REHEARSE, ACT])]
+    d = Demo(reduced(), str(tmp_path), progress=False)
+    d.max_len = 64
+    shared = Recorder(1.0)
+    assert d._replay(rows, {ACT: shared, REHEARSE: shared}) == {"replay/nll/act": 1.0, "replay/nll/rehearse": 1.0}
+    assert shared.seen == [[ROLE_ID[ACT], ROLE_ID[REHEARSE], ROLE_ID[ACT]]]
+    act, reh = Recorder(2.0), Recorder(3.0)
+    assert d._replay(rows, {ACT: act, REHEARSE: reh}) == {"replay/nll/act": 2.0, "replay/nll/rehearse": 3.0}
+    assert act.seen == [[ROLE_ID[ACT]] * 2] and reh.seen == [[ROLE_ID[REHEARSE]]]
 
 
 def test_rl_seed_moves_the_rl_streams_only(tmp_path):
