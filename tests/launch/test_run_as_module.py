@@ -12,13 +12,14 @@ import pytest
 
 from tests import helpers_loop as h
 
-MAINS = ["train", "eval", "export_hf", "pretrain", "demo", "aot_compile"]
+MAINS = ["train", "eval", "export_hf", "pretrain", "demo", "aot_compile", "paired_stats"]
 ABSL = {
     "train",
     "eval",
     "export_hf",
     "demo",
     "aot_compile",
+    "paired_stats",
 }  # the absl mains; pretrain and the cluster scripts: argparse
 CLUSTER = [f"{where}.{name}" for where in ("gpu", "tpu_vm") for name in ("create", "setup", "run")]
 
