@@ -96,8 +96,21 @@ def make_prompts(vocab_size: int, prompts: int, length: int, seed: int) -> list[
     return rng.integers(0, vocab_size, size=(prompts, length)).tolist()
 
 
-def make_spec(framework: str, shape: str, model_dir: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The JSON spec of one worker (``peer_common.SPEC_KEYS``); every framework's differs only in ``framework``."""
+def parse_arm(arm: str) -> tuple[str, int | None]:
+    """``"trl"`` -> ("trl", None); ``"trl@1"`` -> ("trl", 1): a framework run with its own thread count."""
+    name, _, threads = arm.partition("@")
+    if name not in FRAMEWORKS:
+        raise ValueError(f"framework {name!r} (in {arm!r}); choose from {FRAMEWORKS}")
+    if threads and not (threads.isdigit() and int(threads) > 0):
+        raise ValueError(f"{arm!r}: the thread count after '@' must be a positive integer")
+    return name, int(threads) if threads else None
+
+
+def make_spec(
+    framework: str, shape: str, model_dir: str, args: argparse.Namespace, threads: int | None = None
+) -> dict[str, Any]:
+    """The JSON spec of one worker (``peer_common.SPEC_KEYS``); every framework's differs only in ``framework``
+    (and ``threads`` when an arm sets its own)."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"framework {framework!r}; choose from {FRAMEWORKS}")
     if shape not in SHAPES:
@@ -118,7 +131,7 @@ def make_spec(framework: str, shape: str, model_dir: str, args: argparse.Namespa
         "warmup": args.warmup,
         "iters": args.iters,
         "seed": args.seed,
-        "threads": args.threads,
+        "threads": args.threads if threads is None else threads,
         "micro_batch_rows": args.micro_batch_rows,
     }
 
@@ -134,12 +147,22 @@ def write_checkpoint(shape: str, out_dir: str, seed: int) -> None:
     hf_io.save_hf(qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed)), out_dir)
 
 
-def run_worker(framework: str, python: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Runs one worker on ``spec`` and returns its result record, or ``{"error": ...}``."""
+def run_worker(
+    framework: str, python: str, spec: dict[str, Any], timeout: float, retain_freed_memory: bool = False
+) -> dict[str, Any]:
+    """Runs one worker on ``spec`` and returns its result record, or ``{"error": ...}``.
+
+    ``retain_freed_memory``: the worker starts with glibc keeping freed memory (``host_memory.RETAIN_ENV``,
+    the heap policy of our CPU launchers), whatever its framework: PyTorch and XLA allocate through the
+    same glibc calls, so every framework gets the same policy."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
         path = f.name
     env = dict(os.environ)
+    if retain_freed_memory:
+        from envace_jax.host_memory import RETAIN_ENV  # plain Python: does not load jax
+
+        env.update(RETAIN_ENV)
     if framework == "ours":
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
     else:
@@ -172,12 +195,13 @@ def round_order(frameworks: list[str], r: int) -> list[str]:
 
 
 def pool(results: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
-    """Timed iterations of each framework pooled over rounds: framework -> {iter_s, sample_s, cpu_s}."""
+    """Timed iterations of each arm pooled over rounds: arm (``"ours"``, ``"trl@1"``; the framework's name when
+    a record has no arm) -> {iter_s, sample_s, cpu_s}."""
     out: dict[str, dict[str, list[float]]] = {}
     for res in results:
         if "error" in res:
             continue
-        d = out.setdefault(res["framework"], {"iter_s": [], "sample_s": [], "cpu_s": []})
+        d = out.setdefault(res.get("arm", res["framework"]), {"iter_s": [], "sample_s": [], "cpu_s": []})
         for k in d:
             d[k].extend(res[k])
     return out
@@ -209,7 +233,7 @@ def summarize(pooled: dict[str, dict[str, list[float]]], rows: int, new_tokens: 
                 "cores": statistics.median([c / w for c, w in zip(d["cpu_s"], d["iter_s"])]),
             }
         )
-    ours = next((r for r in table if r["framework"] == "ours"), None)
+    ours = next((r for r in table if r["framework"].partition("@")[0] == "ours"), None)
     for r in table:
         r["vs_ours"] = None if ours is None else r["iter_s"] / ours["iter_s"]
         r["vs_ours_sampling"] = None if ours is None else r["sample_s"] / ours["sample_s"]
@@ -237,7 +261,11 @@ def markdown(shape: str, table: list[dict[str, Any]], rows: int, prompt_len: int
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="demo,small", help=f"comma-separated, from {tuple(SHAPES)}")
-    ap.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    ap.add_argument(
+        "--frameworks",
+        default=",".join(FRAMEWORKS),
+        help="comma-separated arms: a framework, or framework@threads for its own thread count (e.g. trl@1)",
+    )
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--prompt_len", type=int, default=32)
@@ -250,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="BLAS/OpenMP and torch intra-op threads")
     ap.add_argument("--micro_batch_rows", type=int, default=0, help="ours: rows per micro-batch (0: all)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--retain-freed-memory",
+        action="store_true",
+        help="every worker runs with glibc keeping freed memory (envace_jax/host_memory.py), as `make demo` runs",
+    )
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per worker run")
     ap.add_argument("--tunix_python", default=DEFAULT_PYTHON["tunix"])
     ap.add_argument("--trl_python", default=DEFAULT_PYTHON["trl"])
@@ -260,15 +293,16 @@ def main(argv: list[str] | None = None) -> int:
         write_checkpoint(args.write_checkpoint[0], args.write_checkpoint[1], args.seed)
         return 0
     shapes = [s for s in args.shapes.split(",") if s]
-    frameworks = [f for f in args.frameworks.split(",") if f]
+    arms = [f for f in args.frameworks.split(",") if f]
     for s in shapes:
         if s not in SHAPES:
             ap.error(f"--shapes: {s!r} is not one of {tuple(SHAPES)}")
-    for f in frameworks:
-        if f not in FRAMEWORKS:
-            ap.error(f"--frameworks: {f!r} is not one of {FRAMEWORKS}")
+    try:
+        parsed = {arm: parse_arm(arm) for arm in arms}
+    except ValueError as e:
+        ap.error(f"--frameworks: {e}")
     python = {"ours": sys.executable, "tunix": args.tunix_python, "trl": args.trl_python}
-    for f in frameworks:
+    for f in {fw for fw, _ in parsed.values()}:
         if not os.access(python[f], os.X_OK):
             ap.error(f"{f}: no Python at {python[f]}; `make bench-peers` creates the peers' venvs")
     rows = args.prompts * args.group
@@ -287,16 +321,17 @@ def main(argv: list[str] | None = None) -> int:
             )
             results = []
             for r in range(args.rounds):
-                for fw in round_order(frameworks, r):
-                    spec = make_spec(fw, shape, model_dir, args)
-                    res = run_worker(fw, python[fw], spec, args.timeout)
+                for arm in round_order(arms, r):
+                    fw, threads = parsed[arm]
+                    spec = make_spec(fw, shape, model_dir, args, threads)
+                    res = dict(run_worker(fw, python[fw], spec, args.timeout, args.retain_freed_memory), arm=arm)
                     results.append(res)
                     if "error" in res:
-                        print(f"[{shape}] round {r} {fw}: FAILED {res['error']}", flush=True)
+                        print(f"[{shape}] round {r} {arm}: FAILED {res['error']}", flush=True)
                     else:
                         rounded = {k: [round(x, 3) for x in res[k]] for k in ("iter_s", "sample_s", "warmup_s")}
                         print(
-                            f"[{shape}] round {r} {fw}: iterations {rounded['iter_s']} s, sampling "
+                            f"[{shape}] round {r} {arm}: iterations {rounded['iter_s']} s, sampling "
                             f"{rounded['sample_s']} s (warm-up {rounded['warmup_s']} s), peak RSS "
                             f"{res['peak_rss_gib']:.2f} GiB, mean reward {res['mean_reward'][-1]:.3f}",
                             flush=True,
