@@ -47,9 +47,14 @@ def read_spec(path: str) -> dict[str, Any]:
 
 
 def limit_threads(threads: int) -> None:
-    """Intra-op threads of the BLAS/OpenMP libraries, set before numpy, torch or jax load them."""
+    """Intra-op threads of the BLAS/OpenMP libraries, set before numpy, torch or jax load them. XLA's CPU
+    client ignores those variables and runs its programs on one thread per core; ``threads=1`` also turns
+    that off (``--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1``)."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
+    if threads == 1:
+        flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flags).strip()
 
 
 def reward(completion_ids: Sequence[int]) -> float:

@@ -126,6 +126,7 @@ def _check_result(res, spec):
     assert len(res["mean_reward"]) == 2 and all(0.0 <= r <= 1.0 for r in res["mean_reward"])
 
 
+@pytest.mark.slow
 def test_our_worker_runs_one_grpo_iteration(demo_checkpoint):
     spec = peers.make_spec("ours", "demo", demo_checkpoint, _args())
     _check_result(peers.run_worker("ours", sys.executable, spec, timeout=600), spec)
@@ -137,6 +138,7 @@ def test_a_failing_worker_reports_its_error(tmp_path):
     assert res["error"].startswith("exit 1") and "no_such_checkpoint" in res["error"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["tunix", "trl"])
 def test_peer_worker_runs_one_grpo_iteration(framework, demo_checkpoint):
     python = peers.DEFAULT_PYTHON[framework]
