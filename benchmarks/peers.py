@@ -2,7 +2,9 @@
 
     make bench-peers                                     # creates the peers' venvs, then the demo and small shapes
     python benchmarks/peers.py --shapes demo --warmup 1 --iters 1 --rounds 1      # a smoke run of every worker
-    python benchmarks/peers.py --shapes qwen3_0_6b --prompts 2 --iters 2          # Qwen3-0.6B shape, 8 rows
+    python benchmarks/peers.py --shapes demo --frameworks ours,ours@1,tunix@1,trl@1   # every arm on one thread
+    python benchmarks/peers.py --shapes qwen3_0_6b --prompts 2 --iters 2 --rounds 1 \
+        --frameworks ours,tunix,trl@1 --retain-freed-memory                        # Qwen3-0.6B shape, 8 rows
 
 One iteration: sample ``group`` completions of ``new_tokens`` tokens for each of ``prompts`` prompts at
 temperature ``--temperature`` (no top-k, no top-p), score each with the same deterministic reward (the
@@ -15,6 +17,8 @@ lengths, temperature, learning rate and AdamW settings (a JSON spec per worker).
 its own process and, for the peers, its own virtual environment (``make bench-peers`` creates them under
 ``.cache/peers/``): ``peer_workers/ours_grpo.py``, ``tunix_grpo.py`` (Tunix's ``GRPOLearner``) and
 ``trl_grpo.py`` (TRL's ``GRPOTrainer``); their docstrings say exactly which API and settings each uses.
+``--frameworks`` lists arms: a framework, or ``framework@threads`` for a thread count of its own (``trl@1``:
+torch on one thread; ``ours@1``, ``tunix@1``: XLA on one thread); ``--threads`` is everyone else's.
 A worker runs ``--warmup`` iterations (compilation; not counted), then ``--iters`` timed ones, and prints
 one ``PEER_RESULT`` JSON line. Workers run one at a time (the 0.6B shape needs ~10 GB each), in
 ``--rounds`` rounds whose order alternates, and the timed iterations of all rounds are pooled.
@@ -42,6 +46,9 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(REPO, "benchmarks", "peer_workers")
 FRAMEWORKS = ("ours", "tunix", "trl")
+# TRL twice: on 2 torch threads, and on 1, which a 2-core machine shared with other jobs favours by far
+# (OpenMP's threads wait on each other when the box is oversubscribed; see docs/performance.md).
+DEFAULT_ARMS = ("ours", "tunix", "trl", "trl@1")
 WORKER_SCRIPT = {"ours": "ours_grpo.py", "tunix": "tunix_grpo.py", "trl": "trl_grpo.py"}
 PEERS_DIR = os.path.join(REPO, ".cache", "peers")
 DEFAULT_PYTHON = {
@@ -263,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="demo,small", help=f"comma-separated, from {tuple(SHAPES)}")
     ap.add_argument(
         "--frameworks",
-        default=",".join(FRAMEWORKS),
+        default=",".join(DEFAULT_ARMS),
         help="comma-separated arms: a framework, or framework@threads for its own thread count (e.g. trl@1)",
     )
     ap.add_argument("--prompts", type=int, default=8)
