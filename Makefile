@@ -80,7 +80,8 @@ real-shape-step: $(STAMP) qwen3-files
 # The same GRPO iteration in envace-jax, Tunix and TRL (benchmarks/peers.py). Each peer gets its own venv under
 # .cache/peers/ (git ignores it; only this target creates it): Tunix 0.1.7 pins safetensors<0.8, so it cannot
 # share ours; TRL gets torch==2.13.0 first (the CPU wheel on local disk; any other version downloads GBs of
-# CUDA wheels), then trl. PEERS_ARGS="--shapes qwen3_0_6b --prompts 2 --iters 2" for the Qwen3-0.6B shape.
+# CUDA wheels), then trl. For the Qwen3-0.6B shape (~11 GB per worker, one at a time): PEERS_ARGS="--shapes qwen3_0_6b
+# --prompts 2 --warmup 2 --iters 2 --rounds 1 --frameworks ours,tunix,trl@1 --retain-freed-memory --timeout 2400".
 PEERS_DIR := .cache/peers
 PEERS_ARGS ?=
 $(PEERS_DIR)/tunix/.installed:
