@@ -8,7 +8,7 @@ CONFIG ?= configs/envace_qwen3_8b.py
 TOPOLOGY ?= v5p:4x4x4
 AOT_STAMP := $(VENV)/.aot-installed
 
-.PHONY: venv test lint qwen3-files demo demo-compare pretrain pretrain-deep eval-deps aot-deps aot real-shape-step clean
+.PHONY: venv test lint qwen3-files demo demo-compare pretrain pretrain-deep eval-deps aot-deps aot real-shape-step peers-venvs bench-peers clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PYBIN) || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -76,6 +76,32 @@ RS_OUT ?= runs/real_shape_step
 RS_ARGS ?=
 real-shape-step: $(STAMP) qwen3-files
 	$(PYBIN) benchmarks/real_shape_step.py --out=$(RS_OUT) $(RS_ARGS)
+
+# The same GRPO iteration in envace-jax, Tunix and TRL (benchmarks/peers.py). Each peer gets its own venv under
+# .cache/peers/ (git ignores it; only this target creates it): Tunix 0.1.7 pins safetensors<0.8, so it cannot
+# share ours; TRL gets torch==2.13.0 first (the CPU wheel on local disk; any other version downloads GBs of
+# CUDA wheels), then trl. For the Qwen3-0.6B shape (~11 GB per worker, one at a time): PEERS_ARGS="--shapes qwen3_0_6b
+# --prompts 2 --warmup 2 --iters 2 --rounds 1 --frameworks ours,tunix,trl@1 --retain-freed-memory --timeout 2400".
+PEERS_DIR := .cache/peers
+PEERS_ARGS ?=
+$(PEERS_DIR)/tunix/.installed:
+	@test -x $(PEERS_DIR)/tunix/bin/python || $(PY) -m venv $(PEERS_DIR)/tunix
+	$(PEERS_DIR)/tunix/bin/python -m pip install -q --upgrade pip
+	$(PEERS_DIR)/tunix/bin/python -m pip install -q google-tunix==0.1.7
+	@touch $@
+
+$(PEERS_DIR)/trl/.installed:
+	@test -x $(PEERS_DIR)/trl/bin/python || $(PY) -m venv $(PEERS_DIR)/trl
+	$(PEERS_DIR)/trl/bin/python -m pip install -q --upgrade pip
+	$(PEERS_DIR)/trl/bin/python -m pip install -q torch==2.13.0
+	$(PEERS_DIR)/trl/bin/python -m pip install -q trl==1.16.0
+	@touch $@
+
+peers-venvs: $(PEERS_DIR)/tunix/.installed $(PEERS_DIR)/trl/.installed
+
+bench-peers: $(STAMP) peers-venvs
+	$(PYBIN) benchmarks/peers.py --tunix_python=$(PEERS_DIR)/tunix/bin/python \
+		--trl_python=$(PEERS_DIR)/trl/bin/python $(PEERS_ARGS)
 
 clean:
 	rm -rf $(VENV) runs

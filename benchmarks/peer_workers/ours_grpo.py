@@ -1,0 +1,98 @@
+"""envace-jax's GRPO iteration for ``benchmarks/peers.py``: ``python ours_grpo.py SPEC.json``.
+
+One iteration is the library's own path, the pieces ``rl.step.RLStep`` chains for a batch of rows:
+``sampling.Sampler.generate`` (every prompt repeated ``group_size`` times, one call), the reward on the
+sampled ids, ``rl.advantages.role_wise_advantages`` (GRPO: group mean baseline, divided by the group's
+std), ``rl.batch.build_batch`` and one ``rl.trainer.Trainer.update`` (AdamW through ``rl.optim``, the
+clipped policy loss, old log-probs taken from the update's own pass since there is one optimizer step
+per batch). No KL term and no dual clip, as in the peers' configuration.
+"""
+
+from __future__ import annotations
+
+import time
+
+import peer_common as pc
+
+SPEC = pc.read_spec(pc.spec_path_from_argv())
+pc.limit_threads(int(SPEC["threads"]))
+
+import os  # noqa: E402  (after the thread limits)
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from envace_jax.config import LossConfig, OptimConfig  # noqa: E402
+from envace_jax.models import hf_io  # noqa: E402
+from envace_jax.rl.advantages import role_wise_advantages  # noqa: E402
+from envace_jax.rl.batch import build_batch  # noqa: E402
+from envace_jax.rl.trainer import Trainer  # noqa: E402
+from envace_jax.rl.types import ACT, ROLE_ID, Generation  # noqa: E402
+from envace_jax.sampling import Sampler, SamplingParams  # noqa: E402
+
+
+def build(spec):
+    model = hf_io.load_hf(spec["model_dir"], dtype="float32")
+    a = spec["adamw"]
+    optim = OptimConfig(
+        lr=float(spec["lr"]),
+        b1=a["b1"],
+        b2=a["b2"],
+        eps=a["eps"],
+        weight_decay=a["weight_decay"],
+        grad_clip=a["grad_clip"],
+    )
+    loss = LossConfig(clip_low=spec["clip_eps"], clip_high=spec["clip_eps"], dual_clip=None, kl_coef=0.0)
+    rows = len(spec["prompts"]) * int(spec["group_size"])
+    micro = int(spec.get("micro_batch_rows") or rows)
+    trainer = Trainer(model, optim, loss, micro_batch_size=micro)
+    return model, trainer, Sampler(model, seed=int(spec["seed"]))
+
+
+def iteration(spec, sampler, trainer, it: int, clock: pc.IterationClock) -> float:
+    G = int(spec["group_size"])
+    prompts = [list(p) for p in spec["prompts"] for _ in range(G)]
+    group_ids = np.repeat(np.arange(len(spec["prompts"])), G)
+    params = SamplingParams(
+        temperature=float(spec["temperature"]), max_new_tokens=int(spec["new_tokens"]), seed=int(spec["seed"]) + it
+    )
+    t0 = time.perf_counter()
+    out = sampler.generate(prompts, params)
+    clock.sampling(time.perf_counter() - t0)
+    if any(len(t) != int(spec["new_tokens"]) for t in out.tokens):
+        lengths = sorted(set(map(len, out.tokens)))
+        raise RuntimeError(f"ours: completion lengths {lengths}, expected all {spec['new_tokens']}")
+    scores = np.asarray([pc.reward(t) for t in out.tokens], np.float32)
+    adv = np.asarray(role_wise_advantages(scores, group_ids, np.full(len(prompts), ROLE_ID[ACT]), normalize_std=True))
+    gens = [
+        Generation(ACT, p, list(t), list(lp), f"p{g}", i, 0, r, temperature=float(spec["temperature"]))
+        for i, (p, t, lp, r, g) in enumerate(zip(prompts, out.tokens, out.logprobs, out.finish_reasons, group_ids))
+    ]
+    batch = build_batch(gens, adv, group_ids, max_len=len(prompts[0]) + int(spec["new_tokens"]))
+    trainer.update(batch, old_from_update=True)  # returns host floats: the step has finished
+    return float(scores.mean())
+
+
+def main():
+    spec = SPEC
+    model, trainer, sampler = build(spec)
+    clock, rewards = pc.IterationClock(), []
+    for it in range(int(spec["warmup"]) + int(spec["iters"])):
+        clock.begin()
+        rewards.append(iteration(spec, sampler, trainer, it, clock))
+        clock.end()
+    api = (
+        "envace_jax: sampling.Sampler.generate (one call, group_size copies of each prompt) -> "
+        "rl.advantages.role_wise_advantages(normalize_std=True) -> rl.batch.build_batch -> "
+        "rl.trainer.Trainer.update(old_from_update=True), AdamW via rl.optim"
+    )
+    import flax
+
+    versions = {"jax": jax.__version__, "flax": flax.__version__}
+    pc.emit(pc.result(spec, clock, rewards, api, versions))
+
+
+if __name__ == "__main__":
+    main()
