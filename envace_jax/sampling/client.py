@@ -108,7 +108,8 @@ class Sampler:
 
     @property
     def num_compilations(self) -> int:
-        """Traces of the sampler's programs so far (one per new shape bucket)."""
+        """XLA compilations made during this sampler's calls so far (a few per new shape bucket: its
+        programs and the eager ops around them; a repeated call with the same buckets adds none)."""
         return self._programs.num_compilations
 
     # ---------------------------------------------------------------- ahead-of-time compilation
@@ -181,9 +182,17 @@ class Sampler:
         return jax.device_put(state, self._param_shardings)
 
     def _put(self, x: np.ndarray, logical: tuple):
+        """``x`` on the device(s), always committed: a program's outputs are committed (the parameters
+        are, once placed), and a cache reused from the last call must match the placement of a freshly
+        made one, or jit compiles the program again for the new placement."""
         if self.mesh is None:
-            return jnp.asarray(x)
+            return jax.device_put(x, self._device())
         return jax.device_put(x, shd.named_sharding(self.mesh, logical, self.rules, x.shape))
+
+    def _device(self) -> jax.Device:
+        """The single device the parameters live on (no mesh)."""
+        leaf = jax.tree.leaves(nnx.state(self.model))[0]
+        return next(iter(leaf.devices()))
 
     def _norm_params(self, params, n: int) -> list[SamplingParams]:
         if isinstance(params, SamplingParams):
@@ -278,6 +287,10 @@ class Sampler:
         row ``i`` appends, ``ps[i]`` its params. The steps are the methods below, in this order."""
         if min_done is not None and min_done < 1:
             raise ValueError(f"min_done={min_done} must be >= 1 (or None: decode until every row is done)")
+        with self._programs.counting_compiles():
+            return self._run_counted(prev, chunks, ps, capacity, return_state, min_done)
+
+    def _run_counted(self, prev, chunks, ps, capacity: int, return_state: bool, min_done: int | None):
         t0 = time.perf_counter()
         state, rows = prev if prev is not None else (None, None)
         plan = self._plan_call(state, rows, chunks, ps, capacity)

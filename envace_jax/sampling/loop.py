@@ -4,7 +4,9 @@ on-device loop that samples, records and feeds one token per step).
 They carry out what ``sampling.plan`` decided on the host; ``sampling.client.Sampler`` places the
 arrays and calls them. Every program is jitted once per shape bucket (batch, chunk length, cache
 length, token budget); per-row sampling values are arrays, so changing them never recompiles.
-``SamplerPrograms.num_compilations`` counts the traces of all of them.
+``SamplerPrograms.num_compilations`` counts the XLA compilations made during the sampler's calls
+(``counting_compiles``), not traces: jit also compiles again, without tracing, when an argument's
+placement changes (a committed array where an uncommitted one was), and that must show in the count.
 
 Cache sizing (why the cache has ``headroom``): the model writes a padded chunk at ``end[b] + t``
 and drops slots past the cache (see ``qwen3``). A row may hold at most ``capacity`` tokens; the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import warnings
 from typing import Any, Mapping
 
@@ -42,6 +45,29 @@ def _resize(x: jax.Array, axis: int, size: int) -> jax.Array:
         pad[axis] = (0, size - n)
         return jnp.pad(x, pad)
     return x
+
+
+# jax.monitoring's event for one XLA compilation (a backend compile of a jitted program, whether or not the
+# persistent cache answers it); its name is jax's, recorded here since the constant lives in a private module.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_counting = threading.local()  # .programs: the SamplerPrograms whose call runs on this thread, if any
+_listener_lock = threading.Lock()
+_listening = False
+
+
+def _on_event_duration(event: str, duration: float, **kwargs) -> None:
+    programs = getattr(_counting, "programs", None)
+    if programs is not None and event == BACKEND_COMPILE_EVENT:
+        programs.num_compilations += 1
+
+
+def _listen_for_compiles() -> None:
+    """Registers the one process-wide compile listener, on first use (not at import time)."""
+    global _listening
+    with _listener_lock:
+        if not _listening:
+            jax.monitoring.register_event_duration_secs_listener(_on_event_duration)
+            _listening = True
 
 
 @contextlib.contextmanager
@@ -79,11 +105,24 @@ class SamplerPrograms:
         self.mesh, self.rules = mesh, rules
         self.k_max, self._cpu = int(k_max), bool(cpu)
         self.num_compilations = 0
+        _listen_for_compiles()
         jit = functools.partial(jax.jit, compiler_options=dict(compiler_options) if compiler_options else None)
         self.prefill = jit(self._prefill_impl, static_argnames=("size", "gather"), donate_argnums=(1, 2))
         self.prepare = jit(self._prepare_impl, static_argnames=("size", "gather"), donate_argnums=(0, 1))
         self.prefill_rows = jit(self._prefill_rows_impl, donate_argnums=(1, 2, 3))
         self.decode = jit(self._decode_impl, static_argnames=("budget",), donate_argnums=(1, 2))
+
+    @contextlib.contextmanager
+    def counting_compiles(self):
+        """Counts in ``num_compilations`` every XLA compilation this thread makes inside the block (a
+        sampler call: its programs and the few eager ops around them); compilation is synchronous, so
+        another thread's compiles never land here."""
+        outer = getattr(_counting, "programs", None)
+        _counting.programs = self
+        try:
+            yield
+        finally:
+            _counting.programs = outer
 
     def _cache_constrain(self, k, v):
         return (
@@ -101,7 +140,6 @@ class SamplerPrograms:
         Returns (logits float32 ``[B, V]`` at each row's last valid token, k, v with ``size`` slots,
         new end ``[B]``).
         """
-        self.num_compilations += 1
         k, v = self._gather_resize(k, v, src, size, gather)
         model = nnx.merge(self._graphdef, params)
         logits, cache = model(
@@ -119,14 +157,12 @@ class SamplerPrograms:
 
     def _prepare_impl(self, k, v, src, *, size: int, gather: bool):
         """The cache of the call before its first sub-batch prefill (what ``_prefill_impl`` does first)."""
-        self.num_compilations += 1
         return self._gather_resize(k, v, src, size, gather)
 
     def _prefill_rows_impl(self, params, k, v, logits, rows, end, tokens, lens, is_last):
         """``_prefill_impl`` on the sub-batch ``rows`` (int32 ``[b]``, distinct) of the cache: their
         cache rows are gathered, written at ``end`` (``[b]``) with ``tokens`` ``[b, T]`` / ``lens``
         ``[b]``, and scattered back; ``logits`` ``[B, V]`` takes the new logits where ``is_last``."""
-        self.num_compilations += 1
         model = nnx.merge(self._graphdef, params)
         sub = qwen3.KVCache(tuple(a[rows] for a in k), tuple(a[rows] for a in v), end)
         lg, cache = model(tokens, cache=sub, chunk_lengths=lens, logits_at=jnp.maximum(lens - 1, 0))
@@ -165,7 +201,6 @@ class SamplerPrograms:
         ``[B]`` generated, reason int32 ``[B]``, k, v, end, and the logits after each row's last fed token (see
         ``SamplerState.carried``).
         """
-        self.num_compilations += 1
         B = logits.shape[0]
         model = nnx.merge(self._graphdef, params)
         # Sliced once, outside the loop: the body then reads each layer's weights where they lie.
