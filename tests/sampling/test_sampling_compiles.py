@@ -144,3 +144,17 @@ def test_second_generate_on_a_mesh_compiles_nothing():
     (first, _), *later = json.loads(proc.stdout.strip().splitlines()[-1])
     assert first > 0
     assert later == [[0, 0], [0, 0]], later
+
+
+def test_calls_alternating_between_two_windows_compile_nothing_new(tmp_path):
+    # The cache left by a call is reused only by a call of the same window; a resized spare made one
+    # prefill program per (previous window, new window) pair, so an alternation compiled again.
+    sampler = Sampler(_loaded(tmp_path))
+    prompts = _prompts(0, [5, 9, 12])
+    budgets = (4, 60)  # windows of 16 + 4 and 16 + 60 slots fall in different buckets
+    for n in budgets:
+        sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=n))
+    with logged_compiles() as names:
+        for n in budgets * 2:
+            sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=n))
+    assert names == [], names
