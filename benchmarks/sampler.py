@@ -15,6 +15,10 @@ Measures, alternating ours and HF in one run so both see the same machine load:
 
 Usage: ``python benchmarks/sampler.py [--quick] [--batches 8,32] [--greedy-only] [--no-episode]``
 (the issue's figure: ``--batches 32 --greedy-only --no-episode``: tok/s against HF and the step / floor line).
+
+``--preset qwen3_0_6b`` (or ``smoke``) times a real Qwen3 shape instead: ``benchmarks/sampler_real_shape.py``
+(batch 1, 8 and 32, 64-token prompts, 32 new tokens; the fixed cost per call; the step against its floor),
+in a process that keeps freed memory (``envace_jax/host_memory.py``; ``ENVACE_GLIBC_HEAP=default`` opts out).
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ import torch
 
 # common (a sibling: the script's folder is on sys.path) sets JAX_PLATFORMS before it loads jax.
 from common import build_models, cache_read_floor_s, decode_matmul_floor_s, matmul_peak_gflops
+from sampler_real_shape import PRESETS
+
+from envace_jax import host_memory
 
 from envace_jax.sampling import Sampler, SamplingParams
 
@@ -161,8 +168,18 @@ def main():
     ap.add_argument("--batches", default="8,32", help="comma-separated batch sizes of the tok/s lines")
     ap.add_argument("--greedy-only", action="store_true", help="skip the top-p lines")
     ap.add_argument("--no-episode", action="store_true", help="skip the multi-turn episode line")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default=None, help="time a real Qwen3 shape (see above)")
+    ap.add_argument("--preset-batches", default="1,8,32", help="batch sizes of the --preset run")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of the --preset run")
     args = ap.parse_args()
     reps = 1 if args.quick else 3
+    if args.preset is not None:
+        import sampler_real_shape
+
+        host_memory.retain_freed_memory()
+        print(host_memory.describe(), flush=True)
+        sampler_real_shape.run(args.preset, [int(b) for b in args.preset_batches.split(",")], reps, args.threads)
+        return
     compare = parse_options(args.compare_options) if args.compare_options is not None else None
     batches = [int(b) for b in args.batches.split(",")]
     hf, model = build()

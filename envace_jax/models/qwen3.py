@@ -403,9 +403,11 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv)
     return x, new_kv
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class DecodeWeights:
-    """``Qwen3.decode_weights()``: per-layer parameter dicts and an optional ``[D, V]`` head."""
+    """``Qwen3.decode_weights()``: per-layer parameter dicts and an optional ``[D, V]`` head (a pytree,
+    so the sampler can prepare it once per weights version and pass it to its programs)."""
 
     layers: list[dict[str, jax.Array]]
     head: jax.Array | None = None

@@ -10,6 +10,7 @@ outputs and the next state back.
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -46,6 +47,9 @@ class Sampler:
         ``SAMPLE_RULES``) only if they are not already laid out that way.
       compiler_options: XLA options of the sampler's programs (``jax.jit(compiler_options=...)``), e.g.
         to time a scheduler setting against the default (``benchmarks/sampler.py --compare-options``).
+      prepare_weights: keep the weights in the programs' per-layer layout between calls, made once per
+        weights version (``_weights``), instead of slicing them in every program call. Costs one more
+        copy of the layer weights in memory; default: on CPU only (see ``sampling.loop``).
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class Sampler:
         split_prefill: bool = True,
         split_min_rows: int = 8,
         compiler_options: Mapping[str, Any] | None = None,
+        prepare_weights: bool | None = None,
     ):
         if not isinstance(model, qwen3.Qwen3):
             raise TypeError(f"Sampler(model): expected a qwen3.Qwen3, got {type(model).__name__}")
@@ -93,22 +98,28 @@ class Sampler:
         shadow.set_sharding(self.mesh, self.rules)
         self._param_shardings = qwen3.param_shardings(model, self.mesh, self.rules) if self.mesh is not None else None
         devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()
+        cpu = all(d.platform == "cpu" for d in devices)
+        self.prepare_weights = cpu if prepare_weights is None else bool(prepare_weights)
         self.compiler_options = dict(compiler_options) if compiler_options else None
         self._programs = SamplerPrograms(
             nnx.graphdef(shadow),
             mesh=self.mesh,
             rules=self.rules,
             k_max=self.k_max,
-            cpu=all(d.platform == "cpu" for d in devices),
+            cpu=cpu,
             compiler_options=self.compiler_options,
+            weight_shardings=self._weight_shardings(cpu) if self.prepare_weights else None,
         )
+        # (weak references to the model's parameter arrays, the weights prepared from them): see _weights
+        self._prepared: tuple[list[weakref.ref], qwen3.DecodeWeights] | None = None
         # The calls `_run` makes (attributes, so a test can wrap them and see the arguments of a real call).
         self._prefill, self._prepare = self._programs.prefill, self._programs.prepare
         self._prefill_rows, self._decode = self._programs.prefill_rows, self._programs.decode
 
     @property
     def num_compilations(self) -> int:
-        """Traces of the sampler's programs so far (one per new shape bucket)."""
+        """XLA compilations made during this sampler's calls so far (a few per new shape bucket: its
+        programs and the eager ops around them; a repeated call with the same buckets adds none)."""
         return self._programs.num_compilations
 
     # ---------------------------------------------------------------- ahead-of-time compilation
@@ -118,14 +129,27 @@ class Sampler:
         ``"prefill"``: ``batch`` rows gathered from an earlier ``window``-slot cache (as ``continue_``
         does) and a ``chunk``-token chunk written into it; ``"decode"``: the on-device loop of
         ``budget`` steps over that cache; ``"decode_setup"``: decode's work before its loop, for
-        costing (see ``SamplerPrograms.decode_setup``). Returns ``{name: (jitted fn, args, static kwargs)}``; the
-        arguments are ShapeDtypeStructs laid out as ``_run`` places them (parameters in ``rules``).
+        costing (see ``SamplerPrograms.decode_setup``). With ``prepare_weights`` both read the weights
+        prepared once per weights version (an argument, not costed per call). Returns ``{name: (jitted
+        fn, args, static kwargs)}``; the arguments are ShapeDtypeStructs laid out as ``_run`` places them
+        (parameters in ``rules``).
         """
-        leaves, treedef = jax.tree.flatten(nnx.state(self.model))
-        targets = [None] * len(leaves) if self._param_shardings is None else jax.tree.leaves(self._param_shardings)
+        flat, treedef = jax.tree_util.tree_flatten_with_path(nnx.state(self.model))
+        targets = [None] * len(flat) if self._param_shardings is None else jax.tree.leaves(self._param_shardings)
+        # as _params places them: with prepared weights the stacked layer arrays stay where they are
+        targets = [
+            getattr(x, "sharding", None) if self._read_in_place(p) and t is not None else t
+            for (p, x), t in zip(flat, targets)
+        ]
         params = treedef.unflatten(
-            [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for x, s in zip(leaves, targets)]
+            [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for (_, x), s in zip(flat, targets)]
         )
+        weights = None
+        if self.prepare_weights:
+            weights = jax.eval_shape(self._programs._prepare_weights_impl, params)
+            placed = self._programs.weight_shardings
+            if placed is not None:
+                weights = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), weights, placed)
 
         def arg(shape, dtype, logical):
             sharding = None if self.mesh is None else shd.named_sharding(self.mesh, logical, self.rules, shape)
@@ -140,6 +164,7 @@ class Sampler:
         row = lambda dtype: arg((batch,), dtype, ("batch",))
         prefill = (
             params,
+            weights,
             k,
             v,
             row(np.int32),
@@ -149,6 +174,7 @@ class Sampler:
         )
         decode = (
             params,
+            weights,
             k,
             v,
             row(np.int32),
@@ -166,24 +192,92 @@ class Sampler:
         return {
             "prefill": (self._prefill, prefill, {"size": window, "gather": True}),
             "decode": (self._decode, decode, {"budget": budget}),
-            "decode_setup": (jax.jit(self._programs.decode_setup), (params,), {}),
+            # with prepared weights the decode does no setup of its own: an empty program costs nothing
+            "decode_setup": (jax.jit(self._programs.decode_setup if weights is None else lambda p: ()), (params,), {}),
         }
 
     # ---------------------------------------------------------------- host side
+    def _weight_shardings(self, cpu: bool) -> qwen3.DecodeWeights | None:
+        """Where ``prepare_weights`` lays out its output on a mesh: each layer's arrays as the sampling
+        rules place the stacked ones (less the ``layers`` axis), a transposed head as ``(embed, vocab)``."""
+        if self.mesh is None:
+            return None
+        one = {}
+        for name, var in vars(self.model.layers).items():
+            if isinstance(var, nnx.Param):
+                shape = var.get_value().shape[1:]
+                one[name] = shd.named_sharding(self.mesh, tuple(var.logical_axes)[1:], self.rules, shape)
+        head = None
+        if cpu and self.cfg.tie_word_embeddings:
+            shape = (self.cfg.hidden_size, self.cfg.vocab_size)
+            head = shd.named_sharding(self.mesh, ("embed", "vocab"), self.rules, shape)
+        return qwen3.DecodeWeights([dict(one) for _ in range(self.cfg.num_layers)], head)
+
     def _params(self):
+        """The model state as the programs take it: on a mesh, leaves resharded to the sampling rules
+        where they are not laid out that way, except, with ``prepare_weights``, the stacked layer arrays,
+        which only the preparation reads (it lays out its per-layer output itself)."""
         state = nnx.state(self.model)
         if self._param_shardings is None:
             return state
-        leaves = jax.tree.leaves(state)
+        flat, treedef = jax.tree_util.tree_flatten_with_path(state)
         targets = jax.tree.leaves(self._param_shardings)
-        if all(getattr(a, "sharding", None) == s for a, s in zip(leaves, targets)):
-            return state
-        return jax.device_put(state, self._param_shardings)
+        out = []
+        for (path, a), s in zip(flat, targets):
+            keep = self._read_in_place(path) or getattr(a, "sharding", None) == s
+            out.append(a if keep else jax.device_put(a, s))
+        return treedef.unflatten(out)
+
+    def _read_in_place(self, path) -> bool:
+        """Whether the state leaf at ``path`` goes to the programs where it lies: the stacked layer arrays,
+        when only the weight preparation reads them."""
+        return self.prepare_weights and getattr(path[0], "key", None) == "layers"
+
+    def _weights(self, params) -> qwen3.DecodeWeights | None:
+        """The per-layer weights (and CPU head) every program reads, prepared once per weights version.
+
+        The version is the identity of the model's parameter arrays: jax arrays are immutable, so new
+        weights (an optimizer update, ``nnx.update``, a checkpoint restore) are new array objects. Only
+        weak references to them are kept, so an old version is never held alive here; its prepared copy
+        is dropped before the new one is made, so at most one copy exists (it costs one more copy of the
+        layer weights, and on CPU of a tied head, in memory: what every call used to allocate and fill).
+        None without ``prepare_weights``: the programs slice the weights themselves."""
+        if not self.prepare_weights:
+            return None
+        leaves = jax.tree.leaves(nnx.state(self.model))
+        if self._prepared is not None:
+            refs, weights = self._prepared
+            if len(refs) == len(leaves) and all(r() is a for r, a in zip(refs, leaves)):
+                return weights
+        self._prepared = None
+        weights = self._programs.prepare_weights(params)
+        self._prepared = ([weakref.ref(a) for a in leaves], weights)
+        self.stats.weight_preparations += 1
+        return weights
+
+    def release_weights(self) -> None:
+        """Drops the prepared weights (the next call prepares them again), e.g. to keep their copy out
+        of the memory peak of an optimizer update that shares the devices."""
+        self._prepared = None
 
     def _put(self, x: np.ndarray, logical: tuple):
+        """``x`` on the device(s), always committed: a program's outputs are committed (the parameters
+        are, once placed), and a cache reused from the last call must match the placement of a freshly
+        made one, or jit compiles the program again for the new placement."""
         if self.mesh is None:
-            return jnp.asarray(x)
+            return jax.device_put(x, self._device())
         return jax.device_put(x, shd.named_sharding(self.mesh, logical, self.rules, x.shape))
+
+    def _zeros(self, shape: tuple, dtype, logical: tuple) -> jax.Array:
+        """Zeros made on the device(s), placed (and committed) as ``_put`` places arrays."""
+        if self.mesh is None:
+            return jnp.zeros(shape, dtype, device=self._device())
+        return jnp.zeros(shape, dtype, device=shd.named_sharding(self.mesh, logical, self.rules, shape))
+
+    def _device(self) -> jax.Device:
+        """The single device the parameters live on (no mesh)."""
+        leaf = jax.tree.leaves(nnx.state(self.model))[0]
+        return next(iter(leaf.devices()))
 
     def _norm_params(self, params, n: int) -> list[SamplingParams]:
         if isinstance(params, SamplingParams):
@@ -278,20 +372,27 @@ class Sampler:
         row ``i`` appends, ``ps[i]`` its params. The steps are the methods below, in this order."""
         if min_done is not None and min_done < 1:
             raise ValueError(f"min_done={min_done} must be >= 1 (or None: decode until every row is done)")
+        with self._programs.counting_compiles():
+            return self._run_counted(prev, chunks, ps, capacity, return_state, min_done)
+
+    def _run_counted(self, prev, chunks, ps, capacity: int, return_state: bool, min_done: int | None):
         t0 = time.perf_counter()
         state, rows = prev if prev is not None else (None, None)
         plan = self._plan_call(state, rows, chunks, ps, capacity)
         params = self._params()
+        weights = self._weights(params)
         if state is not None:
             state.consumed = True  # its cache goes to this call's programs, which donate it
         carry = self._carried_rows(state, plan)
         k, v, gather = self._starting_cache(state, plan)
-        logits, k, v, end = self._write_inputs(params, k, v, gather, plan)
+        logits, k, v, end = self._write_inputs(params, weights, k, v, gather, plan)
         logits = self._decode_start_logits(logits, state, plan, carry)
         if self.timed:
             logits.block_until_ready()
         t1 = time.perf_counter()
-        tokens, lps, n_gen, reason, k, v, _, last_logits = self._run_decode(params, k, v, end, logits, plan, min_done)
+        tokens, lps, n_gen, reason, k, v, _, last_logits = self._run_decode(
+            params, weights, k, v, end, logits, plan, min_done
+        )
         tokens, lps, n_gen, reason = jax.device_get((tokens, lps, n_gen, reason))
         self._count(plan, n_gen, t0, t1)
         out = self._output(plan, tokens, lps, n_gen, reason, logits)
@@ -349,23 +450,26 @@ class Sampler:
         """(k, v, gather): the cache the call starts from, before any gather or resize.
 
         A continuation starts from the state's cache (``gather``: its rows are picked by ``plan.src``); a
-        fresh call reuses the cache the previous call without ``return_state`` left behind when the batch
-        size matches (no new allocation: the first program resizes it), else allocates zeros. The spare
-        is dropped either way, so at most one cache outlives its call."""
+        fresh call reuses the cache the previous call without ``return_state`` left behind when its shape
+        (batch and window) is the call's (no new allocation: the prefill writes into it in place), else
+        allocates zeros on the device. Only an exact match is reused: a spare resized by the prefill would
+        make a program per (old window, new window) pair, and the resize allocates the new window anyway.
+        The spare is dropped either way, so at most one cache outlives its call."""
+        k_shape, v_shape = qwen3.KVCache.shapes(self.cfg, plan.batch, plan.window)
         if state is not None:
             k, v, gather = state.k, state.v, True
-        elif self._spare is not None and self._spare[0][0].shape[0] == plan.batch:
+        elif self._spare is not None and self._spare[0][0].shape == k_shape:
             (k, v), gather = self._spare, False
         else:
-            k_shape, v_shape = qwen3.KVCache.shapes(self.cfg, plan.batch, plan.window)
+            self._spare = None  # freed before the new cache is made
             dt = qwen3.as_dtype(self.cfg.dtype)
-            k = tuple(self._put(np.zeros(k_shape, dt), qwen3.CACHE_K_AXES) for _ in range(self.cfg.num_layers))
-            v = tuple(self._put(np.zeros(v_shape, dt), qwen3.CACHE_V_AXES) for _ in range(self.cfg.num_layers))
+            k = tuple(self._zeros(k_shape, dt, qwen3.CACHE_K_AXES) for _ in range(self.cfg.num_layers))
+            v = tuple(self._zeros(v_shape, dt, qwen3.CACHE_V_AXES) for _ in range(self.cfg.num_layers))
             gather = False
         self._spare = None
         return k, v, gather
 
-    def _write_inputs(self, params, k, v, gather: bool, plan: BatchPlan):
+    def _write_inputs(self, params, weights, k, v, gather: bool, plan: BatchPlan):
         """The prefill: every row's new tokens written into the cache, in chunks of at most ``max_chunk``
         tokens (``plan.prefill``). Returns (next-token logits ``[B, V]`` of the rows that wrote, None if
         none did; k, v; each row's cache end ``[B]`` on device).
@@ -384,12 +488,13 @@ class Sampler:
             end = self._put(plan.end_after.astype(np.int32), row)
         for chunk in plan.prefill:
             if chunk.groups is not None:
-                logits, k, v = self._write_chunk_by_rows(params, k, v, logits, plan, chunk)
+                logits, k, v = self._write_chunk_by_rows(params, weights, k, v, logits, plan, chunk)
                 end = self._put((chunk.end + chunk.take).astype(np.int32), row)
                 continue
             with unusable_donations_ok():
                 lg, k, v, end = self._prefill(
                     params,
+                    weights,
                     k,
                     v,
                     self._put(plan.gather_rows, row),
@@ -404,7 +509,7 @@ class Sampler:
             logits = lg if logits is None else jnp.where(self._put(last_here, row)[:, None], lg, logits)
         return logits, k, v, end
 
-    def _write_chunk_by_rows(self, params, k, v, logits, plan: BatchPlan, chunk: PrefillChunk):
+    def _write_chunk_by_rows(self, params, weights, k, v, logits, plan: BatchPlan, chunk: PrefillChunk):
         """One split chunk: a call per sub-batch on the rows that write (``plan.split_rows``), so short
         rows are not padded to the longest. Rows whose last input token is in the chunk take its logits."""
         if logits is None:
@@ -417,6 +522,7 @@ class Sampler:
                 # a sub-batch is not split over the mesh's batch axis (its size is any bucket)
                 logits, k, v = self._prefill_rows(
                     params,
+                    weights,
                     k,
                     v,
                     logits,
@@ -442,7 +548,7 @@ class Sampler:
             logits = self._put(np.zeros((plan.batch, self.cfg.vocab_size), np.float32), ("batch", None))
         return logits
 
-    def _run_decode(self, params, k, v, end, logits, plan: BatchPlan, min_done: int | None):
+    def _run_decode(self, params, weights, k, v, end, logits, plan: BatchPlan, min_done: int | None):
         """The on-device decode loop over the plan's per-row values (device arrays: tokens, logprobs,
         generated counts, reasons, k, v, end, last logits; see ``SamplerPrograms._decode_impl``).
         Without ``min_done`` the loop's early stop is set past the batch (``batch + 1`` rows), so it runs
@@ -450,6 +556,7 @@ class Sampler:
         row = ("batch",)
         return self._decode(
             params,
+            weights,
             k,
             v,
             end,

@@ -4,7 +4,9 @@ on-device loop that samples, records and feeds one token per step).
 They carry out what ``sampling.plan`` decided on the host; ``sampling.client.Sampler`` places the
 arrays and calls them. Every program is jitted once per shape bucket (batch, chunk length, cache
 length, token budget); per-row sampling values are arrays, so changing them never recompiles.
-``SamplerPrograms.num_compilations`` counts the traces of all of them.
+``SamplerPrograms.num_compilations`` counts the XLA compilations made during the sampler's calls
+(``counting_compiles``), not traces: jit also compiles again, without tracing, when an argument's
+placement changes (a committed array where an uncommitted one was), and that must show in the count.
 
 Cache sizing (why the cache has ``headroom``): the model writes a padded chunk at ``end[b] + t``
 and drops slots past the cache (see ``qwen3``). A row may hold at most ``capacity`` tokens; the
@@ -13,12 +15,21 @@ so every valid token of a chunk has a slot, even in the largest window; rows tha
 finished write padding past ``end``, which is never read.
 The device cache itself is sized per call to the bucket of what the batch needs, so attention in the
 decode loop runs over the live window rather than the whole capacity.
+
+Weights: the cached forward reads each layer's weights as a buffer of its own (``qwen3.DecodeWeights``),
+sliced out of the model's stacked arrays (and, on CPU, a tied head transposed). On CPU the client has
+``prepare_weights`` do that once per weights version and passes the result to every program, so no call
+copies the weights (at Qwen3-0.6B float32 the copies were 1.9 GB in the prefill and 2.4 GB in the
+decode, and their page faults cost seconds per call). Passed ``weights=None`` (the default on
+accelerators, where the copy is a fraction of a millisecond per GB of HBM and a persistent second copy
+would sit in the memory of the update), the programs slice the weights themselves, once per call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import warnings
 from typing import Any, Mapping
 
@@ -44,6 +55,29 @@ def _resize(x: jax.Array, axis: int, size: int) -> jax.Array:
     return x
 
 
+# jax.monitoring's event for one XLA compilation (a backend compile of a jitted program, whether or not the
+# persistent cache answers it); its name is jax's, recorded here since the constant lives in a private module.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_counting = threading.local()  # .programs: the SamplerPrograms whose call runs on this thread, if any
+_listener_lock = threading.Lock()
+_listening = False
+
+
+def _on_event_duration(event: str, duration: float, **kwargs) -> None:
+    programs = getattr(_counting, "programs", None)
+    if programs is not None and event == BACKEND_COMPILE_EVENT:
+        programs.num_compilations += 1
+
+
+def _listen_for_compiles() -> None:
+    """Registers the one process-wide compile listener, on first use (not at import time)."""
+    global _listening
+    with _listener_lock:
+        if not _listening:
+            jax.monitoring.register_event_duration_secs_listener(_on_event_duration)
+            _listening = True
+
+
 @contextlib.contextmanager
 def unusable_donations_ok():
     """Prefill donates the cache; XLA warns when it cannot reuse a buffer (e.g. a resize), which is fine."""
@@ -61,8 +95,11 @@ class SamplerPrograms:
     ``cpu``: the devices are CPUs (the decode loop then keeps the output head transposed, see
     ``qwen3.Qwen3.decode_weights``); ``compiler_options``: XLA options of every program.
 
-    The jitted callables: ``prefill`` (gather, resize, write one chunk), ``prepare`` (gather and
-    resize only), ``prefill_rows`` (write one chunk on a sub-batch) and ``decode``.
+    The jitted callables: ``prepare_weights`` (the per-layer weights every other program reads),
+    ``prefill`` (gather, resize, write one chunk), ``prepare`` (gather and resize only), ``prefill_rows``
+    (write one chunk on a sub-batch) and ``decode``. The writing programs take ``params`` (the model
+    state: embedding, norms, head) and ``weights`` (``prepare_weights``'s output, or None: sliced in
+    the program).
     """
 
     def __init__(
@@ -74,16 +111,33 @@ class SamplerPrograms:
         k_max: int,
         cpu: bool,
         compiler_options: Mapping[str, Any] | None = None,
+        weight_shardings: Any = None,
     ):
         self._graphdef = graphdef
         self.mesh, self.rules = mesh, rules
         self.k_max, self._cpu = int(k_max), bool(cpu)
         self.num_compilations = 0
+        _listen_for_compiles()
         jit = functools.partial(jax.jit, compiler_options=dict(compiler_options) if compiler_options else None)
-        self.prefill = jit(self._prefill_impl, static_argnames=("size", "gather"), donate_argnums=(1, 2))
+        # weight_shardings: where prepare_weights puts its output (the sampling layout), on a mesh
+        self.weight_shardings = weight_shardings
+        self.prepare_weights = jit(self._prepare_weights_impl, out_shardings=weight_shardings)
+        self.prefill = jit(self._prefill_impl, static_argnames=("size", "gather"), donate_argnums=(2, 3))
         self.prepare = jit(self._prepare_impl, static_argnames=("size", "gather"), donate_argnums=(0, 1))
-        self.prefill_rows = jit(self._prefill_rows_impl, donate_argnums=(1, 2, 3))
-        self.decode = jit(self._decode_impl, static_argnames=("budget",), donate_argnums=(1, 2))
+        self.prefill_rows = jit(self._prefill_rows_impl, donate_argnums=(2, 3, 4))
+        self.decode = jit(self._decode_impl, static_argnames=("budget",), donate_argnums=(2, 3))
+
+    @contextlib.contextmanager
+    def counting_compiles(self):
+        """Counts in ``num_compilations`` every XLA compilation this thread makes inside the block (a
+        sampler call: its programs and the few eager ops around them); compilation is synchronous, so
+        another thread's compiles never land here."""
+        outer = getattr(_counting, "programs", None)
+        _counting.programs = self
+        try:
+            yield
+        finally:
+            _counting.programs = outer
 
     def _cache_constrain(self, k, v):
         return (
@@ -91,21 +145,29 @@ class SamplerPrograms:
             tuple(shd.constrain(a, qwen3.CACHE_V_AXES, self.mesh, self.rules) for a in v),
         )
 
-    def _prefill_impl(self, params, k, v, src, end, tokens, lens, *, size: int, gather: bool):
+    def _prepare_weights_impl(self, params) -> qwen3.DecodeWeights:
+        """params: model state -> the per-layer weights (and, on CPU, a ``[D, V]`` head) the cached
+        forward reads (``qwen3.Qwen3.decode_weights``)."""
+        return nnx.merge(self._graphdef, params).decode_weights(transpose_head=self._cpu)
+
+    def _prefill_impl(self, params, weights, k, v, src, end, tokens, lens, *, size: int, gather: bool):
         """Writes one chunk per row into the (gathered, resized) cache.
 
-        Shapes: params: model state; k, v: per-layer tuples of ``[B_old, K, H, S_old]`` and
-        ``[B_old, K, S_old, H]`` (see ``qwen3.KVCache``); src int32 ``[B]`` rows of the old cache to
-        keep (only if ``gather``); end int32 ``[B]`` tokens already held; tokens int32 ``[B, T]``
-        right-padded; lens int32 ``[B]`` valid tokens (0 = write nothing).
+        Shapes: params: model state; weights: ``prepare_weights(params)`` or None; k, v: per-layer tuples of
+        ``[B_old, K, H, S_old]`` and ``[B_old, K, S_old, H]`` (see ``qwen3.KVCache``); src int32 ``[B]``
+        rows of the old cache to keep (only if ``gather``); end int32 ``[B]`` tokens already held; tokens
+        int32 ``[B, T]`` right-padded; lens int32 ``[B]`` valid tokens (0 = write nothing).
         Returns (logits float32 ``[B, V]`` at each row's last valid token, k, v with ``size`` slots,
         new end ``[B]``).
         """
-        self.num_compilations += 1
         k, v = self._gather_resize(k, v, src, size, gather)
         model = nnx.merge(self._graphdef, params)
         logits, cache = model(
-            tokens, cache=qwen3.KVCache(k, v, end), chunk_lengths=lens, logits_at=jnp.maximum(lens - 1, 0)
+            tokens,
+            cache=qwen3.KVCache(k, v, end),
+            chunk_lengths=lens,
+            logits_at=jnp.maximum(lens - 1, 0),
+            decode_weights=weights,
         )
         return logits, *self._cache_constrain(cache.k, cache.v), cache.end
 
@@ -119,17 +181,17 @@ class SamplerPrograms:
 
     def _prepare_impl(self, k, v, src, *, size: int, gather: bool):
         """The cache of the call before its first sub-batch prefill (what ``_prefill_impl`` does first)."""
-        self.num_compilations += 1
         return self._gather_resize(k, v, src, size, gather)
 
-    def _prefill_rows_impl(self, params, k, v, logits, rows, end, tokens, lens, is_last):
+    def _prefill_rows_impl(self, params, weights, k, v, logits, rows, end, tokens, lens, is_last):
         """``_prefill_impl`` on the sub-batch ``rows`` (int32 ``[b]``, distinct) of the cache: their
         cache rows are gathered, written at ``end`` (``[b]``) with ``tokens`` ``[b, T]`` / ``lens``
         ``[b]``, and scattered back; ``logits`` ``[B, V]`` takes the new logits where ``is_last``."""
-        self.num_compilations += 1
         model = nnx.merge(self._graphdef, params)
         sub = qwen3.KVCache(tuple(a[rows] for a in k), tuple(a[rows] for a in v), end)
-        lg, cache = model(tokens, cache=sub, chunk_lengths=lens, logits_at=jnp.maximum(lens - 1, 0))
+        lg, cache = model(
+            tokens, cache=sub, chunk_lengths=lens, logits_at=jnp.maximum(lens - 1, 0), decode_weights=weights
+        )
         k = tuple(a.at[rows].set(n) for a, n in zip(k, cache.k))
         v = tuple(a.at[rows].set(n) for a, n in zip(v, cache.v))
         logits = logits.at[rows].set(jnp.where(is_last[:, None], lg.astype(logits.dtype), logits[rows]))
@@ -138,6 +200,7 @@ class SamplerPrograms:
     def _decode_impl(
         self,
         params,
+        weights,
         k,
         v,
         end,
@@ -156,20 +219,19 @@ class SamplerPrograms:
     ):
         """On-device decode loop.
 
-        Shapes: k, v per-layer tuples (see ``qwen3.KVCache``); end int32 ``[B]``; logits float32 ``[B, V]``
-        (next-token logits after the prefill, or carried from the previous call); keys uint32 ``[B, 2]``; draws
-        int32 ``[B]`` draws already made by each row; temperature/top_p float32 ``[B]``; top_k, n_max (tokens this
-        row may generate), cap_reason (reason when n_max is reached) int32 ``[B]``; stop_ids int32 ``[B, S_max]``
-        padded with -1; min_done int32 scalar: stop once this many rows that started live are done (the rest
-        report ``RUNNING``). Returns tokens int32 ``[B, budget]``, logprobs float32 ``[B, budget]``, n int32
-        ``[B]`` generated, reason int32 ``[B]``, k, v, end, and the logits after each row's last fed token (see
-        ``SamplerState.carried``).
+        Shapes: params, weights as in ``_prefill_impl``; k, v per-layer tuples (see ``qwen3.KVCache``); end int32
+        ``[B]``; logits float32 ``[B, V]`` (next-token logits after the prefill, or carried from the previous call);
+        keys uint32 ``[B, 2]``; draws int32 ``[B]`` draws already made by each row; temperature/top_p float32
+        ``[B]``; top_k, n_max (tokens this row may generate), cap_reason (reason when n_max is reached) int32
+        ``[B]``; stop_ids int32 ``[B, S_max]`` padded with -1; min_done int32 scalar: stop once this many rows that
+        started live are done (the rest report ``RUNNING``). Returns tokens int32 ``[B, budget]``, logprobs float32
+        ``[B, budget]``, n int32 ``[B]`` generated, reason int32 ``[B]``, k, v, end, and the logits after each row's
+        last fed token (see ``SamplerState.carried``).
         """
-        self.num_compilations += 1
         B = logits.shape[0]
         model = nnx.merge(self._graphdef, params)
-        # Sliced once, outside the loop: the body then reads each layer's weights where they lie.
-        weights = model.decode_weights(transpose_head=self._cpu)
+        if weights is None:  # sliced once, outside the loop: the body then reads each layer where it lies
+            weights = model.decode_weights(transpose_head=self._cpu)
 
         def emit(i, logits, c):
             tokens, lps, n, done, reason = c
@@ -223,8 +285,8 @@ class SamplerPrograms:
         return tokens, lps, n, reason, *self._cache_constrain(k, v), end, last
 
     def decode_setup(self, params):
-        """What ``decode`` does once per call before its loop (the weights it prepares), as a
-        function of its own: XLA's cost analysis counts a loop body once, so a decode step's cost is the
-        decode program's cost less this one's (``envace_jax.aot``)."""
-        w = nnx.merge(self._graphdef, params).decode_weights(transpose_head=self._cpu)
+        """What ``decode`` called with ``weights=None`` does once per call before its loop (the weights it
+        prepares), as a function of its own: XLA's cost analysis counts a loop body once, so a decode
+        step's cost is the decode program's cost less this one's (``envace_jax.aot``)."""
+        w = self._prepare_weights_impl(params)
         return w.layers, w.head

@@ -85,7 +85,8 @@ class SamplerStats:
     ``slot_steps``: padded batch rows x decode steps run; ``generated_tokens / slot_steps`` is the slot
     utilisation. ``prefill_slots``: padded batch rows x chunk columns written by prefill calls.
     ``prefill_s`` / ``decode_s``: wall seconds of the two programs, measured only with ``Sampler.timed``
-    set (which waits for the prefill before starting the decode).
+    set (which waits for the prefill before starting the decode). ``weight_preparations``: times the
+    per-layer weights were prepared (once per weights version, see ``Sampler._weights``).
     """
 
     calls: int = 0
@@ -98,6 +99,7 @@ class SamplerStats:
     prefill_slots: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    weight_preparations: int = 0
 
     @property
     def utilisation(self) -> float:

@@ -192,8 +192,8 @@ def test_sampler_program_specs_match_the_arguments_of_a_real_call():
     sampler._prefill, sampler._decode = jitted
     dec_args, dec_kw = seen["decode"]
     pre_args, pre_kw = seen["prefill"]
-    batch, chunk = pre_args[5].shape
-    specs = sampler.program_specs(batch, chunk, pre_kw["size"], dec_kw["budget"], stop_width=dec_args[12].shape[1])
+    batch, chunk = pre_args[6].shape
+    specs = sampler.program_specs(batch, chunk, pre_kw["size"], dec_kw["budget"], stop_width=dec_args[13].shape[1])
     for name, (args, kwargs) in seen.items():
         fn, spec_args, spec_kwargs = specs[name]
         assert jax.tree.structure(spec_args) == jax.tree.structure(args), name

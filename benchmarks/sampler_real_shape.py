@@ -1,0 +1,237 @@
+"""Our sampler against transformers' ``generate`` at a real Qwen3 shape (``benchmarks/sampler.py --preset``).
+
+Random float32 weights, made by us and exported with ``hf_io.save_hf`` for transformers to load, so both
+decode the same model. Greedy, a 64-token prompt per row, no early stop. Per batch size, alternating ours
+and HF in one process so both see the same machine load:
+  - tokens/s at 32 new tokens (median of ``reps`` alternating calls) and how many rows' greedy tokens are
+    equal;
+  - the fixed cost per call and the decode step, by the difference method: calls with 40 and 8 new tokens
+    (medians), step = (t40 - t8) / 32, fixed = t8 - 8 * step (prefill and per-call work);
+  - the decode step against its floor, measured in the same run: the step's weight matmuls (the head
+    included; on the sampler's own prepared weights, so the floor needs no third copy of them in memory)
+    and one read of the live k/v cache (the window a 40-token call decodes over, ``common.cache_read_floor_s``),
+    each timed alone as jitted code at the same batch;
+  - where one 32-token call of ours spends its time (``Sampler.timed``: prefill, then decode) beside one
+    HF forward over the prompts (HF's prefill).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from common import cache_read_floor_s, timed
+
+from envace_jax.models import hf_io, qwen3
+from envace_jax.sampling import Sampler, SamplingParams
+
+PROMPT, NEW, LONG, SHORT = 64, 32, 40, 8
+# transformers' Qwen3Config fields; float32, tied embeddings, Qwen3's vocabulary.
+_COMMON = dict(vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, max_position_embeddings=40960)
+PRESETS = {
+    "qwen3_0_6b": dict(
+        _COMMON,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+    ),
+    # the same path in a minute: Qwen3's vocabulary over a 2-layer body (a smoke run of the script)
+    "smoke": dict(
+        _COMMON,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    ),
+}
+
+
+def build(preset: str, threads: int):
+    """(our model, transformers' model) with the same random weights."""
+    from transformers import Qwen3ForCausalLM
+
+    c = PRESETS[preset]
+    cfg = qwen3.Qwen3Config(
+        vocab_size=c["vocab_size"],
+        hidden_size=c["hidden_size"],
+        intermediate_size=c["intermediate_size"],
+        num_layers=c["num_hidden_layers"],
+        num_heads=c["num_attention_heads"],
+        num_kv_heads=c["num_key_value_heads"],
+        head_dim=c["head_dim"],
+        tie_word_embeddings=True,
+        rope_theta=c["rope_theta"],
+        max_position_embeddings=c["max_position_embeddings"],
+    )
+    model = qwen3.init_model(cfg, seed=0)
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as d:
+        hf_io.save_hf(model, d)
+        hf = Qwen3ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # every row generates exactly the tokens asked for
+    hf.generation_config.pad_token_id = 0
+    return model, hf
+
+
+def ours(sampler: Sampler, prompts, new: int) -> tuple[float, list[list[int]]]:
+    t = time.perf_counter()
+    out = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=new))
+    dt = time.perf_counter() - t
+    assert all(n == new for n in out.lengths), out.finish_reasons
+    return dt, out.tokens
+
+
+def hf_generate(hf, prompts, new: int) -> tuple[float, list[list[int]]]:
+    ids = torch.tensor(prompts)
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = hf.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new, min_new_tokens=new
+        )
+    dt = time.perf_counter() - t
+    assert out.shape[1] == PROMPT + new
+    return dt, out[:, PROMPT:].tolist()
+
+
+@jax.jit
+def _weight_matmuls(x, layers, head):
+    """The weight matmuls of one decode step (q, k, v, o, gate, up, down per layer, then the head) on
+    ``x`` ``[B, D]``: what no decoder's step can undercut; attention, norms and sampling left out."""
+    D = x.shape[-1]
+    for p in layers:
+        q = x @ p["q_proj"].reshape(D, -1)
+        kv = x @ p["k_proj"].reshape(D, -1) + x @ p["v_proj"].reshape(D, -1)
+        x = x + (q + jnp.pad(kv, ((0, 0), (0, q.shape[1] - kv.shape[1])))) @ p["o_proj"].reshape(-1, D)
+        x = x + ((x @ p["gate_proj"]) * (x @ p["up_proj"])) @ p["down_proj"]
+    return x @ head if head.shape[0] == D else jnp.einsum("bd,vd->bv", x, head)
+
+
+def weight_matmul_floor_s(sampler: Sampler, batch: int, reps: int = 5) -> float:
+    """Best-of-``reps`` seconds of ``_weight_matmuls`` at ``batch`` rows, on the weights the sampler reads."""
+    prepared = sampler._prepared[1] if sampler._prepared is not None else sampler.model.decode_weights()
+    head = prepared.head if prepared.head is not None else sampler.model.head_weight()[0]
+    x = jnp.full((batch, sampler.cfg.hidden_size), 0.01, jnp.float32)
+    _weight_matmuls(x, prepared.layers, head).block_until_ready()
+    return min(timed(lambda: _weight_matmuls(x, prepared.layers, head).block_until_ready()) for _ in range(reps))
+
+
+def split(t_long: float, t_short: float) -> tuple[float, float]:
+    """(fixed cost per call, decode step) from the medians of LONG- and SHORT-token calls."""
+    step = (t_long - t_short) / (LONG - SHORT)
+    return t_short - SHORT * step, step
+
+
+def one_batch(preset: str, model, hf, batch: int, reps: int, rng) -> dict:
+    cfg = PRESETS[preset]
+    sampler = Sampler(model)
+    prompts = [rng.randint(3, cfg["vocab_size"], PROMPT).tolist() for _ in range(batch)]
+    for n in (NEW, LONG, SHORT):  # compile every budget before timing
+        ours(sampler, prompts, n)
+    hf_generate(hf, prompts, SHORT)
+    res = {"batch": batch, "compiles_while_timed": sampler.num_compilations}
+
+    t_o, t_h = [], []
+    for _ in range(reps):
+        dt, tok_o = ours(sampler, prompts, NEW)
+        t_o.append(dt)
+        dt, tok_h = hf_generate(hf, prompts, NEW)
+        t_h.append(dt)
+    res["ours_s"], res["hf_s"] = statistics.median(t_o), statistics.median(t_h)
+    res["equal_rows"] = sum(a == b for a, b in zip(tok_o, tok_h))
+
+    runs = {k: [] for k in ("ours_long", "ours_short", "hf_long", "hf_short")}
+    for _ in range(reps):
+        runs["ours_long"].append(ours(sampler, prompts, LONG)[0])
+        runs["ours_short"].append(ours(sampler, prompts, SHORT)[0])
+        runs["hf_long"].append(hf_generate(hf, prompts, LONG)[0])
+        runs["hf_short"].append(hf_generate(hf, prompts, SHORT)[0])
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    res["ours_fixed_s"], res["ours_step_s"] = split(med["ours_long"], med["ours_short"])
+    res["hf_fixed_s"], res["hf_step_s"] = split(med["hf_long"], med["hf_short"])
+    res["compiles_while_timed"] = sampler.num_compilations - res["compiles_while_timed"]
+
+    # the window a LONG-token call decodes over (the sampler sizes its cache per call)
+    state = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=LONG), return_state=True).state
+    res["window"] = int(state.k[0].shape[qwen3.CACHE_K_SLOT_AXIS])
+    del state
+    res["floor_matmul_s"] = weight_matmul_floor_s(sampler, batch)
+    res["floor_cache_s"] = cache_read_floor_s(batch, res["window"], reps=5, config=cfg)
+
+    # where a call goes: our prefill and decode (timed separately), HF's forward over the prompts
+    sampler.timed = True
+    before = (sampler.stats.prefill_s, sampler.stats.decode_s)
+    ours(sampler, prompts, NEW)
+    res["ours_prefill_s"] = sampler.stats.prefill_s - before[0]
+    res["ours_decode_s"] = sampler.stats.decode_s - before[1]
+    ids = torch.tensor(prompts)
+    with torch.no_grad():
+        t = time.perf_counter()
+        hf(ids, attention_mask=torch.ones_like(ids), logits_to_keep=1)
+        res["hf_prefill_s"] = time.perf_counter() - t
+    return res
+
+
+def report(res: dict) -> list[str]:
+    b, new = res["batch"], NEW
+    tps_o, tps_h = b * new / res["ours_s"], b * new / res["hf_s"]
+    floor = res["floor_matmul_s"] + res["floor_cache_s"]
+    return [
+        f"batch {b:2d}: ours {tps_o:7.2f} tok/s ({res['ours_s']:.2f} s)  HF {tps_h:7.2f} tok/s ({res['hf_s']:.2f} s)  "
+        f"ours/HF {tps_o / tps_h:.2f}x  greedy tokens equal {res['equal_rows']}/{b} rows",
+        f"batch {b:2d}: fixed cost per call ours {res['ours_fixed_s']:.2f} s, HF {res['hf_fixed_s']:.2f} s; "
+        f"decode step ours {1e3 * res['ours_step_s']:.1f} ms, HF {1e3 * res['hf_step_s']:.1f} ms",
+        f"batch {b:2d}: decode step floor {1e3 * floor:.1f} ms (weight matmuls incl. head "
+        f"{1e3 * res['floor_matmul_s']:.1f} + one read of the {res['window']}-slot k/v cache "
+        f"{1e3 * res['floor_cache_s']:.1f}); ours step / floor {res['ours_step_s'] / floor:.2f}x",
+        f"batch {b:2d}: one {new}-token call of ours: prefill {res['ours_prefill_s']:.2f} s + decode "
+        f"{res['ours_decode_s']:.2f} s; HF forward over the prompts {res['hf_prefill_s']:.2f} s; "
+        f"XLA compiles during the timed calls: {res['compiles_while_timed']}",
+    ]
+
+
+def markdown(results: list[dict]) -> str:
+    rows = [
+        "| batch | ours tok/s | HF tok/s | ours vs HF | greedy equal | fixed/call ours | fixed/call HF "
+        "| step ours | step HF | step floor | ours step / floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        b = r["batch"]
+        tps_o, tps_h = b * NEW / r["ours_s"], b * NEW / r["hf_s"]
+        floor = r["floor_matmul_s"] + r["floor_cache_s"]
+        rows.append(
+            f"| {b} | {tps_o:.2f} | {tps_h:.2f} | {tps_o / tps_h:.2f}x | {r['equal_rows']}/{b} | "
+            f"{r['ours_fixed_s']:.2f} s | {r['hf_fixed_s']:.2f} s | {1e3 * r['ours_step_s']:.0f} ms | "
+            f"{1e3 * r['hf_step_s']:.0f} ms | {1e3 * floor:.0f} ms | {r['ours_step_s'] / floor:.2f}x |"
+        )
+    return "\n".join(rows)
+
+
+def run(preset: str, batches: list[int], reps: int, threads: int) -> None:
+    rng = np.random.RandomState(0)
+    t = time.perf_counter()
+    model, hf = build(preset, threads)
+    c = PRESETS[preset]
+    print(
+        f"preset {preset}: {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, vocab {c['vocab_size']}, "
+        f"float32, random weights ({model.config.num_params() / 1e6:.0f}M parameters; built in "
+        f"{time.perf_counter() - t:.0f} s); prompt {PROMPT}, {NEW} new tokens, greedy, median of {reps}; "
+        f"torch threads {torch.get_num_threads()}",
+        flush=True,
+    )
+    results = []
+    for b in batches:
+        res = one_batch(preset, model, hf, b, reps, rng)
+        results.append(res)
+        print("\n".join(report(res)), flush=True)
+    print(markdown(results))

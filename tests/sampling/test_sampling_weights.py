@@ -1,0 +1,87 @@
+"""The sampler prepares its per-layer weights once per weights version: repeated calls reuse them, and a
+sample after an optimizer update comes from the new weights (checked against transformers' greedy
+``generate`` on the updated weights, exported with ``hf_io.save_hf``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flax import nnx
+from transformers import Qwen3ForCausalLM
+
+from envace_jax.models import hf_io, qwen3
+from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
+from envace_jax.sampling import Sampler, SamplingParams
+from envace_jax.rl.batch import build_batch
+from envace_jax.rl.types import ACT, Generation
+
+V = 64
+CFG = qwen3.Qwen3Config(
+    vocab_size=V,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    tie_word_embeddings=True,
+    rope_theta=10000.0,
+)
+NEW = 16
+
+
+def _prompts(seed, lengths):
+    rng = np.random.RandomState(seed)
+    return [rng.randint(3, V, n).tolist() for n in lengths]
+
+
+def _sft_batch():
+    """Six rows whose targets repeat token 7: a few SFT steps on them move the greedy continuations."""
+    rng = np.random.default_rng(0)
+    gens = [Generation(ACT, rng.integers(3, V, 6).tolist(), [7] * 5, [-1.0] * 5, f"u{i}", i, 0) for i in range(6)]
+    return build_batch(gens, np.ones(6), list(range(6)), max_len=16)
+
+
+def _hf_greedy(model, tmp_path, prompts):
+    """transformers' greedy continuation of each prompt (one row at a time: no padding), on our weights."""
+    hf_io.save_hf(model, str(tmp_path))
+    hf = Qwen3ForCausalLM.from_pretrained(str(tmp_path)).eval()
+    hf.generation_config.eos_token_id = None
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            gen = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW)
+            out.append(gen[0, len(p) :].tolist())
+    return out
+
+
+def test_weights_prepared_once_per_version_and_a_sample_after_an_update_uses_the_new_ones(tmp_path):
+    trainer = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)), OptimConfig(lr=0.05), LossConfig(), micro_batch_size=6)
+    sampler = Sampler(trainer.model, prepare_weights=True)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=NEW)
+    prompts = _prompts(0, [5, 9, 7])
+    before = sampler.generate(prompts, greedy).tokens
+    assert before == _hf_greedy(trainer.model, tmp_path / "before", prompts)
+    sampler.generate(_prompts(1, [4, 6]), greedy)
+    assert sampler.stats.weight_preparations == 1  # the second call reused the first call's weights
+
+    for _ in range(3):
+        trainer.update(_sft_batch(), kind="sft")
+    after = sampler.generate(prompts, greedy).tokens
+    assert after == _hf_greedy(trainer.model, tmp_path / "after", prompts)
+    assert sampler.stats.weight_preparations == 2
+    assert after != before, "the update should change the greedy continuations"
+    sampler.generate(prompts, greedy)
+    assert sampler.stats.weight_preparations == 2
+
+
+def test_prepared_and_per_call_weights_sample_the_same(tmp_path):
+    model = qwen3.Qwen3(CFG, rngs=nnx.Rngs(3))
+    prompts = _prompts(2, [3, 11, 6, 8])
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=NEW)
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=NEW, seed=5)
+    outs = [Sampler(model, prepare_weights=flag).generate(prompts, [greedy, sampled] * 2) for flag in (True, False)]
+    assert outs[0].tokens == outs[1].tokens
+    np.testing.assert_allclose(np.concatenate(outs[0].logprobs), np.concatenate(outs[1].logprobs), atol=1e-5)
+    assert outs[0].tokens[0] == _hf_greedy(model, tmp_path, prompts[:1])[0]
