@@ -276,6 +276,16 @@ class RLStep:
         self._base_rollout = engine.cfg
         self.after_update = after_update
 
+    def _release_sampler_weights(self) -> None:
+        """Drops the samplers' prepared copies of the weights once the rollouts are done: the update is
+        about to replace the weights, so the copy is stale anyway, and dropped here it stays out of the
+        update's memory peak (one more copy of the layer weights: 2.4 GB at Qwen3-0.6B). The next rollout
+        prepares the new weights once (``Sampler.prepare_weights``)."""
+        for client in (self.engine.policy, getattr(self.engine, "simulator", None)):
+            release = getattr(getattr(client, "sampler", None), "release_weights", None)
+            if release is not None:
+                release()
+
     def weights_changed(self) -> None:
         """Called after every update (and by the launcher after a restore): KV rows a client cached
         were computed with the old weights, so clients forget them; then ``after_update`` (e.g. the
@@ -335,6 +345,7 @@ class RLStep:
     def __call__(self, records: Sequence[Mapping[str, Any]], iteration: int) -> StepResult:
         cfg = self.cfg
         episodes = self.rollout(records, iteration)
+        self._release_sampler_weights()
         gens = [g for e in episodes for g in e.generations]
         rng = np.random.default_rng([self.seed, iteration, 17])
         gens = adjust_batch_copy(gens, cfg.adjust_batch_multiple, rng)
