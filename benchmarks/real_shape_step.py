@@ -64,6 +64,8 @@ import threading
 import time
 from typing import Any, Iterator
 
+from envace_jax.model_sizes import QWEN3_0_6B, QWEN3_VOCAB, TINY  # plain Python: no jax
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -77,7 +79,7 @@ TOKENIZER_PREFIXES = ("tokenizer", "special_tokens", "vocab", "merges", "chat_te
 
 # transformers Qwen3Config fields. Qwen3-0.6B's are those of its released config.json.
 _QWEN3_COMMON = dict(
-    vocab_size=151936,
+    vocab_size=QWEN3_VOCAB,
     tie_word_embeddings=True,
     rope_theta=1_000_000.0,
     max_position_embeddings=40960,
@@ -89,27 +91,9 @@ _QWEN3_COMMON = dict(
     use_sliding_window=False,
 )
 HF_PRESETS: dict[str, dict[str, Any]] = {
-    "qwen3_0_6b": dict(
-        _QWEN3_COMMON,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_window_layers=28,
-    ),
-    # Same vocabulary, tokenizer and config path; 2 small layers, for tests and development.
-    "tiny": dict(
-        _QWEN3_COMMON,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_window_layers=2,
-    ),
+    "qwen3_0_6b": dict(_QWEN3_COMMON, **QWEN3_0_6B.hf_fields(), max_window_layers=QWEN3_0_6B.num_layers),
+    # Same vocabulary, tokenizer and config path; model_sizes.TINY (2 small layers), for tests and development.
+    "tiny": dict(_QWEN3_COMMON, **TINY.hf_fields(), max_window_layers=TINY.num_layers),
 }
 # Our preset of the same architecture: build_model checks the loaded checkpoint against it.
 MODEL_PRESET = {"qwen3_0_6b": "qwen3_0_6b", "tiny": "tiny"}
