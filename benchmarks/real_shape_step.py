@@ -64,16 +64,14 @@ import threading
 import time
 from typing import Any, Iterator
 
-from envace_jax.model_sizes import QWEN3_0_6B, QWEN3_VOCAB, TINY  # plain Python: no jax
+from envace_jax.chat.tokenizer import QWEN3_FILES, QWEN3_FILES_ENV, official_qwen3_dir  # host code: no jax
+from envace_jax.model_sizes import QWEN3_0_6B, QWEN3_VOCAB, TINY
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE_CONFIG = os.path.join(REPO, "configs", "envace_qwen3_8b.py")
-TOKENIZER_ENV = "ENVACE_QWEN3_DIR"
-DEFAULT_TOKENIZER_DIR = os.path.join(REPO, ".cache", "qwen3-official")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # The files launch/export_hf.py copies next to the exported weights.
 TOKENIZER_PREFIXES = ("tokenizer", "special_tokens", "vocab", "merges", "chat_template")
 
@@ -253,7 +251,7 @@ def build_checkpoint(fields: dict[str, Any], tokenizer_dir: str, out_dir: str, s
     model = Qwen3ForCausalLM(Qwen3Config(**fields)).to(torch.bfloat16).eval()
     n_params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(out_dir)
-    for name in TOKENIZER_FILES:
+    for name in QWEN3_FILES:
         shutil.copy(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
     return {"params": int(n_params), "seconds": time.perf_counter() - t0, "peak_gib": own_peak_gib()}
 
@@ -349,13 +347,13 @@ def in_child(fn, *args) -> Any:
 
 
 def find_tokenizer_dir(arg: str | None) -> str:
-    path = arg or os.environ.get(TOKENIZER_ENV) or DEFAULT_TOKENIZER_DIR
-    missing = [f for f in TOKENIZER_FILES if not os.path.isfile(os.path.join(path, f))]
+    path = arg or official_qwen3_dir(REPO)
+    missing = [f for f in QWEN3_FILES if not os.path.isfile(os.path.join(path, f))]
     if missing:
         raise SystemExit(
             f"real_shape_step: the official Qwen3 tokenizer files {missing} are not in {path!r}. "
             f"Run `make qwen3-files` to fetch them into .cache/qwen3-official, or pass "
-            f"--tokenizer_dir (or set {TOKENIZER_ENV}) to a folder holding {list(TOKENIZER_FILES)}."
+            f"--tokenizer_dir (or set {QWEN3_FILES_ENV}) to a folder holding {list(QWEN3_FILES)}."
         )
     return path
 
@@ -412,7 +410,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--tokenizer_dir",
         default=None,
-        help=f"folder with the official {' and '.join(TOKENIZER_FILES)} (default: ${TOKENIZER_ENV}, "
+        help=f"folder with the official {' and '.join(QWEN3_FILES)} (default: ${QWEN3_FILES_ENV}, "
         f"then .cache/qwen3-official, which `make qwen3-files` fills)",
     )
     ap.add_argument("--prompts", type=int, default=4, help="prompts in the step (data.prompts_per_step)")
