@@ -8,7 +8,7 @@ import os
 import tempfile
 import time
 
-from envace_jax.model_sizes import BENCH  # plain Python: does not load jax
+from envace_jax.model_sizes import BENCH, QWEN3_0_6B as _QWEN3_0_6B, QWEN3_VOCAB  # plain Python: no jax
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -27,13 +27,8 @@ CONFIG = dict(
 # 16 heads, 8 kv heads, head_dim 128, MLP 3072, vocabulary 151,936, tied embeddings (596.0M parameters,
 # 440.5M of them outside the embedding). Benchmarks build it with random weights.
 QWEN3_0_6B = dict(
-    vocab_size=151936,
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
+    vocab_size=QWEN3_VOCAB,
+    **_QWEN3_0_6B.hf_fields(),
     tie_word_embeddings=True,
     max_position_embeddings=40960,
     rope_theta=1e6,

@@ -43,6 +43,8 @@ import tempfile
 import time
 from typing import Any
 
+from envace_jax.model_sizes import DEMO, QWEN3_0_6B, QWEN3_VOCAB  # plain Python: no jax
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(REPO, "benchmarks", "peer_workers")
 FRAMEWORKS = ("ours", "tunix", "trl")
@@ -61,16 +63,7 @@ _QWEN3 = dict(rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=Tru
 # Model fields in our ``qwen3.Qwen3Config`` names. demo: ``model_sizes.DEMO`` at a 2,048-token vocabulary;
 # small: hidden 256, 4 layers (3.7M parameters); qwen3_0_6b: Qwen3-0.6B's released architecture.
 SHAPES: dict[str, dict[str, Any]] = {
-    "demo": dict(
-        _QWEN3,
-        vocab_size=2048,
-        hidden_size=128,
-        intermediate_size=256,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-    ),
+    "demo": dict(_QWEN3, vocab_size=2048, **DEMO.fields()),
     "small": dict(
         _QWEN3,
         vocab_size=2048,
@@ -81,16 +74,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         num_kv_heads=2,
         head_dim=64,
     ),
-    "qwen3_0_6b": dict(
-        _QWEN3,
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_layers=28,
-        num_heads=16,
-        num_kv_heads=8,
-        head_dim=128,
-    ),
+    "qwen3_0_6b": dict(_QWEN3, vocab_size=QWEN3_VOCAB, **QWEN3_0_6B.fields()),
 }
 ADAMW = dict(b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, grad_clip=1.0)
 

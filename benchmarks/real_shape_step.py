@@ -64,20 +64,20 @@ import threading
 import time
 from typing import Any, Iterator
 
+from envace_jax.chat.tokenizer import QWEN3_FILES, QWEN3_FILES_ENV, official_qwen3_dir  # host code: no jax
+from envace_jax.model_sizes import QWEN3_0_6B, QWEN3_VOCAB, TINY
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE_CONFIG = os.path.join(REPO, "configs", "envace_qwen3_8b.py")
-TOKENIZER_ENV = "ENVACE_QWEN3_DIR"
-DEFAULT_TOKENIZER_DIR = os.path.join(REPO, ".cache", "qwen3-official")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # The files launch/export_hf.py copies next to the exported weights.
 TOKENIZER_PREFIXES = ("tokenizer", "special_tokens", "vocab", "merges", "chat_template")
 
 # transformers Qwen3Config fields. Qwen3-0.6B's are those of its released config.json.
 _QWEN3_COMMON = dict(
-    vocab_size=151936,
+    vocab_size=QWEN3_VOCAB,
     tie_word_embeddings=True,
     rope_theta=1_000_000.0,
     max_position_embeddings=40960,
@@ -89,27 +89,9 @@ _QWEN3_COMMON = dict(
     use_sliding_window=False,
 )
 HF_PRESETS: dict[str, dict[str, Any]] = {
-    "qwen3_0_6b": dict(
-        _QWEN3_COMMON,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_window_layers=28,
-    ),
-    # Same vocabulary, tokenizer and config path; 2 small layers, for tests and development.
-    "tiny": dict(
-        _QWEN3_COMMON,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_window_layers=2,
-    ),
+    "qwen3_0_6b": dict(_QWEN3_COMMON, **QWEN3_0_6B.hf_fields(), max_window_layers=QWEN3_0_6B.num_layers),
+    # Same vocabulary, tokenizer and config path; model_sizes.TINY (2 small layers), for tests and development.
+    "tiny": dict(_QWEN3_COMMON, **TINY.hf_fields(), max_window_layers=TINY.num_layers),
 }
 # Our preset of the same architecture: build_model checks the loaded checkpoint against it.
 MODEL_PRESET = {"qwen3_0_6b": "qwen3_0_6b", "tiny": "tiny"}
@@ -269,7 +251,7 @@ def build_checkpoint(fields: dict[str, Any], tokenizer_dir: str, out_dir: str, s
     model = Qwen3ForCausalLM(Qwen3Config(**fields)).to(torch.bfloat16).eval()
     n_params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(out_dir)
-    for name in TOKENIZER_FILES:
+    for name in QWEN3_FILES:
         shutil.copy(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
     return {"params": int(n_params), "seconds": time.perf_counter() - t0, "peak_gib": own_peak_gib()}
 
@@ -365,13 +347,13 @@ def in_child(fn, *args) -> Any:
 
 
 def find_tokenizer_dir(arg: str | None) -> str:
-    path = arg or os.environ.get(TOKENIZER_ENV) or DEFAULT_TOKENIZER_DIR
-    missing = [f for f in TOKENIZER_FILES if not os.path.isfile(os.path.join(path, f))]
+    path = arg or official_qwen3_dir(REPO)
+    missing = [f for f in QWEN3_FILES if not os.path.isfile(os.path.join(path, f))]
     if missing:
         raise SystemExit(
             f"real_shape_step: the official Qwen3 tokenizer files {missing} are not in {path!r}. "
             f"Run `make qwen3-files` to fetch them into .cache/qwen3-official, or pass "
-            f"--tokenizer_dir (or set {TOKENIZER_ENV}) to a folder holding {list(TOKENIZER_FILES)}."
+            f"--tokenizer_dir (or set {QWEN3_FILES_ENV}) to a folder holding {list(QWEN3_FILES)}."
         )
     return path
 
@@ -428,7 +410,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--tokenizer_dir",
         default=None,
-        help=f"folder with the official {' and '.join(TOKENIZER_FILES)} (default: ${TOKENIZER_ENV}, "
+        help=f"folder with the official {' and '.join(QWEN3_FILES)} (default: ${QWEN3_FILES_ENV}, "
         f"then .cache/qwen3-official, which `make qwen3-files` fills)",
     )
     ap.add_argument("--prompts", type=int, default=4, help="prompts in the step (data.prompts_per_step)")

@@ -25,34 +25,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from common import cache_read_floor_s, timed
+from common import QWEN3_0_6B, cache_read_floor_s, timed
 
+from envace_jax.model_sizes import DEMO
 from envace_jax.models import hf_io, qwen3
 from envace_jax.sampling import Sampler, SamplingParams
 
 PROMPT, NEW, LONG, SHORT = 64, 32, 40, 8
 # transformers' Qwen3Config fields; float32, tied embeddings, Qwen3's vocabulary.
-_COMMON = dict(vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, max_position_embeddings=40960)
 PRESETS = {
-    "qwen3_0_6b": dict(
-        _COMMON,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-    ),
-    # the same path in a minute: Qwen3's vocabulary over a 2-layer body (a smoke run of the script)
-    "smoke": dict(
-        _COMMON,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-    ),
+    "qwen3_0_6b": QWEN3_0_6B,
+    # the same path in a minute: Qwen3's vocabulary over the demo's 2-layer body (a smoke run of the script)
+    "smoke": dict(QWEN3_0_6B, **DEMO.hf_fields()),
 }
 
 

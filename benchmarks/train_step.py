@@ -49,9 +49,13 @@ steps a ``fused=True`` AdamW (PyTorch's fastest CPU AdamW, without the foreach v
 the parameters' size). The first step of each side, from the same weights, prints its loss and gradient
 norm: the two must agree (the same loss on the same rows).
 
+``--compile-only`` (``qwen3_0_6b``) builds our step's two programs at the preset's shape from abstract
+weights (nothing is allocated, nothing runs): the gradient of a micro-batch and the optimizer step, lowered
+and compiled, and prints XLA's memory analysis of each (arguments, outputs, aliased, temporaries).
+
 Usage: python benchmarks/train_step.py [--preset default|demo|qwen3_0_6b] [--reps 3] [--threads 2] [--bf16]
        [--compare-gather] [--retain-freed-memory] [--rounds 1] [--layers N] [--remat none|full]
-       [--dry-run]
+       [--dry-run] [--compile-only]
 """
 
 from __future__ import annotations
@@ -280,6 +284,42 @@ def run_sequential(args, config: dict, tb, micro: int) -> tuple[dict, dict, dict
     return wall, cpu, first, peaks
 
 
+def report_compiled_memory(args, config: dict, tb, micro: int) -> None:
+    """--compile-only: XLA's memory analysis of our step's programs at ``config``'s shape, lowered from
+    abstract weights (the Trainer of an ``nnx.eval_shape`` model), with the step's first micro-batch."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from envace_jax.models import qwen3
+
+    cfg = qwen3.Qwen3Config.from_hf(config, param_dtype="float32", dtype="float32", remat_policy=args.remat)
+    model = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)))
+    trainer = Trainer(model, OptimConfig(lr=1e-6, weight_decay=0.01), LossConfig(), micro_batch_size=micro)
+    params = trainer.params
+    # The rows as Trainer.update cuts them (with the gathered head's trained-position index).
+    mb = trainer._local_micro_batches(tb)[0]
+    count = jax.ShapeDtypeStruct((), jnp.float32)
+    programs = {
+        "gradient (one micro-batch)": trainer.program("grad").lower(params, mb, None),
+        "optimizer step": trainer.program("apply").lower(params, trainer.opt_state, params, count),
+    }
+
+    def gb(b: int) -> str:
+        return f"{b / 1e9:.3f} GB"
+
+    weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    B, T = tb.tokens.shape
+    print(f"jax {jax.__version__}  preset {args.preset}: {config['num_hidden_layers']} layers, {B} rows x {T} tokens")
+    print(f"micro-batch {micro} rows, remat {args.remat}; float32 weights {gb(weights)}")
+    for name, lowered in programs.items():
+        m = lowered.compile().memory_analysis()
+        print(
+            f"{name}: temporaries {gb(m.temp_size_in_bytes)}, arguments {gb(m.argument_size_in_bytes)}, "
+            f"outputs {gb(m.output_size_in_bytes)}, aliased {gb(m.alias_size_in_bytes)}",
+            flush=True,
+        )
+
+
 def report_sequential(args, config: dict, tb, micro: int) -> None:
     import torch
 
@@ -330,6 +370,11 @@ def main() -> None:
         action="store_true",
         help="qwen3_0_6b: print the rows, their trained positions and the step's FLOPs, and build nothing",
     )
+    ap.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="qwen3_0_6b: compile our step's programs from abstract weights and print their memory analysis",
+    )
     ap.add_argument("--micro", type=int, default=None, help="micro-batch rows (default: all; demo 16)")
     ap.add_argument("--bf16", action="store_true", help="also time bfloat16 compute on both sides")
     ap.add_argument(
@@ -360,10 +405,15 @@ def main() -> None:
             return
         if args.bf16 or args.compare_gather:
             raise SystemExit("--bf16 and --compare-gather are not available with --preset qwen3_0_6b")
+        if args.compile_only:
+            report_compiled_memory(args, config, tb, args.micro or B)
+            return
         report_sequential(args, config, tb, args.micro or B)
         return
-    if args.layers or args.remat != "none" or args.prompt or args.rounds != 1 or args.dry_run:
-        raise SystemExit("--layers, --remat, --prompt, --rounds and --dry-run apply to --preset qwen3_0_6b only")
+    if args.layers or args.remat != "none" or args.prompt or args.rounds != 1 or args.dry_run or args.compile_only:
+        raise SystemExit(
+            "--layers, --remat, --prompt, --rounds, --dry-run and --compile-only apply to --preset qwen3_0_6b only"
+        )
     config = DEMO_CONFIG if demo else CONFIG
     B = args.batch or (32 if demo else 8)
     micro = args.micro or (16 if demo else B)

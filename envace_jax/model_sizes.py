@@ -52,3 +52,14 @@ HF_TEST = ModelSize(hidden_size=64, intermediate_size=96, num_layers=2, num_head
 BENCH = ModelSize(hidden_size=512, intermediate_size=1536, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64)
 
 SIZES: dict[str, ModelSize] = {"tiny": TINY, "micro": MICRO, "demo": DEMO, "hf_test": HF_TEST, "bench": BENCH}
+
+# Qwen3-0.6B's architecture (its released config.json), which the benchmarks build with random weights at
+# the real vocabulary (``benchmarks/common.QWEN3_0_6B``, ``peers.py``, ``sampler_real_shape.py``,
+# ``real_shape_step.py``). Not in SIZES: those name the small models a config's ``model.preset`` may build,
+# and a real Qwen3-0.6B is ``qwen3.Qwen3Config.qwen3_0_6b`` (written from the release on its own, so that
+# tests can hold the two against each other).
+QWEN3_0_6B = ModelSize(
+    hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128
+)
+# The vocabulary (embedding rows) of every released Qwen3: its tokenizer's tokens, padded.
+QWEN3_VOCAB = 151936

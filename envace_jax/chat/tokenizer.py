@@ -29,6 +29,17 @@ _LINE_PATTERN = r"[^\n]*\n|[^\n]+"
 _LINE_DIGIT_PATTERN = r"\p{N}|[^\n\p{N}]*\n|[^\n\p{N}]+"
 _PRE_SPLITS = {"qwen": _SPLIT_PATTERN, "lines": _LINE_PATTERN, "lines_digits": _LINE_DIGIT_PATTERN}
 
+# Qwen3's official tokenizer files, which a checkout fetches once (``make qwen3-files``, sha256-pinned in
+# tests/qwen3_official.py) for the tests and benchmarks that compare against the real tokenizer.
+QWEN3_FILES = ("tokenizer.json", "tokenizer_config.json")
+QWEN3_FILES_ENV = "ENVACE_QWEN3_DIR"
+
+
+def official_qwen3_dir(repo: str | os.PathLike) -> str:
+    """Where the checkout at ``repo`` keeps Qwen3's official tokenizer files: ``$ENVACE_QWEN3_DIR``, else
+    ``.cache/qwen3-official`` in the checkout (the files themselves may not be there yet)."""
+    return os.environ.get(QWEN3_FILES_ENV) or os.path.join(os.fspath(repo), ".cache", "qwen3-official")
+
 
 def load_tokenizer(path: str | os.PathLike, *, use_our_template: bool = False):
     """Loads a tokenizer from a local Hugging Face directory (never the hub).

@@ -426,22 +426,6 @@ def load_base(directory: str) -> Base:
 # ----------------------------------------------------------------------------- the run
 
 
-def build_model(cfg: PretrainConfig, vocab: int):
-    from envace_jax.models import qwen3
-
-    mc = qwen3.Qwen3Config.tiny(
-        vocab,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_layers=cfg.num_layers,
-        num_heads=cfg.num_heads,
-        num_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
-        tie_word_embeddings=True,
-    )
-    return qwen3.init_model(mc, seed=cfg.seed)
-
-
 def init_model(cfg: PretrainConfig, out_dir: str, demos: Sequence[Mapping[str, Any]]):
     """``(tokenizer, model, base)`` a run starts from: from scratch (a tokenizer trained on the demonstrations, a
     random model; ``base`` None), or with ``init_from`` the base's tokenizer and its model grown ``grow_factor``
@@ -457,6 +441,9 @@ def init_model(cfg: PretrainConfig, out_dir: str, demos: Sequence[Mapping[str, A
             cfg.vocab_size,
             extra_texts=reference_memories(tok_tasks, cfg.memory_max_chars) if cfg.memory_step is not None else (),
         )
+        # The demo's own model recipe; imported here, as pretrain imports the RL stages only where it uses them.
+        from envace_jax.demo.stages import build_model
+
         return tok, build_model(cfg, len(tok)), None
     base = load_base(cfg.init_from)
     differ = [

@@ -62,6 +62,8 @@ class Clock:
 
 
 def build_model(cfg: DemoConfig, vocab: int) -> qwen3.Qwen3:
+    """The demo's random tied-embedding Qwen3 of ``vocab`` tokens, sized and seeded by ``cfg``: a
+    ``DemoConfig``, or any config with the same size fields and ``seed`` (``pretrain.PretrainConfig``)."""
     mc = qwen3.Qwen3Config.tiny(
         vocab,
         hidden_size=cfg.hidden_size,

@@ -74,3 +74,27 @@ def test_script_trains_the_completions_and_counts_the_same_flops():
     # completion's tokens are trained.
     assert "rows 4 x 512 tokens, trained 1024, layers 28" in lines
     assert f"step FLOPs {STEP_FLOPS_4X512}" in lines
+
+
+def test_compile_only_reports_both_programs_memory_without_running_them():
+    # One layer of Qwen3-0.6B: embedding 151,936 x 1024 + one layer's 15,730,944 + the final norm's 1024
+    # float32 weights = 171,314,432 x 4 bytes. Nothing is allocated or run, so this takes seconds.
+    weights = (151936 * 1024 + 15_730_944 + 1024) * 4
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
+    r = subprocess.run(
+        [sys.executable, SCRIPT, "--preset", "qwen3_0_6b", "--layers", "1", "--compile-only"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"float32 weights {weights / 1e9:.3f} GB" in r.stdout
+    rows = {line.split(":")[0]: line for line in r.stdout.splitlines() if "temporaries" in line}
+    assert set(rows) == {"gradient (one micro-batch)", "optimizer step"}
+    # The optimizer step takes weights, two moments and the gradient, and gives back the first three in
+    # place; its one parameter-sized temporary is the averaged gradient (no second copy for the skip).
+    step = rows["optimizer step"]
+    assert f"arguments {4 * weights / 1e9:.3f} GB" in step and f"aliased {3 * weights / 1e9:.3f} GB" in step
+    temporaries = float(step.split("temporaries ")[1].split(" GB")[0]) * 1e9
+    assert temporaries < 1.05 * weights
