@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from envace_jax.data.demo_tasks import SPLITS
+from envace_jax.data.demo_tasks import FAMILIES, SPLITS
 from envace_jax.eval.config import MEMORY_GATES
 from envace_jax.model_sizes import DEMO, MICRO
 
@@ -50,6 +50,12 @@ class DemoConfig:
     # per task type, the natural odds of a silent push-back (no tool error announces it: a condition on a
     # value fails) against a happy path, so RL cannot learn a branch from how often it is asked
     rl_silent_odds: str = "share"
+    # the worlds of the RL prompts and the held-out tasks (data.demo_tasks.FAMILIES): "default", or
+    # "irreversible" (the wire world: rules in the tool descriptions, wrong calls that cannot be undone; the
+    # test-time rehearsal tasks). The base's pretraining and the SFT demonstrations always use "default", so
+    # an "irreversible" task is never in them; that family has no push-back branch, so the push-back shares
+    # are not applied to it.
+    task_family: str = "default"
     # ---- tokenizer / model
     vocab_size: int = 2048  # lines_digits BPE: prompts ~110 tokens, digits single tokens
     hidden_size: int = DEMO.hidden_size  # model_sizes.DEMO
@@ -125,6 +131,8 @@ class DemoConfig:
             raise ValueError(
                 f"demo rl_replay_roles must be one of {sorted(REPLAY_ROLES)}, got {self.rl_replay_roles!r}"
             )
+        if self.task_family not in FAMILIES:
+            raise ValueError(f"demo task_family must be one of {sorted(FAMILIES)}, got {self.task_family!r}")
         if self.rl_silent_odds not in SILENT_ODDS:
             raise ValueError(f"demo rl_silent_odds must be one of {SILENT_ODDS}, got {self.rl_silent_odds!r}")
         if self.rl_seed is not None and (
