@@ -113,6 +113,11 @@ class DemoConfig:
     # "on_mistake": the memory reaches the real attempt only when a rehearsal wrote a call the tool schema
     # rejects (eval.rehearsal); "always": every time, as EnvACE does
     rehearsal_place_memory: str = "on_mistake"
+    # ---- rehearsal memories in RL prompts (demo.rl_memory): this share of each RL step's prompts first gets
+    # the memory test-time rehearsal builds from rl_memory_rehearsals imagined episodes of the current policy
+    # (the rehearsal_* settings above), so the policy learns to act on one. 0 = none (the default).
+    rl_memory_fraction: float = 0.0
+    rl_memory_rehearsals: int = 1
 
     def __post_init__(self):
         if self.eval_split not in SPLITS:
@@ -131,6 +136,12 @@ class DemoConfig:
             raise ValueError(
                 f"demo rl_replay_roles must be one of {sorted(REPLAY_ROLES)}, got {self.rl_replay_roles!r}"
             )
+        if not 0.0 <= self.rl_memory_fraction <= 1.0:
+            raise ValueError(f"demo rl_memory_fraction must be in [0, 1], got {self.rl_memory_fraction!r}")
+        if isinstance(self.rl_memory_rehearsals, bool) or not isinstance(self.rl_memory_rehearsals, int):
+            raise ValueError(f"demo rl_memory_rehearsals must be an int >= 1, got {self.rl_memory_rehearsals!r}")
+        if self.rl_memory_rehearsals < 1:
+            raise ValueError(f"demo rl_memory_rehearsals must be an int >= 1, got {self.rl_memory_rehearsals!r}")
         if self.task_family not in FAMILIES:
             raise ValueError(f"demo task_family must be one of {sorted(FAMILIES)}, got {self.task_family!r}")
         if self.rl_silent_odds not in SILENT_ODDS:

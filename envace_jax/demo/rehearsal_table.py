@@ -38,6 +38,21 @@ def export_model(model, run_dir: str, codec=None) -> str:
     return out
 
 
+def demo_rehearsal_config(cfg: DemoConfig, n: int):
+    """The demo's test-time rehearsal settings (``rehearsal_*`` fields) with ``n`` imagined episodes: the one
+    source of the memory's settings, at test time and in RL prompts (``demo.rl_memory``)."""
+    from envace_jax.eval.rehearsal import RehearsalConfig
+
+    return RehearsalConfig(
+        n=n,
+        max_tokens_per_rehearsal=1024,
+        max_memory_chars=cfg.rehearsal_max_memory_chars,
+        temperature=cfg.rehearsal_temperature,
+        place_memory=cfg.rehearsal_place_memory,
+        seed=cfg.seed,
+    )
+
+
 def run_rehearsal_table(
     cfg: DemoConfig,
     run_dir: str,
@@ -50,7 +65,6 @@ def run_rehearsal_table(
     from envace_jax.chat import load_tokenizer
     from envace_jax.eval import demo_eval
     from envace_jax.models import hf_io
-    from envace_jax.eval.rehearsal import RehearsalConfig
 
     model_dir = model_dir or os.path.join(run_dir, MODEL_DIR)
     tok_dir = os.path.join(run_dir, "tokenizer")
@@ -69,14 +83,7 @@ def run_rehearsal_table(
     # The rehearsal memory goes into the system prompt: leave room for it.
     rollout = stages.rollout_config(cfg, "real", greedy=True)
     rollout = dataclasses.replace(rollout, max_model_len=max(cfg.max_model_len, 1536))
-    base = RehearsalConfig(
-        n=0,
-        max_tokens_per_rehearsal=1024,
-        max_memory_chars=cfg.rehearsal_max_memory_chars,
-        temperature=cfg.rehearsal_temperature,
-        place_memory=cfg.rehearsal_place_memory,
-        seed=cfg.seed,
-    )
+    base = demo_rehearsal_config(cfg, n=0)
     result, cats = demo_eval.sweep(
         tasks, codec, stages.make_client(model, codec), rollout, base, ns, modes, make_env=demo_data.make_real_env
     )
