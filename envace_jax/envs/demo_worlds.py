@@ -400,14 +400,16 @@ class WireWorld(DemoWorld):
     ``WIRE_LIMIT``, or funds short of amount plus fee); ``close_account`` deletes the account with its
     money. Nothing is ever refunded, so a wrong call leaves a trace the task's checklist sees (a balance
     lower than the oracle's, a right call that can no longer go through). Each rule is stated in the
-    description both roles read, so an imagined episode can foresee it. Not in ``WORLDS``: the default
+    description both roles read, so an imagined episode can foresee it. The tools carry the bank world's
+    names (``get_balance``, ``transfer``), so a policy that plays the bank plays here the plan that breaks
+    the rules, until something (a rehearsal) tells it otherwise. Not in ``WORLDS``: the default
     demo never draws it (``RULE_WORLDS``; ``data.demo_tasks`` family "irreversible").
     """
 
     NAME = "wire"
     TOOLS = {
         "get_balance": ("Get an account's balance.", {"account": ("string", "", None)}, ["account"]),
-        "wire": (
+        "transfer": (
             f"Send money. Irreversible: never refunded. Each attempt costs the sender a fee of {WIRE_FEE}, "
             f"kept even if the wire is refused. Refused if amount is over {WIRE_LIMIT} ('over the limit') "
             "or the sender cannot pay amount plus fee ('insufficient funds').",
@@ -440,7 +442,7 @@ class WireWorld(DemoWorld):
     def _tool_get_balance(self, account: str) -> dict[str, Any]:
         return {"account": account, "balance": self.accounts[self._account(account)]}
 
-    def _tool_wire(self, from_account: str, to_account: str, amount: int) -> dict[str, Any]:
+    def _tool_transfer(self, from_account: str, to_account: str, amount: int) -> dict[str, Any]:
         # malformed requests are refused before anything is charged; a well-formed attempt pays the fee
         self._account(from_account)
         self._account(to_account)

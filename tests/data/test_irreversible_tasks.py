@@ -97,9 +97,9 @@ def test_over_the_limit_in_one_wire_loses_the_fee_for_good(tasks):
     oracle = start - x - 4  # two wires, two fees
     assert json.loads(task["reference_messages"][-2]["content"])["balance"] == oracle
     naive = [
-        ("call", "wire", {"from_account": a, "to_account": b, "amount": x}),
-        ("call", "wire", w1),
-        ("call", "wire", w2),
+        ("call", "transfer", {"from_account": a, "to_account": b, "amount": x}),
+        ("call", "transfer", w1),
+        ("call", "transfer", w2),
     ]
     msgs, accounts = _play(task, naive + [("call", "get_balance", gb)])
     assert json.loads(msgs[3]["content"])["error"].startswith("over the limit")
@@ -118,8 +118,8 @@ def test_sending_the_whole_balance_makes_the_right_wire_impossible(tasks):
         task,
         [
             ("call", "get_balance", gb),
-            ("call", "wire", {"from_account": a, "to_account": b, "amount": bal}),  # refused, fee kept
-            ("call", "wire", w),  # the oracle's wire: now short by the lost fee
+            ("call", "transfer", {"from_account": a, "to_account": b, "amount": bal}),  # refused, fee kept
+            ("call", "transfer", w),  # the oracle's wire: now short by the lost fee
             ("reply", f"Could not send all of {a}'s money to {b}."),
         ],
     )
@@ -132,11 +132,11 @@ def test_closing_first_deletes_the_money_the_user_wanted_moved(tasks):
     (_, gb), (_, w), (_, close) = _calls(task)
     a, b = w["from_account"], w["to_account"]
     start = dict(task["env"]["state"]["accounts"])
-    msgs, accounts = _play(task, [("call", "close_account", close), ("call", "wire", w), ("reply", f"Closed {a}.")])
+    msgs, accounts = _play(task, [("call", "close_account", close), ("call", "transfer", w), ("reply", f"Closed {a}.")])
     assert a not in accounts and accounts[b] == start[b]  # nothing reached b, and never will
     assert json.loads(msgs[3]["content"])["lost"] == start[a]
     assert not is_success(_score(task, msgs))
     right, right_accounts = _play(
-        task, [("call", "get_balance", gb), ("call", "wire", w), ("call", "close_account", close)]
+        task, [("call", "get_balance", gb), ("call", "transfer", w), ("call", "close_account", close)]
     )
     assert right_accounts[b] == start[b] + start[a] - 2

@@ -43,7 +43,7 @@ def wire_script(c):
             return "<think>\nanswer\n</think>\n\nDone."
         a, x, b = re.search(r"Send (\d+) from (\w+) to (\w+)", text).group(2, 1, 3)
         amount = 40 if req.seed % 2 else int(x)
-        call = json.dumps({"name": "wire", "arguments": {"from_account": a, "to_account": b, "amount": amount}})
+        call = json.dumps({"name": "transfer", "arguments": {"from_account": a, "to_account": b, "amount": amount}})
         return f"<think>\ncall\n</think>\n\n\n<tool_call>\n{call}\n</tool_call>"
 
     return script

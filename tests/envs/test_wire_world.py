@@ -21,29 +21,29 @@ def _call(env: WireWorld, name: str, **args):
 
 def test_a_wire_within_the_rules_moves_the_amount_and_charges_the_fee():
     env = _world(ana=50, ben=10)
-    err, out = _call(env, "wire", from_account="ana", to_account="ben", amount=30)
+    err, out = _call(env, "transfer", from_account="ana", to_account="ben", amount=30)
     assert not err and out == {"amount": 30, "fee": 2, "from": "ana", "status": "ok", "to": "ben"}
     assert env.accounts == {"ana": 18, "ben": 40}  # 50 - 30 - 2, 10 + 30
 
 
 def test_over_the_limit_is_refused_and_the_fee_is_kept():
     env = _world(ana=90, ben=0)
-    err, out = _call(env, "wire", from_account="ana", to_account="ben", amount=41)
+    err, out = _call(env, "transfer", from_account="ana", to_account="ben", amount=41)
     assert err and out == {"error": "over the limit of 40; fee of 2 charged"}
     assert env.accounts == {"ana": 88, "ben": 0}
     # the refusal is not undone by anything: splitting afterwards leaves ana 2 below the oracle's 90-41-4=45
-    _call(env, "wire", from_account="ana", to_account="ben", amount=40)
-    _call(env, "wire", from_account="ana", to_account="ben", amount=1)
+    _call(env, "transfer", from_account="ana", to_account="ben", amount=40)
+    _call(env, "transfer", from_account="ana", to_account="ben", amount=1)
     assert env.accounts == {"ana": 43, "ben": 41}
 
 
 def test_funds_short_of_amount_plus_fee_is_refused_and_charged():
     env = _world(ana=20, ben=0)
-    err, out = _call(env, "wire", from_account="ana", to_account="ben", amount=20)
+    err, out = _call(env, "transfer", from_account="ana", to_account="ben", amount=20)
     assert err and out == {"error": "insufficient funds in 'ana'; fee of 2 charged"}
     assert env.accounts["ana"] == 18
     # the right amount before the mistake (20 - 2 = 18) no longer goes through: 18 < 18 + 2
-    err, _ = _call(env, "wire", from_account="ana", to_account="ben", amount=18)
+    err, _ = _call(env, "transfer", from_account="ana", to_account="ben", amount=18)
     assert err and env.accounts == {"ana": 16, "ben": 0}
 
 
@@ -55,7 +55,7 @@ def test_malformed_requests_cost_nothing():
         ({"from_account": "ana", "to_account": "ben", "amount": 0}, "amount must be positive"),
         ({"from_account": "cal", "to_account": "ben", "amount": 1}, "'cal' cannot pay the fee of 2"),
     ]:
-        err, out = _call(env, "wire", **args)
+        err, out = _call(env, "transfer", **args)
         assert err and out == {"error": text}
     assert env.accounts == {"ana": 20, "ben": 5, "cal": 1}
 
@@ -65,7 +65,7 @@ def test_closing_deletes_the_account_and_its_money():
     err, out = _call(env, "close_account", account="ana")
     assert not err and out == {"account": "ana", "lost": 12, "status": "closed"}
     assert env.accounts == {"ben": 5}
-    err, out = _call(env, "wire", from_account="ana", to_account="ben", amount=10)
+    err, out = _call(env, "transfer", from_account="ana", to_account="ben", amount=10)
     assert err and out == {"error": "unknown account 'ana'"}
     err, out = _call(env, "close_account", account="ana")
     assert err and out == {"error": "unknown account 'ana'"}
@@ -73,13 +73,14 @@ def test_closing_deletes_the_account_and_its_money():
 
 def test_the_rules_are_written_in_the_descriptions_both_roles_read():
     schemas = {s["function"]["name"]: s for s in tool_schemas("wire", {"accounts": {"ana": 1, "ben": 2}})}
-    wire = schemas["wire"]["function"]["description"]
+    wire = schemas["transfer"]["function"]["description"]
     assert "fee of 2" in wire and "over 40" in wire and "Irreversible" in wire
     assert "deleted" in schemas["close_account"]["function"]["description"]
     assert "Accounts: ana, ben." in schemas["get_balance"]["function"]["description"]
     # a rule violation is a call the schema accepts: only the world (or a rehearsal of it) knows it fails
     assert (
-        call_problem("wire", {"from_account": "ana", "to_account": "ben", "amount": 99}, list(schemas.values())) is None
+        call_problem("transfer", {"from_account": "ana", "to_account": "ben", "amount": 99}, list(schemas.values()))
+        is None
     )
 
 

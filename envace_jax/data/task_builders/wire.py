@@ -28,7 +28,8 @@ def state(rng: random.Random) -> dict[str, Any]:
 
 
 def system(state: dict[str, Any]) -> str:
-    return f"You are a bank assistant. Read each tool's rules before calling it. {ANSWER_STYLE}"
+    # the bank world's prompt: the rules are in the tool descriptions only
+    return f"You are a bank assistant. {ANSWER_STYLE}"
 
 
 def _pair(rng: random.Random, rec: Recorder, low: int, high: int) -> tuple[str, str]:
@@ -45,8 +46,8 @@ def split_over_limit(rng, rec):
     x = rng.randint(WIRE_LIMIT + 1, 2 * WIRE_LIMIT - 2)  # two wires; never the same amount twice
     a, b = _pair(rng, rec, x + 2 * WIRE_FEE, 10**9)
     rec.user(f"Send {x} from {a} to {b}, then tell me {a}'s balance.")
-    rec.call(("wire", {"from_account": a, "to_account": b, "amount": WIRE_LIMIT}))
-    rec.call(("wire", {"from_account": a, "to_account": b, "amount": x - WIRE_LIMIT}))
+    rec.call(("transfer", {"from_account": a, "to_account": b, "amount": WIRE_LIMIT}))
+    rec.call(("transfer", {"from_account": a, "to_account": b, "amount": x - WIRE_LIMIT}))
     (r,) = rec.call(("get_balance", {"account": a}))
     rec.reply(
         f"Sent {x} in two wires; {a} now has {r['balance']}.",
@@ -60,7 +61,7 @@ def send_all(rng, rec):
     rec.user(f"Send all of {a}'s money to {b}.")
     (r,) = rec.call(("get_balance", {"account": a}))
     x = r["balance"] - WIRE_FEE
-    rec.call(("wire", {"from_account": a, "to_account": b, "amount": x}))
+    rec.call(("transfer", {"from_account": a, "to_account": b, "amount": x}))
     rec.reply(f"Sent {x} from {a} to {b} (fee {WIRE_FEE}).", [x, b], f"Does the reply confirm that {x} went to {b}?")
 
 
@@ -69,7 +70,7 @@ def close_and_move(rng, rec):
     rec.user(f"Close {a}'s account and give its money to {b}.")
     (r,) = rec.call(("get_balance", {"account": a}))
     x = r["balance"] - WIRE_FEE
-    rec.call(("wire", {"from_account": a, "to_account": b, "amount": x}))
+    rec.call(("transfer", {"from_account": a, "to_account": b, "amount": x}))
     rec.call(("close_account", {"account": a}))
     rec.reply(
         f"Sent {x} from {a} to {b} and closed {a}.",
@@ -82,7 +83,7 @@ def plain(rng, rec):
     x = rng.randint(1, WIRE_LIMIT)
     a, b = _pair(rng, rec, x + WIRE_FEE, 10**9)
     rec.user(f"Send {x} from {a} to {b}.")
-    rec.call(("wire", {"from_account": a, "to_account": b, "amount": x}))
+    rec.call(("transfer", {"from_account": a, "to_account": b, "amount": x}))
     rec.reply(f"Sent {x} from {a} to {b}.", [x, b], f"Does the reply confirm that {x} went to {b}?")
 
 
