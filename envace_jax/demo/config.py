@@ -118,6 +118,10 @@ class DemoConfig:
     # (the rehearsal_* settings above), so the policy learns to act on one. 0 = none (the default).
     rl_memory_fraction: float = 0.0
     rl_memory_rehearsals: int = 1
+    # longest training row in tokens (prompt + generation; demo.stages.TRAIN_LEN by default). The RL update
+    # drops longer rows (rl overlong_rows="drop", logged as update/overlong_rows_dropped): the wire world's long
+    # tool descriptions plus a memory need more (a prompt with a 600-character memory is ~350 tokens)
+    train_len: int = 384
 
     def __post_init__(self):
         if self.eval_split not in SPLITS:
@@ -142,6 +146,8 @@ class DemoConfig:
             raise ValueError(f"demo rl_memory_rehearsals must be an int >= 1, got {self.rl_memory_rehearsals!r}")
         if self.rl_memory_rehearsals < 1:
             raise ValueError(f"demo rl_memory_rehearsals must be an int >= 1, got {self.rl_memory_rehearsals!r}")
+        if isinstance(self.train_len, bool) or not isinstance(self.train_len, int) or self.train_len < 64:
+            raise ValueError(f"demo train_len must be an int >= 64, got {self.train_len!r}")
         if self.task_family not in FAMILIES:
             raise ValueError(f"demo task_family must be one of {sorted(FAMILIES)}, got {self.task_family!r}")
         if self.rl_silent_odds not in SILENT_ODDS:

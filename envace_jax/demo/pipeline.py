@@ -84,7 +84,7 @@ class Demo:
             self.rows = demo_data.sft_rows(
                 self.demos, self.codec, cfg.world_model_rows, cfg.seed, exclude_uids={t["uid"] for t in self.rl_tasks}
             )
-        self.max_len = stages.TRAIN_LEN
+        self.max_len = cfg.train_len
 
     def _sft_stream(self, seed: int, roles: tuple[str, ...] = ROLES):
         """Role-balanced batches of the warm-start rows of ``roles`` (the SFT stage and RL's replay batches)."""

@@ -169,3 +169,17 @@ def test_rl_stage_puts_memories_in_the_configured_share_of_prompts(tmp_path):
         assert [m.get(key) for m in log] == [m.get(key) for m in log2], key
     for a, b in zip(w1, w2):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_train_len_sets_the_rl_row_limit():
+    """Prompts with a memory are longer: the RL update's row limit (longer rows are dropped) is a field."""
+    from envace_jax.demo import stages
+    from envace_jax.demo.config import reduced
+
+    assert DemoConfig().train_len == stages.TRAIN_LEN  # the default demo is unchanged
+    cfg = reduced().replace(train_len=640)
+    model = stages.build_model(cfg, 512)
+    step, _ = stages.make_rl_step(cfg, "rehearsal", model, codec(), stages.make_trainer(model, cfg, 1e-3, 0))
+    assert step.cfg.max_row_length == 640
+    with pytest.raises(ValueError, match="train_len"):
+        DemoConfig(train_len=10)
