@@ -11,7 +11,9 @@ are the demo's test-time settings (``rehearsal_*`` fields) apart from N (``rl_me
 
 Which prompts: ``round(fraction * prompts)`` positions per step (half up), drawn from (seed, step) only, so
 a rerun picks the same ones. A chosen prompt whose memory the gate leaves empty (``on_mistake`` and no
-mistake caught) runs without one, as it would at test time.
+mistake caught) runs without one, as it would at test time. The imagined episodes are played by the policy
+in both roles, as at test time, also in RL modes where another model plays REHEARSE in the rollouts
+(``simulator``, ``noshare``).
 """
 
 from __future__ import annotations
