@@ -119,7 +119,7 @@ def main(argv) -> int:
 
         out = run_rehearsal_table(cfg, run_dir, num_tasks=_SWEEP_TASKS.value or None)
         print(out["markdown"])
-        print(f"wrote {os.path.join(run_dir, 'rehearsal_sweep.md')}")
+        print(f"wrote {os.path.join(out['dir'], 'rehearsal_sweep.md')}")
         return 0
     if _LEVERAGE.value:
         table = pipeline.run_leverage(cfg, run_dir, progress=progress)

@@ -25,8 +25,16 @@ import random
 from typing import Any, NamedTuple
 
 from envace_jax.chat.template import render_chat_text
-from envace_jax.data.task_builders import WORLD_TASKS, Builder, Recorder, Reject, normalise_weights
-from envace_jax.envs.demo_worlds import WORLDS, DemoWorld, canonical_json, sample_call, tool_schemas
+from envace_jax.data.task_builders import (
+    RULE_WORLD_TASKS,
+    WORLD_TASKS,
+    Builder,
+    Recorder,
+    Reject,
+    WorldTasks,
+    normalise_weights,
+)
+from envace_jax.envs.demo_worlds import ALL_WORLDS, WORLDS, DemoWorld, canonical_json, sample_call, tool_schemas
 
 SPLITS = ("train", "validation", "test")
 # Branch kinds. HAPPY: every tool answers and the plan the user asked for goes through. PUSH_BACK: the
@@ -37,6 +45,10 @@ BRANCHES = (HAPPY, PUSH_BACK)
 _BUCKETS = {"train": range(0, 8), "validation": range(8, 9), "test": range(9, 10)}
 MAX_CALLS = 4
 FOLLOW_UP_PROB = 0.35
+# Task families: "default" (the demo's four worlds) and "irreversible" (the opt-in wire world, whose wrong
+# calls cannot be undone and whose rules are in the tool descriptions: the test-time rehearsal tasks). Each
+# family draws from its own seeded stream, so adding one never changes another's tasks.
+FAMILIES: dict[str, dict[str, WorldTasks]] = {"default": WORLD_TASKS, "irreversible": RULE_WORLD_TASKS}
 
 
 def _play_one(rng: random.Random, rec: Recorder, tasks: list[tuple[str, Builder, int]]) -> None:
@@ -46,10 +58,10 @@ def _play_one(rng: random.Random, rec: Recorder, tasks: list[tuple[str, Builder,
     builder(rng, rec)
 
 
-def _build_task(rng: random.Random, world: str) -> dict[str, Any]:
-    spec = WORLD_TASKS[world]
+def _build_task(rng: random.Random, world: str, family: str = "default") -> dict[str, Any]:
+    spec = FAMILIES[family][world]
     state = spec.state(rng)
-    rec = Recorder(WORLDS[world](state))
+    rec = Recorder(ALL_WORLDS[world](state))
     _play_one(rng, rec, spec.tasks)
     if rng.random() < FOLLOW_UP_PROB:
         _play_one(rng, rec, spec.tasks)
@@ -95,7 +107,7 @@ def branch_plan(n: int, push_back_share: float) -> list[str]:
 
 
 def generate_tasks(
-    n: int, seed: int, split: str = "train", push_back_share: float | None = None
+    n: int, seed: int, split: str = "train", push_back_share: float | None = None, family: str = "default"
 ) -> list[dict[str, Any]]:
     """``n`` distinct task records of ``split``; the same arguments always give the same list, and a
     longer list starts with the shorter one.
@@ -103,14 +115,21 @@ def generate_tasks(
     ``push_back_share=None`` keeps the natural mix of branch kinds (about one task in six pushes back).
     A share in [0, 1] fixes it: position ``i`` holds a task of kind ``branch_plan(n, share)[i]``, taken in
     draw order from the same stream (tasks of the kind that is already full are skipped).
+
+    ``family`` names the worlds drawn from (``FAMILIES``), each from its own seeded stream; uids start
+    ``demo-<split>-`` in the default family and ``demo-<family>-<split>-`` otherwise. The content hash decides
+    the split in every family, so an "irreversible" test task is never an "irreversible" train task.
     """
     _check_split(split)
+    if family not in FAMILIES:
+        raise ValueError(f"task family must be one of {sorted(FAMILIES)}, got {family!r}")
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
     if push_back_share is not None and not 0.0 <= push_back_share <= 1.0:
         raise ValueError(f"push_back_share must be None or in [0, 1], got {push_back_share!r}")
-    rng = random.Random(f"envace-demo/{split}/{seed}")
-    worlds = sorted(WORLD_TASKS)
+    default = family == "default"
+    rng = random.Random(f"envace-demo/{split}/{seed}" if default else f"envace-demo/{family}/{split}/{seed}")
+    worlds = sorted(FAMILIES[family])
     plan = None if push_back_share is None else branch_plan(n, push_back_share)
     need = {b: (n if plan is None else plan.count(b)) for b in BRANCHES}
     pools: dict[str, list[dict[str, Any]]] = {b: [] for b in BRANCHES}
@@ -129,14 +148,14 @@ def generate_tasks(
                 + ("" if plan is None else f" with push_back_share={push_back_share}")
             )
         try:
-            task = _build_task(rng, rng.choice(worlds))
+            task = _build_task(rng, rng.choice(worlds), family)
         except Reject:
             continue
         key = task_content_key(task)
         if key in seen or split_of(task) != split:
             continue
         seen.add(key)
-        task["uid"] = f"demo-{split}-{key[:16]}"
+        task["uid"] = f"demo-{split}-{key[:16]}" if default else f"demo-{family}-{split}-{key[:16]}"
         if plan is None:
             drawn.append(task)
         elif len(pools[task["branch"]]) < need[task["branch"]]:

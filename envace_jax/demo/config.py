@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from envace_jax.data.demo_tasks import SPLITS
+from envace_jax.data.demo_tasks import FAMILIES, SPLITS
 from envace_jax.eval.config import MEMORY_GATES
 from envace_jax.model_sizes import DEMO, MICRO
 
@@ -50,6 +50,12 @@ class DemoConfig:
     # per task type, the natural odds of a silent push-back (no tool error announces it: a condition on a
     # value fails) against a happy path, so RL cannot learn a branch from how often it is asked
     rl_silent_odds: str = "share"
+    # the worlds of the RL prompts and the held-out tasks (data.demo_tasks.FAMILIES): "default", or
+    # "irreversible" (the wire world: rules in the tool descriptions, wrong calls that cannot be undone; the
+    # test-time rehearsal tasks). The base's pretraining and the SFT demonstrations always use "default", so
+    # an "irreversible" task is never in them; that family has no push-back branch, so the push-back shares
+    # are not applied to it.
+    task_family: str = "default"
     # ---- tokenizer / model
     vocab_size: int = 2048  # lines_digits BPE: prompts ~110 tokens, digits single tokens
     hidden_size: int = DEMO.hidden_size  # model_sizes.DEMO
@@ -107,6 +113,15 @@ class DemoConfig:
     # "on_mistake": the memory reaches the real attempt only when a rehearsal wrote a call the tool schema
     # rejects (eval.rehearsal); "always": every time, as EnvACE does
     rehearsal_place_memory: str = "on_mistake"
+    # ---- rehearsal memories in RL prompts (demo.rl_memory): this share of each RL step's prompts first gets
+    # the memory test-time rehearsal builds from rl_memory_rehearsals imagined episodes of the current policy
+    # (the rehearsal_* settings above), so the policy learns to act on one. 0 = none (the default).
+    rl_memory_fraction: float = 0.0
+    rl_memory_rehearsals: int = 1
+    # longest training row in tokens (prompt + generation; demo.stages.TRAIN_LEN by default). The RL update
+    # drops longer rows (rl overlong_rows="drop", logged as update/overlong_rows_dropped): the wire world's long
+    # tool descriptions plus a memory need more (a prompt with a 600-character memory is ~350 tokens)
+    train_len: int = 384
 
     def __post_init__(self):
         if self.eval_split not in SPLITS:
@@ -125,6 +140,16 @@ class DemoConfig:
             raise ValueError(
                 f"demo rl_replay_roles must be one of {sorted(REPLAY_ROLES)}, got {self.rl_replay_roles!r}"
             )
+        if not 0.0 <= self.rl_memory_fraction <= 1.0:
+            raise ValueError(f"demo rl_memory_fraction must be in [0, 1], got {self.rl_memory_fraction!r}")
+        if isinstance(self.rl_memory_rehearsals, bool) or not isinstance(self.rl_memory_rehearsals, int):
+            raise ValueError(f"demo rl_memory_rehearsals must be an int >= 1, got {self.rl_memory_rehearsals!r}")
+        if self.rl_memory_rehearsals < 1:
+            raise ValueError(f"demo rl_memory_rehearsals must be an int >= 1, got {self.rl_memory_rehearsals!r}")
+        if isinstance(self.train_len, bool) or not isinstance(self.train_len, int) or self.train_len < 64:
+            raise ValueError(f"demo train_len must be an int >= 64, got {self.train_len!r}")
+        if self.task_family not in FAMILIES:
+            raise ValueError(f"demo task_family must be one of {sorted(FAMILIES)}, got {self.task_family!r}")
         if self.rl_silent_odds not in SILENT_ODDS:
             raise ValueError(f"demo rl_silent_odds must be one of {SILENT_ODDS}, got {self.rl_silent_odds!r}")
         if self.rl_seed is not None and (

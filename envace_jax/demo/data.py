@@ -90,6 +90,9 @@ def draw_rl_tasks(cfg, exclude_uids: frozenset[str] | set[str] = frozenset()) ->
     alone fills the push-back slots with, e.g., conditional transfers whose condition fails, and the happy
     slots mostly with other types, so RL meets the condition failing in ~95% of conditional prompts and
     learns to send nothing without reading the balance."""
+    family = cfg.task_family
+    if family != "default":  # no push-back branch in that family: the share does not apply
+        return [normalize_task(t) for t in _draw_excluding(cfg.rl_tasks, cfg.seed, set(exclude_uids), family)]
     if cfg.rl_push_back_share is not None and cfg.rl_silent_odds == "natural":
         return [
             normalize_task(t)
@@ -102,6 +105,16 @@ def draw_rl_tasks(cfg, exclude_uids: frozenset[str] | set[str] = frozenset()) ->
         if len(kept) >= cfg.rl_tasks:
             return [normalize_task(t) for t in kept[: cfg.rl_tasks]]
         n += cfg.rl_tasks - len(kept) + 16
+
+
+def _draw_excluding(n: int, seed: int, exclude: set[str], family: str) -> list[dict[str, Any]]:
+    """The first ``n`` train tasks of ``family``'s natural stream that are not in ``exclude``."""
+    size = n + len(exclude)
+    while True:
+        kept = [t for t in generate_tasks(size, seed, "train", family=family) if t["uid"] not in exclude]
+        if len(kept) >= n:
+            return kept[:n]
+        size += n - len(kept) + 16
 
 
 def _draw_keeping_silent_odds(n: int, share: float, seed: int, exclude: set[str]) -> list[dict[str, Any]]:
@@ -155,7 +168,9 @@ def generate_splits(cfg, exclude_uids: frozenset[str] | set[str] = frozenset()) 
 
 def held_out_tasks(cfg, split: str) -> list[dict[str, Any]]:
     n = {"validation": cfg.validation_tasks, "test": cfg.test_tasks}[split]
-    return [normalize_task(t) for t in generate_tasks(n, cfg.seed, split, push_back_share=cfg.eval_push_back_share)]
+    family = cfg.task_family
+    share = cfg.eval_push_back_share if family == "default" else None  # that family has no push-back branch
+    return [normalize_task(t) for t in generate_tasks(n, cfg.seed, split, push_back_share=share, family=family)]
 
 
 def write_and_read(splits: Mapping[str, Sequence[Mapping[str, Any]]], data_dir: str) -> dict[str, list[dict]]:

@@ -16,6 +16,7 @@ from envace_jax.demo import arms
 from envace_jax.demo import data as demo_data
 from envace_jax.demo import pretrain
 from envace_jax.demo import report as rep
+from envace_jax.demo import rl_memory
 from envace_jax.demo import stages
 from envace_jax.demo.config import REPLAY_ROLES, DemoConfig
 from envace_jax.data.demo_tasks import BRANCHES
@@ -83,7 +84,7 @@ class Demo:
             self.rows = demo_data.sft_rows(
                 self.demos, self.codec, cfg.world_model_rows, cfg.seed, exclude_uids={t["uid"] for t in self.rl_tasks}
             )
-        self.max_len = stages.TRAIN_LEN
+        self.max_len = cfg.train_len
 
     def _sft_stream(self, seed: int, roles: tuple[str, ...] = ROLES):
         """Role-balanced batches of the warm-start rows of ``roles`` (the SFT stage and RL's replay batches)."""
@@ -175,6 +176,9 @@ class Demo:
             ),
             decode=None,
         )
+        # a share of the prompts with the memory test-time rehearsal would build (demo.rl_memory; off by default)
+        rl_cfg = cfg.replace(seed=cfg.rl_stream_seed)
+        memory = rl_memory.from_demo(cfg, self.codec, client, stages.rollout_config(rl_cfg, mode, greedy=False))
         replay = self.replay_stream()
         log = []
         self.curves[tag] = []
@@ -182,9 +186,13 @@ class Demo:
         with _bar(cfg.rl_steps, f"RL [{mode}]", self.progress) as bar:
             for it in range(cfg.rl_steps):
                 with clock:
-                    res = step(next(prompts), it)
+                    batch, memory_metrics = next(prompts), {}
+                    if memory is not None:
+                        batch, memory_metrics = memory(batch, it)
+                        client.reset()  # the imagined episodes' cached rows are of no use to the rollouts
+                    res = step(batch, it)
                     client.reset()
-                    m = {"step": it + 1, **res.metrics}
+                    m = {"step": it + 1, **res.metrics, **memory_metrics}
                     for _ in range(cfg.rl_replay_batches):
                         m.update(self._replay(next(replay), trainers))
                 log.append(m)

@@ -2,7 +2,10 @@
 
 Loads the model the demo exported (``run_dir/model``, Hugging Face format) and the demo tokenizer,
 then runs the held-out tasks against the real (JSON-normalised) demo worlds with N imagined episodes
-before the real one, for each N and mode; writes ``rehearsal_sweep.md`` / ``.json`` with 95% CIs.
+before the real one, for each N and mode; writes ``rehearsal_sweep.md`` / ``.json`` with 95% CIs, the
+paired rows of N = k against N = 0, and per setting its cost (seconds, extra tokens per task) and what its
+rehearsals predicted against what the tools did (``eval.imagined_fidelity``). With ``task_family`` other than
+"default" (the irreversible wire tasks of issue 36) everything goes to ``run_dir/rehearsal_<family>/``.
 """
 
 from __future__ import annotations
@@ -10,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from envace_jax.demo import arms
 from envace_jax.demo import data as demo_data
 from envace_jax.demo import stages
 from envace_jax.demo.config import DemoConfig
-from envace_jax.eval import paired
+from envace_jax.eval import imagined_fidelity, paired
 
 MODEL_DIR = "model"
 
@@ -38,6 +41,21 @@ def export_model(model, run_dir: str, codec=None) -> str:
     return out
 
 
+def demo_rehearsal_config(cfg: DemoConfig, n: int):
+    """The demo's test-time rehearsal settings (``rehearsal_*`` fields) with ``n`` imagined episodes: the one
+    source of the memory's settings, at test time and in RL prompts (``demo.rl_memory``)."""
+    from envace_jax.eval.rehearsal import RehearsalConfig
+
+    return RehearsalConfig(
+        n=n,
+        max_tokens_per_rehearsal=1024,
+        max_memory_chars=cfg.rehearsal_max_memory_chars,
+        temperature=cfg.rehearsal_temperature,
+        place_memory=cfg.rehearsal_place_memory,
+        seed=cfg.seed,
+    )
+
+
 def run_rehearsal_table(
     cfg: DemoConfig,
     run_dir: str,
@@ -50,7 +68,6 @@ def run_rehearsal_table(
     from envace_jax.chat import load_tokenizer
     from envace_jax.eval import demo_eval
     from envace_jax.models import hf_io
-    from envace_jax.eval.rehearsal import RehearsalConfig
 
     model_dir = model_dir or os.path.join(run_dir, MODEL_DIR)
     tok_dir = os.path.join(run_dir, "tokenizer")
@@ -59,46 +76,94 @@ def run_rehearsal_table(
             raise FileNotFoundError(f"{path}: missing {what}")
     codec = demo_data.make_codec(load_tokenizer(tok_dir))
     model = hf_io.load_hf(model_dir)
-    # The tasks go through the same tfds + grain path as in the demo run (reused from run_dir/data when it
+    # Another task family than the default writes everything (its data, per-task outcomes, tables) under
+    # RUN_DIR/rehearsal_<family>/, so the run's own files (of the tasks it was evaluated on) stay as they are.
+    out_dir = sweep_dir(cfg, run_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    # The tasks go through the same tfds + grain path as in the demo run (reused from out_dir/data when it
     # exists), so the prompts are the very records the model was trained and evaluated on.
     split = cfg.eval_split
-    tasks = demo_data.write_and_read({split: demo_data.held_out_tasks(cfg, split)}, os.path.join(run_dir, "data"))[
+    tasks = demo_data.write_and_read({split: demo_data.held_out_tasks(cfg, split)}, os.path.join(out_dir, "data"))[
         split
     ]
     tasks = tasks[: num_tasks or len(tasks)]
     # The rehearsal memory goes into the system prompt: leave room for it.
     rollout = stages.rollout_config(cfg, "real", greedy=True)
     rollout = dataclasses.replace(rollout, max_model_len=max(cfg.max_model_len, 1536))
-    base = RehearsalConfig(
-        n=0,
-        max_tokens_per_rehearsal=1024,
-        max_memory_chars=cfg.rehearsal_max_memory_chars,
-        temperature=cfg.rehearsal_temperature,
-        place_memory=cfg.rehearsal_place_memory,
-        seed=cfg.seed,
-    )
+    base = demo_rehearsal_config(cfg, n=0)
+    runs: dict = {}
     result, cats = demo_eval.sweep(
-        tasks, codec, stages.make_client(model, codec), rollout, base, ns, modes, make_env=demo_data.make_real_env
+        tasks,
+        codec,
+        stages.make_client(model, codec),
+        rollout,
+        base,
+        ns,
+        modes,
+        make_env=demo_data.make_real_env,
+        runs=runs,
     )
+    # what the rehearsals predicted against what the tools did, for each setting with rehearsals
+    for row in result.rows:
+        if row["n"] > 0:
+            row["fidelity"] = imagined_fidelity.fidelity_split(
+                runs[(row["mode"], row["n"])], tasks, demo_data.make_real_env
+            )
     # per-task outcomes of each N (eval_n0_tasks.jsonl, eval_n1_tasks.jsonl, ...) and N = k against N = 0
     outcomes = {}
     for row, cat in zip(result.rows, cats):
         arm = arms.rehearsal_arm(row["n"], row["mode"])
         if arm not in outcomes:
             outcomes[arm] = paired.outcomes_of([e.id for e in cat.entries], [e.detail["score"] for e in cat.entries])
-            paired.write_outcomes(run_dir, arm, outcomes[arm])
+            paired.write_outcomes(out_dir, arm, outcomes[arm])
     paired_text, paired_rows = arms.paired_section(outcomes, arms.REHEARSAL_PAIRS)
     header = (
-        f"# Test-time rehearsal on the demo suite ({cfg.eval_split} split, {len(tasks)} tasks, real tools, "
-        f"greedy)\n\nModel: {model_dir}. N imagined episodes (REHEARSE plays the tools, no logged results) "
-        f"are condensed into a memory in the system prompt before the one real episode "
+        f"# Test-time rehearsal on the demo suite ({cfg.eval_split} split, task family {cfg.task_family}, "
+        f"{len(tasks)} tasks, real tools, greedy)\n\nModel: {model_dir}. N imagined episodes (REHEARSE plays the "
+        f"tools, no logged results) are condensed into a memory in the system prompt before the one real episode "
         f"(placed: {cfg.rehearsal_place_memory}).\n\n"
     )
-    markdown = result.to_markdown() + (
-        f"\nPaired against N = 0 on the same tasks (A - B):\n\n{paired_text}\n" if paired_text else ""
+    markdown = (
+        result.to_markdown()
+        + f"\nCost and fidelity per setting:\n\n{cost_table(result.rows, len(tasks))}"
+        + (f"\nPaired against N = 0 on the same tasks (A - B):\n\n{paired_text}\n" if paired_text else "")
     )
-    with open(os.path.join(run_dir, "rehearsal_sweep.md"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out_dir, "rehearsal_sweep.md"), "w", encoding="utf-8") as f:
         f.write(header + markdown)
-    with open(os.path.join(run_dir, "rehearsal_sweep.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out_dir, "rehearsal_sweep.json"), "w", encoding="utf-8") as f:
         json.dump({"rows": result.rows, "paired": paired_rows}, f, indent=2)
-    return {"rows": result.rows, "markdown": markdown, "paired": paired_rows}
+    return {"rows": result.rows, "markdown": markdown, "paired": paired_rows, "dir": out_dir}
+
+
+def sweep_dir(cfg: DemoConfig, run_dir: str) -> str:
+    """Where ``run_rehearsal_table`` writes: the run directory for the default tasks, else its
+    ``rehearsal_<family>`` subdirectory."""
+    return run_dir if cfg.task_family == "default" else os.path.join(run_dir, f"rehearsal_{cfg.task_family}")
+
+
+def cost_table(rows: Sequence[Mapping[str, Any]], num_tasks: int) -> str:
+    """Seconds and extra tokens per task of each setting, and the fidelity split of the imagined steps of the
+    rehearsals whose memory was used (``eval.imagined_fidelity``)."""
+    lines = [
+        "| mode | N | seconds | seconds/task | extra gen tokens/task | extra prompt tokens/task | tasks with memory "
+        "| imagined steps used: exact / same outcome / wrong outcome | all imagined steps: exact / same / wrong |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    seen_zero = False
+    for r in rows:
+        if r["n"] == 0:
+            if seen_zero:
+                continue
+            seen_zero = True
+        fid = r.get("fidelity")
+        used = all_ = "-"
+        if fid is not None:
+            used = " / ".join(str(fid["used"][k]) for k in imagined_fidelity.KINDS)
+            all_ = " / ".join(str(fid["all"][k]) for k in imagined_fidelity.KINDS)
+        mode = "-" if r["n"] == 0 else r["mode"]
+        lines.append(
+            f"| {mode} | {r['n']} | {r['seconds']:.1f} | {r['seconds'] / max(1, num_tasks):.3f} | "
+            f"{r['extra_generated_tokens']:.1f} | {r['extra_prompt_tokens']:.1f} | "
+            f"{'-' if fid is None else fid['tasks_used']} | {used} | {all_} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -35,7 +35,7 @@ from envace_jax.sampling import Sampler
 # capped at TRAIN_LEN (longer prompts are left-truncated), which gives a few update programs; the
 # sampler rounds batch, chunk and window sizes to a few fixed buckets. On a 2-core CPU each compiled
 # program costs seconds, more than the padding it saves.
-TRAIN_LEN = 384
+TRAIN_LEN = 384  # DemoConfig.train_len's default
 LENGTH_MULTIPLE = 64
 # Batch sizes 8 and 16 too: the rolling batch's later calls hold few rows (episodes end at different steps)
 SAMPLER_BUCKETS = dict(
@@ -313,7 +313,7 @@ def make_rl_step(
     rl = RLSection(
         n_rollouts=cfg.n_rollouts,
         micro_batch_size=cfg.micro_batch_size,
-        max_row_length=TRAIN_LEN,
+        max_row_length=cfg.train_len,
         length_multiple=LENGTH_MULTIPLE,
         old_logprobs_from_update=cfg.rl_update_shortcuts,
         skip_zero_advantage_rows=cfg.rl_update_shortcuts,

@@ -1,4 +1,5 @@
-"""Four small executable tool worlds for the CPU demo: bank, shop, calendar, units.
+"""Four small executable tool worlds for the CPU demo (bank, shop, calendar, units), and an opt-in fifth
+(wire: rules in the tool descriptions, irreversible mistakes; ``WireWorld``).
 
 Each world is a real ``ToolEnvironment``: it keeps state, validates every call against its
 own OpenAI schema and answers with a compact canonical JSON string (``canonical_json``:
@@ -387,7 +388,89 @@ class UnitsWorld(DemoWorld):
         return {"kind": kind, "units": sorted(UNIT_KINDS[kind])}
 
 
+# --------------------------------------------------------------------------- wire (opt-in: irreversible calls)
+WIRE_FEE, WIRE_LIMIT = 2, 40
+
+
+class WireWorld(DemoWorld):
+    """A bank whose rules are written in its tool descriptions and whose mistakes cannot be undone.
+
+    State: ``{"accounts": {name: balance}}``. Every wire attempt that names two distinct known accounts
+    and a positive amount costs the sender ``WIRE_FEE``, kept even when the wire is then refused (over
+    ``WIRE_LIMIT``, or funds short of amount plus fee); ``close_account`` deletes the account with its
+    money. Nothing is ever refunded, so a wrong call leaves a trace the task's checklist sees (a balance
+    lower than the oracle's, a right call that can no longer go through). Each rule is stated in the
+    description both roles read, so an imagined episode can foresee it. The tools carry the bank world's
+    names (``get_balance``, ``transfer``), so a policy that plays the bank plays here the plan that breaks
+    the rules, until something (a rehearsal) tells it otherwise. Not in ``WORLDS``: the default
+    demo never draws it (``RULE_WORLDS``; ``data.demo_tasks`` family "irreversible").
+    """
+
+    NAME = "wire"
+    TOOLS = {
+        "get_balance": ("Get an account's balance.", {"account": ("string", "", None)}, ["account"]),
+        "transfer": (
+            f"Send money. Irreversible: never refunded. Each attempt costs the sender a fee of {WIRE_FEE}, "
+            f"kept even if the wire is refused. Refused if amount is over {WIRE_LIMIT} ('over the limit') "
+            "or the sender cannot pay amount plus fee ('insufficient funds').",
+            {
+                "from_account": ("string", "", None),
+                "to_account": ("string", "", None),
+                "amount": ("integer", "Positive amount.", None),
+            },
+            ["from_account", "to_account", "amount"],
+        ),
+        "close_account": (
+            "Close an account. Irreversible: the account and any money left in it are deleted.",
+            {"account": ("string", "", None)},
+            ["account"],
+        ),
+    }
+
+    @classmethod
+    def catalog(cls, state: Mapping[str, Any]) -> dict[str, str]:
+        return {"get_balance": "Accounts: " + ", ".join(state["accounts"]) + "."}
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self.accounts: dict[str, int] = dict(state["accounts"])
+
+    def _account(self, name: str) -> str:
+        if name not in self.accounts:
+            raise ToolError(f"unknown account '{name}'")
+        return name
+
+    def _tool_get_balance(self, account: str) -> dict[str, Any]:
+        return {"account": account, "balance": self.accounts[self._account(account)]}
+
+    def _tool_transfer(self, from_account: str, to_account: str, amount: int) -> dict[str, Any]:
+        # malformed requests are refused before anything is charged; a well-formed attempt pays the fee
+        self._account(from_account)
+        self._account(to_account)
+        if from_account == to_account:
+            raise ToolError("cannot wire to the same account")
+        if amount <= 0:
+            raise ToolError("amount must be positive")
+        if self.accounts[from_account] < WIRE_FEE:
+            raise ToolError(f"'{from_account}' cannot pay the fee of {WIRE_FEE}")
+        self.accounts[from_account] -= WIRE_FEE
+        if amount > WIRE_LIMIT:
+            raise ToolError(f"over the limit of {WIRE_LIMIT}; fee of {WIRE_FEE} charged")
+        if self.accounts[from_account] < amount:
+            raise ToolError(f"insufficient funds in '{from_account}'; fee of {WIRE_FEE} charged")
+        self.accounts[from_account] -= amount
+        self.accounts[to_account] += amount
+        return {"amount": amount, "fee": WIRE_FEE, "from": from_account, "status": "ok", "to": to_account}
+
+    def _tool_close_account(self, account: str) -> dict[str, Any]:
+        lost = self.accounts.pop(self._account(account))
+        return {"account": account, "lost": lost, "status": "closed"}
+
+
 WORLDS: dict[str, type[DemoWorld]] = {w.NAME: w for w in (BankWorld, ShopWorld, CalendarWorld, UnitsWorld)}
+# Worlds only an opt-in task family draws; kept out of WORLDS so that every draw over WORLDS (the default
+# tasks, the world-model rows' "other world" calls) stays what it was.
+RULE_WORLDS: dict[str, type[DemoWorld]] = {WireWorld.NAME: WireWorld}
+ALL_WORLDS: dict[str, type[DemoWorld]] = {**WORLDS, **RULE_WORLDS}
 
 
 def tool_schemas(world: str, state: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -397,22 +480,22 @@ def tool_schemas(world: str, state: Mapping[str, Any] | None = None) -> list[dic
     both roles can tell an unknown id from a known one: the REHEARSE prompt shows the schemas but
     not the system prompt, and "unknown account 'eli'" is only predictable if 'eli' is visibly absent.
     """
-    if world not in WORLDS:
-        raise ValueError(f"unknown demo world {world!r}; expected one of {sorted(WORLDS)}")
-    extra = WORLDS[world].catalog(state) if state else {}
-    return [_schema(name, spec, extra.get(name, "")) for name, spec in WORLDS[world].TOOLS.items()]
+    if world not in ALL_WORLDS:
+        raise ValueError(f"unknown demo world {world!r}; expected one of {sorted(ALL_WORLDS)}")
+    extra = ALL_WORLDS[world].catalog(state) if state else {}
+    return [_schema(name, spec, extra.get(name, "")) for name, spec in ALL_WORLDS[world].TOOLS.items()]
 
 
 def make_env(task: Mapping[str, Any]) -> DemoWorld:
     """Builds and resets the world named by ``task["env"]["name"]``."""
     env = task.get("env") if isinstance(task, Mapping) else None
     name = env.get("name") if isinstance(env, Mapping) else None
-    if name not in WORLDS:
+    if name not in ALL_WORLDS:
         raise ValueError(
             f"task {task.get('uid', '?') if isinstance(task, Mapping) else task!r}: "
-            f"env name {name!r} is not a demo world; expected one of {sorted(WORLDS)}"
+            f"env name {name!r} is not a demo world; expected one of {sorted(ALL_WORLDS)}"
         )
-    world = WORLDS[name]()
+    world = ALL_WORLDS[name]()
     world.reset(task)
     return world
 

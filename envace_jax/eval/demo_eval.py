@@ -11,6 +11,7 @@ N private rehearsals (``eval.rehearsal.TestTimeRehearsal``). ``valid`` = every c
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 from envace_jax.eval import progress
@@ -126,19 +127,28 @@ def sweep(
     ns: Sequence[int],
     modes: Sequence[str],
     make_env=None,
+    runs: dict[tuple[str, int], RehearsalRun] | None = None,
 ):
     """Score/success versus N and mode: (``eval.rehearsal.SweepResult``, one results category per cell).
 
-    N = 0 does not depend on the mode: it runs once and is reported under every mode.
+    N = 0 does not depend on the mode: it runs once and is reported under every mode. Each row also holds
+    ``seconds``, the wall time of its setting (rehearsals and the real attempt; N = 0's row under every
+    mode is the one run's). ``runs``, when given, receives each setting's ``RehearsalRun`` by (mode, N).
     """
     runner = make_rehearsal_runner(tasks, codec, client, rollout_cfg, make_env)
-    runs: dict[tuple[str, int], RehearsalRun] = {}
+    runs = {} if runs is None else runs
+    seconds: dict[tuple[str, int], float] = {}
 
     def run(rcfg: RehearsalConfig) -> RehearsalRun:
+        t0 = time.perf_counter()
         runs[(rcfg.mode, rcfg.n)] = out = runner(rcfg)
+        seconds[(rcfg.mode, rcfg.n)] = time.perf_counter() - t0
         return out
 
     result = rehearsal_sweep(run, base, ns, modes)
+    for row in result.rows:
+        key = (row["mode"], row["n"])
+        row["seconds"] = seconds[key] if key in seconds else next(v for (_, k), v in seconds.items() if k == row["n"])
     cats = []
     for row in result.rows:
         r = runs.get((row["mode"], row["n"])) or next(v for (m, k), v in runs.items() if k == row["n"])

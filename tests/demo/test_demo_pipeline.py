@@ -222,7 +222,13 @@ def test_exported_model_runs_the_rehearsal_sweep(reduced_run):
     for r in out["rows"]:
         lo, hi = r["success_ci95"]
         assert 0.0 <= lo <= r["success"] <= hi <= 1.0
-    assert (run_dir / "rehearsal_sweep.md").read_text().count("| parallel |") == 2
+    # the sweep table's two rows, and N = 1's row of the cost table (N = 0's reads "-")
+    assert (run_dir / "rehearsal_sweep.md").read_text().count("| parallel |") == 3
+    assert all(r["seconds"] > 0 for r in out["rows"])
+    fid = out["rows"][1]["fidelity"]  # every imagined step of N = 1 classed against the replayed real one
+    assert "fidelity" not in out["rows"][0] and set(fid["all"]) == {"exact", "same_outcome", "wrong_outcome"}
+    assert all(fid["used"][k] <= fid["all"][k] for k in fid["all"])
+    assert fid["tasks_used"] == round(out["rows"][1]["memory_placed"] * 3)
     # per-task outcomes of N = 0 and N = 1 on the same 3 tasks, and N = 1 paired against N = 0
     from envace_jax.eval import paired
 
@@ -232,6 +238,17 @@ def test_exported_model_runs_the_rehearsal_sweep(reduced_run):
     assert [(r["label"], r["a"], r["b"]) for r in out["paired"]] == [("N=1 parallel vs N=0", "n1", "n0")]
     want = paired.paired_row("N=1 parallel vs N=0", paired.compare(n1, n0, "n1", "n0"))
     assert _table_cells((run_dir / "rehearsal_sweep.md").read_text(), "N=1 parallel vs N=0") == want
+
+    # another task family: its own directory, the run's files untouched
+    before = (run_dir / "rehearsal_sweep.md").read_text()
+    cfg = reduced().replace(task_family="irreversible", rehearsal_place_memory="always")
+    out = run_rehearsal_table(cfg, str(run_dir), ns=(0, 2), modes=("parallel",), num_tasks=2)
+    sub = run_dir / "rehearsal_irreversible"
+    assert out["dir"] == str(sub) and (run_dir / "rehearsal_sweep.md").read_text() == before
+    uids = [o.uid for o in paired.read_outcomes(str(sub / "eval_n2_tasks.jsonl"))]
+    assert len(uids) == 2 and all(u.startswith("demo-irreversible-test-") for u in uids)
+    assert out["rows"][1]["fidelity"]["tasks_used"] == 2  # "always": both memories placed
+    assert "Cost and fidelity per setting" in (sub / "rehearsal_sweep.md").read_text()
 
 
 # ----------------------------------------------------------------------------- from a pretrained base

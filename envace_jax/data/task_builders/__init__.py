@@ -1,4 +1,4 @@
-"""The oracle task builders of the demo's four worlds, one module per world.
+"""The oracle task builders of the demo's four worlds (and the opt-in wire world), one module per world.
 
 ``WORLD_TASKS[world]`` gives the world's initial-state sampler, its system prompt and its task types
 (name, builder, draw weight). A builder plays one user turn on a ``Recorder``, which executes every call
@@ -11,9 +11,9 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, NamedTuple
 
-from envace_jax.data.task_builders import bank, calendar, shop, units
+from envace_jax.data.task_builders import bank, calendar, shop, units, wire
 from envace_jax.data.task_builders.recorder import Recorder, Reject, normalise_weights
-from envace_jax.envs.demo_worlds import WORLDS
+from envace_jax.envs.demo_worlds import RULE_WORLDS, WORLDS
 
 Builder = Callable[[random.Random, Recorder], None]
 
@@ -28,5 +28,9 @@ WORLD_TASKS: dict[str, WorldTasks] = {
     m.__name__.rsplit(".", 1)[1]: WorldTasks(m.state, m.system, m.TASKS) for m in (bank, shop, calendar, units)
 }
 assert set(WORLD_TASKS) == set(WORLDS)
+# The opt-in family of tasks whose wrong calls cannot be undone (``demo_tasks`` family "irreversible");
+# apart from WORLD_TASKS, so the default draws never meet it.
+RULE_WORLD_TASKS: dict[str, WorldTasks] = {"wire": WorldTasks(wire.state, wire.system, wire.TASKS)}
+assert set(RULE_WORLD_TASKS) == set(RULE_WORLDS)
 
-__all__ = ["Builder", "Recorder", "Reject", "WORLD_TASKS", "WorldTasks", "normalise_weights"]
+__all__ = ["Builder", "Recorder", "Reject", "RULE_WORLD_TASKS", "WORLD_TASKS", "WorldTasks", "normalise_weights"]
