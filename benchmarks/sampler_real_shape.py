@@ -93,16 +93,26 @@ def _weight_matmuls(x, layers, head):
     ``x`` ``[B, D]``: what no decoder's step can undercut; attention, norms and sampling left out."""
     D = x.shape[-1]
     for p in layers:
-        q = x @ p["q_proj"].reshape(D, -1)
-        kv = x @ p["k_proj"].reshape(D, -1) + x @ p["v_proj"].reshape(D, -1)
-        x = x + (q + jnp.pad(kv, ((0, 0), (0, q.shape[1] - kv.shape[1])))) @ p["o_proj"].reshape(-1, D)
-        x = x + ((x @ p["gate_proj"]) * (x @ p["up_proj"])) @ p["down_proj"]
+        o = p["o_proj"].reshape(-1, D)
+        if qwen3.FUSED_QKV in p:  # the sampler's fused layout (qwen3.fuse_projections): as its step reads it
+            qkv, n = x @ p[qwen3.FUSED_QKV], o.shape[0]
+            x = x + (qkv[:, :n] + qkv[:, n:].sum(-1, keepdims=True)) @ o
+            gu = x @ p[qwen3.FUSED_GATE_UP]
+            g, u = jnp.split(gu, 2, axis=1)
+        else:
+            q = x @ p["q_proj"].reshape(D, -1)
+            kv = x @ p["k_proj"].reshape(D, -1) + x @ p["v_proj"].reshape(D, -1)
+            x = x + (q + jnp.pad(kv, ((0, 0), (0, q.shape[1] - kv.shape[1])))) @ o
+            g, u = x @ p["gate_proj"], x @ p["up_proj"]
+        x = x + (g * u) @ p["down_proj"]
     return x @ head if head.shape[0] == D else jnp.einsum("bd,vd->bv", x, head)
 
 
 def weight_matmul_floor_s(sampler: Sampler, batch: int, reps: int = 5) -> float:
     """Best-of-``reps`` seconds of ``_weight_matmuls`` at ``batch`` rows, on the weights the sampler reads."""
-    prepared = sampler._prepared[1] if sampler._prepared is not None else sampler.model.decode_weights()
+    prepared = sampler.prepared_weights
+    if prepared is None:
+        prepared = sampler.model.decode_weights()
     head = prepared.head if prepared.head is not None else sampler.model.head_weight()[0]
     x = jnp.full((batch, sampler.cfg.hidden_size), 0.01, jnp.float32)
     _weight_matmuls(x, prepared.layers, head).block_until_ready()

@@ -129,6 +129,11 @@ class SamplerClient:
         """Forgets every cached row (e.g. after a parameter update, when cached keys/values are stale)."""
         self._state, self._row, self._seen = None, {}, {}
 
+    def release_weights(self) -> None:
+        """Drops the sampler's prepared copy of the weights (``Sampler.release_weights``), e.g. before an
+        update that replaces them; cached rows stay (``reset`` forgets those)."""
+        self.sampler.release_weights()
+
     @property
     def cached_keys(self) -> list[str]:
         return list(self._row)

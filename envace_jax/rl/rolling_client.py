@@ -110,6 +110,11 @@ class RollingSamplerClient:
             raise RuntimeError(f"reset() with {len(self._queue)} waiting and {len(self._running)} running requests")
         self._state, self._parked = None, {}
 
+    def release_weights(self) -> None:
+        """Drops the sampler's prepared copy of the weights (``Sampler.release_weights``), e.g. before an
+        update that replaces them; cached rows stay (``reset`` forgets those)."""
+        self.sampler.release_weights()
+
     # ------------------------------------------------------------------ streaming
     def submit(self, requests: Sequence[GenRequest]) -> list[int]:
         """Queues ``requests``; returns their tickets (``step()`` reports each once, when it finishes)."""

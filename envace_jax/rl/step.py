@@ -280,9 +280,10 @@ class RLStep:
         """Drops the samplers' prepared copies of the weights once the rollouts are done: the update is
         about to replace the weights, so the copy is stale anyway, and dropped here it stays out of the
         update's memory peak (one more copy of the layer weights: 2.4 GB at Qwen3-0.6B). The next rollout
-        prepares the new weights once (``Sampler.prepare_weights``)."""
+        prepares the new weights once (``Sampler.prepare_weights``). A client without prepared weights
+        (an HTTP judge, a test double) has no ``release_weights``."""
         for client in (self.engine.policy, getattr(self.engine, "simulator", None)):
-            release = getattr(getattr(client, "sampler", None), "release_weights", None)
+            release = getattr(client, "release_weights", None)
             if release is not None:
                 release()
 

@@ -29,8 +29,10 @@ The package, one job a module:
   ``lax.while_loop`` that samples, records and feeds one token per step until every row is done or
   the budget is reached). Shapes are bucketed (batch, chunk length, cache length, token budget) so a
   long run compiles a handful of programs; ``Sampler.num_compilations`` counts the XLA compilations
-  made during the sampler's calls (a repeated call with the same buckets makes none). On CPU the
-  per-layer weights the programs read are prepared once per weights version (``Sampler._weights``).
+  made during the sampler's calls (a repeated call with the same buckets makes none).
+- ``weights``: on CPU the per-layer weights the programs read (without a mesh, each layer's q/k/v and
+  gate/up concatenated) are prepared once per weights version (``PreparedWeights``);
+  ``Sampler.release_weights()`` drops that copy.
 - ``client``: ``Sampler``, the host side that checks a call, plans it, places the arrays, runs the
   programs and reads the results back.
 

@@ -10,7 +10,6 @@ outputs and the next state back.
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -23,6 +22,7 @@ from envace_jax.models import qwen3
 from envace_jax.sampling.loop import SamplerPrograms, unusable_donations_ok
 from envace_jax.sampling.plan import REASONS, RUNNING, BatchPlan, PrefillChunk, PrevRows, bucket, plan_batch
 from envace_jax.sampling.records import SamplerOutput, SamplerState, SamplerStats, SamplingParams
+from envace_jax.sampling.weights import PreparedWeights, weight_shardings
 
 
 class Sampler:
@@ -48,8 +48,12 @@ class Sampler:
       compiler_options: XLA options of the sampler's programs (``jax.jit(compiler_options=...)``), e.g.
         to time a scheduler setting against the default (``benchmarks/sampler.py --compare-options``).
       prepare_weights: keep the weights in the programs' per-layer layout between calls, made once per
-        weights version (``_weights``), instead of slicing them in every program call. Costs one more
-        copy of the layer weights in memory; default: on CPU only (see ``sampling.loop``).
+        weights version (``sampling.weights``), instead of slicing them in every program call. Costs one
+        more copy of the layer weights in memory; default: on CPU only (see ``sampling.loop``).
+      fuse_projections: the prepared weights hold each layer's q/k/v and gate/up as one matrix each
+        (``qwen3.fuse_projections``): fewer, wider products per step, same tokens. Default: with
+        ``prepare_weights`` and no mesh (on a mesh, heads split over devices would not line up with
+        the concatenation); needs ``prepare_weights`` (else every call would copy the weights).
     """
 
     def __init__(
@@ -69,6 +73,7 @@ class Sampler:
         split_min_rows: int = 8,
         compiler_options: Mapping[str, Any] | None = None,
         prepare_weights: bool | None = None,
+        fuse_projections: bool | None = None,
     ):
         if not isinstance(model, qwen3.Qwen3):
             raise TypeError(f"Sampler(model): expected a qwen3.Qwen3, got {type(model).__name__}")
@@ -100,6 +105,13 @@ class Sampler:
         devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()
         cpu = all(d.platform == "cpu" for d in devices)
         self.prepare_weights = cpu if prepare_weights is None else bool(prepare_weights)
+        if fuse_projections is None:
+            fuse_projections = self.prepare_weights and self.mesh is None
+        elif fuse_projections and not self.prepare_weights:
+            raise ValueError("Sampler(fuse_projections=True) needs prepare_weights: else every call copies the weights")
+        elif fuse_projections and self.mesh is not None:
+            raise ValueError("Sampler(fuse_projections=True) is for a sampler without a mesh")
+        self.fuse_projections = bool(fuse_projections)
         self.compiler_options = dict(compiler_options) if compiler_options else None
         self._programs = SamplerPrograms(
             nnx.graphdef(shadow),
@@ -107,11 +119,13 @@ class Sampler:
             rules=self.rules,
             k_max=self.k_max,
             cpu=cpu,
+            fuse=self.fuse_projections,
             compiler_options=self.compiler_options,
-            weight_shardings=self._weight_shardings(cpu) if self.prepare_weights else None,
+            weight_shardings=weight_shardings(model, self.mesh, self.rules, transpose_head=cpu)
+            if self.prepare_weights
+            else None,
         )
-        # (weak references to the model's parameter arrays, the weights prepared from them): see _weights
-        self._prepared: tuple[list[weakref.ref], qwen3.DecodeWeights] | None = None
+        self._prepared = PreparedWeights(model, self._programs.prepare_weights)
         # The calls `_run` makes (attributes, so a test can wrap them and see the arguments of a real call).
         self._prefill, self._prepare = self._programs.prefill, self._programs.prepare
         self._prefill_rows, self._decode = self._programs.prefill_rows, self._programs.decode
@@ -197,22 +211,6 @@ class Sampler:
         }
 
     # ---------------------------------------------------------------- host side
-    def _weight_shardings(self, cpu: bool) -> qwen3.DecodeWeights | None:
-        """Where ``prepare_weights`` lays out its output on a mesh: each layer's arrays as the sampling
-        rules place the stacked ones (less the ``layers`` axis), a transposed head as ``(embed, vocab)``."""
-        if self.mesh is None:
-            return None
-        one = {}
-        for name, var in vars(self.model.layers).items():
-            if isinstance(var, nnx.Param):
-                shape = var.get_value().shape[1:]
-                one[name] = shd.named_sharding(self.mesh, tuple(var.logical_axes)[1:], self.rules, shape)
-        head = None
-        if cpu and self.cfg.tie_word_embeddings:
-            shape = (self.cfg.hidden_size, self.cfg.vocab_size)
-            head = shd.named_sharding(self.mesh, ("embed", "vocab"), self.rules, shape)
-        return qwen3.DecodeWeights([dict(one) for _ in range(self.cfg.num_layers)], head)
-
     def _params(self):
         """The model state as the programs take it: on a mesh, leaves resharded to the sampling rules
         where they are not laid out that way, except, with ``prepare_weights``, the stacked layer arrays,
@@ -234,31 +232,24 @@ class Sampler:
         return self.prepare_weights and getattr(path[0], "key", None) == "layers"
 
     def _weights(self, params) -> qwen3.DecodeWeights | None:
-        """The per-layer weights (and CPU head) every program reads, prepared once per weights version.
-
-        The version is the identity of the model's parameter arrays: jax arrays are immutable, so new
-        weights (an optimizer update, ``nnx.update``, a checkpoint restore) are new array objects. Only
-        weak references to them are kept, so an old version is never held alive here; its prepared copy
-        is dropped before the new one is made, so at most one copy exists (it costs one more copy of the
-        layer weights, and on CPU of a tied head, in memory: what every call used to allocate and fill).
-        None without ``prepare_weights``: the programs slice the weights themselves."""
+        """The per-layer weights (and CPU head) every program reads, prepared once per weights version
+        (``sampling.weights``); None without ``prepare_weights``: the programs slice the weights themselves."""
         if not self.prepare_weights:
             return None
-        leaves = jax.tree.leaves(nnx.state(self.model))
-        if self._prepared is not None:
-            refs, weights = self._prepared
-            if len(refs) == len(leaves) and all(r() is a for r, a in zip(refs, leaves)):
-                return weights
-        self._prepared = None
-        weights = self._programs.prepare_weights(params)
-        self._prepared = ([weakref.ref(a) for a in leaves], weights)
-        self.stats.weight_preparations += 1
+        before = self._prepared.preparations
+        weights = self._prepared.get(params)
+        self.stats.weight_preparations += self._prepared.preparations - before
         return weights
+
+    @property
+    def prepared_weights(self) -> qwen3.DecodeWeights | None:
+        """The prepared weights held now (None: not prepared yet, released, or ``prepare_weights`` off)."""
+        return self._prepared.current
 
     def release_weights(self) -> None:
         """Drops the prepared weights (the next call prepares them again), e.g. to keep their copy out
         of the memory peak of an optimizer update that shares the devices."""
-        self._prepared = None
+        self._prepared.release()
 
     def _put(self, x: np.ndarray, logical: tuple):
         """``x`` on the device(s), always committed: a program's outputs are committed (the parameters

@@ -18,11 +18,12 @@ decode loop runs over the live window rather than the whole capacity.
 
 Weights: the cached forward reads each layer's weights as a buffer of its own (``qwen3.DecodeWeights``),
 sliced out of the model's stacked arrays (and, on CPU, a tied head transposed). On CPU the client has
-``prepare_weights`` do that once per weights version and passes the result to every program, so no call
-copies the weights (at Qwen3-0.6B float32 the copies were 1.9 GB in the prefill and 2.4 GB in the
-decode, and their page faults cost seconds per call). Passed ``weights=None`` (the default on
-accelerators, where the copy is a fraction of a millisecond per GB of HBM and a persistent second copy
-would sit in the memory of the update), the programs slice the weights themselves, once per call.
+``prepare_weights`` do that once per weights version (``sampling.weights``), with each layer's q/k/v and
+gate/up concatenated (``fuse``), and passes the result to every program, so no call copies the weights
+(at Qwen3-0.6B float32 the copies were 1.9 GB in the prefill and 2.4 GB in the decode, and their page
+faults cost seconds per call). Passed ``weights=None`` (the default on accelerators, where the copy is a
+fraction of a millisecond per GB of HBM and a persistent second copy would sit in the memory of the
+update), the programs slice the weights themselves, once per call, unfused.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class SamplerPrograms:
     the live ones); ``mesh``/``rules``: the layout activations and the cache are constrained to (no
     mesh: single device); ``k_max``: candidate count of the fast sampling path (``sampling.ops``);
     ``cpu``: the devices are CPUs (the decode loop then keeps the output head transposed, see
-    ``qwen3.Qwen3.decode_weights``); ``compiler_options``: XLA options of every program.
+    ``qwen3.Qwen3.decode_weights``); ``fuse``: ``prepare_weights`` concatenates each layer's q/k/v
+    and gate/up (``qwen3.fuse_projections``); ``compiler_options``: XLA options of every program.
 
     The jitted callables: ``prepare_weights`` (the per-layer weights every other program reads),
     ``prefill`` (gather, resize, write one chunk), ``prepare`` (gather and resize only), ``prefill_rows``
@@ -110,12 +112,13 @@ class SamplerPrograms:
         rules: shd.Rules | None,
         k_max: int,
         cpu: bool,
+        fuse: bool = False,
         compiler_options: Mapping[str, Any] | None = None,
         weight_shardings: Any = None,
     ):
         self._graphdef = graphdef
         self.mesh, self.rules = mesh, rules
-        self.k_max, self._cpu = int(k_max), bool(cpu)
+        self.k_max, self._cpu, self._fuse = int(k_max), bool(cpu), bool(fuse)
         self.num_compilations = 0
         _listen_for_compiles()
         jit = functools.partial(jax.jit, compiler_options=dict(compiler_options) if compiler_options else None)
@@ -146,9 +149,9 @@ class SamplerPrograms:
         )
 
     def _prepare_weights_impl(self, params) -> qwen3.DecodeWeights:
-        """params: model state -> the per-layer weights (and, on CPU, a ``[D, V]`` head) the cached
-        forward reads (``qwen3.Qwen3.decode_weights``)."""
-        return nnx.merge(self._graphdef, params).decode_weights(transpose_head=self._cpu)
+        """params: model state -> the per-layer weights (fused with ``fuse``; on CPU, a ``[D, V]`` head too)
+        the cached forward reads (``qwen3.Qwen3.decode_weights``)."""
+        return nnx.merge(self._graphdef, params).decode_weights(transpose_head=self._cpu, fuse=self._fuse)
 
     def _prefill_impl(self, params, weights, k, v, src, end, tokens, lens, *, size: int, gather: bool):
         """Writes one chunk per row into the (gathered, resized) cache.
@@ -288,5 +291,5 @@ class SamplerPrograms:
         """What ``decode`` called with ``weights=None`` does once per call before its loop (the weights it
         prepares), as a function of its own: XLA's cost analysis counts a loop body once, so a decode
         step's cost is the decode program's cost less this one's (``envace_jax.aot``)."""
-        w = self._prepare_weights_impl(params)
+        w = nnx.merge(self._graphdef, params).decode_weights(transpose_head=self._cpu)
         return w.layers, w.head

@@ -28,6 +28,9 @@ How it stays fast on CPU (no full sort, which costs more than a decode step at V
    ``_MAX_TRIES`` rounds (tiny top_p on a flat distribution) get the exact nucleus threshold by a
    bisection over float32 bit patterns (30 masked sums over V), then one inverse-CDF draw.
    The k-th largest probability for ``top_k > k_max`` uses the same bisection.
+3. An all-greedy batch (evaluation, the benchmarks) takes ``greedy_tokens``: two passes over the logits
+   (block maxima, then the log-sum-exp) instead of the general path's scaled copy and full-width index
+   reduction; at Qwen3's vocabulary and batch 32 that measured ~5 CPU-ms a step against ~23 (2-core CPU).
 """
 
 from __future__ import annotations
@@ -153,6 +156,30 @@ def _full_vocab_sample(scaled, lse, k_eff, top_p, keys, counters, rows):
     return lax.while_loop(lambda c: ~jnp.all(c[2]), body, c0)[1]
 
 
+def greedy_tokens(logits: jax.Array, block: int = 128) -> tuple[jax.Array, jax.Array]:
+    """Greedy tokens of ``logits`` float32 ``[B, V]``: (the first index of each row's maximum, as
+    ``torch.argmax``, int32 ``[B]``; its log-prob under ``log_softmax(logits)``, float32 ``[B]``).
+
+    The first maximum is found per block of ``block`` entries: the block maxima take one pass over the
+    row (and give the row maximum), the first block holding the maximum is found among ``V / block``
+    values, and the first index within that one block. XLA CPU runs a full-width "first index equal to
+    the maximum" (an int32 min over ``[B, V]``) as several passes of a reduce-window tree."""
+    B, V = logits.shape
+    nb = -(-V // block)
+    x = lf = logits.astype(jnp.float32)
+    if nb * block != V:  # Qwen3's 151,936 is a multiple of 128: no copy there
+        x = jnp.pad(x, ((0, 0), (0, nb * block - V)), constant_values=-jnp.inf)
+    xb = x.reshape(B, nb, block)
+    block_max = xb.max(axis=-1)
+    top = block_max.max(axis=-1)
+    # (a NaN row matches nothing: the indices fall back to the last block / entry, still in range)
+    j = jnp.min(jnp.where(block_max == top[:, None], jnp.arange(nb, dtype=jnp.int32), nb - 1), axis=-1)
+    row = jnp.take_along_axis(xb, j[:, None, None], axis=1)[:, 0]
+    i = jnp.min(jnp.where(row == top[:, None], jnp.arange(block, dtype=jnp.int32), block - 1), axis=-1)
+    lse = top + jnp.log(jnp.sum(jnp.exp(lf - top[:, None]), axis=-1))
+    return jnp.minimum(j * block + i, V - 1).astype(jnp.int32), top - lse
+
+
 def sample_tokens(logits, keys, counters, temperature, top_p, top_k, *, k_max: int = 64):
     """Samples one token per row.
 
@@ -166,6 +193,15 @@ def sample_tokens(logits, keys, counters, temperature, top_p, top_k, *, k_max: i
     Returns:
       (tokens int32 ``[B]``, logprobs float32 ``[B]`` under ``log_softmax(logits / T)``).
     """
+    return lax.cond(
+        jnp.all(temperature <= 0.0),
+        lambda: greedy_tokens(logits),
+        lambda: _mixed_tokens(logits, keys, counters, temperature, top_p, top_k, k_max),
+    )
+
+
+def _mixed_tokens(logits, keys, counters, temperature, top_p, top_k, k_max: int):
+    """``sample_tokens`` for a batch with at least one sampled row (greedy rows take the first maximum)."""
     B, V = logits.shape
     k_max = min(k_max, V)
     greedy = temperature <= 0.0
@@ -199,8 +235,7 @@ def sample_tokens(logits, keys, counters, temperature, top_p, top_k, *, k_max: i
         )
         return jnp.where(cand_ok, tok_c, tok_f).astype(jnp.int32)
 
-    # An all-greedy batch (the common evaluation case) skips the candidate pass over the vocabulary.
-    tok_s = lax.cond(jnp.all(greedy), lambda: jnp.zeros((B,), jnp.int32), sampled_rows)
+    tok_s = sampled_rows()
     # Greedy rows have scaled == logits (T = 1), so the row maximum above is theirs too; the first
     # index holding it is torch.argmax's answer. A masked min over the vocabulary, because XLA CPU
     # runs jnp.argmax's two-operand reduce several times slower than one more pass over the row.

@@ -77,7 +77,7 @@ def test_one_iteration_advantages_match_hand_computation(tmp_path):
     res = run.step_fn(next(run.data), 0)
     run.ckpt.close()
     # The rollouts prepared the weights once; the step dropped that copy before the update replaced them.
-    assert sampler.prepare_weights and sampler.stats.weight_preparations == 1 and sampler._prepared is None
+    assert sampler.prepare_weights and sampler.stats.weight_preparations == 1 and sampler.prepared_weights is None
     gens = [g for e in res.episodes for g in e.generations]
     assert len(res.episodes) == 8 and all(g.role == ACT for g in gens) and len(gens) == 8
     scores = np.asarray([g.score - (0.1 if not g.text else 0.0) for g in gens])

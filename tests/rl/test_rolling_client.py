@@ -215,3 +215,21 @@ def test_running_rows_carry_their_logits_and_write_nothing(model):
     assert out5.state.pending[0] == -1 and not out5.state.carried[0]
     with pytest.raises(ValueError, match=r"rows \[0\] append nothing"):
         s.continue_(out5.state, [[]], [greedy(4)])
+
+
+@pytest.mark.parametrize("rolling", [False, True])
+def test_client_release_weights_drops_the_prepared_copy_and_keeps_cached_rows(model, rolling):
+    s = _sampler(model)
+    stops = codec().stop_token_ids
+    client = RollingSamplerClient(s, stops, slots=4) if rolling else SamplerClient(s, stops)
+    p = _prompts(model, [12], seed=5)[0]
+    (o1,) = client.generate([_req(p, 5, key="k")])
+    assert s.prepared_weights is not None and s.stats.weight_preparations == 1
+    client.release_weights()
+    assert s.prepared_weights is None
+    # The cached row survives (the call appends 4 tokens to it); the weights are prepared once again.
+    p2 = p + o1.ids + _prompts(model, [4], seed=6)[0]
+    (o2,) = client.generate([_req(p2, 5, key="k")])
+    assert client.calls[-1].continued == 1 and s.stats.weight_preparations == 2
+    ref = s.generate([p2], SamplingParams(temperature=0.0, max_new_tokens=5, stop_token_ids=stops))
+    assert o2.ids == ref.tokens[0]

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from envace_jax.sampling.ops import inverse_cdf, sample_tokens
+from envace_jax.sampling.ops import greedy_tokens, inverse_cdf, sample_tokens
 from tests.helpers_sampling import chi_square_z, reference_distribution
 
 V = 256
@@ -120,3 +120,18 @@ def test_mixed_batch_greedy_rows_argmax_and_sampled_rows_unchanged():
     mixed, sampled = np.asarray(mixed), np.asarray(sampled)
     np.testing.assert_array_equal(mixed[[0, 2]], np.asarray(logits)[[0, 2]].argmax(-1))
     np.testing.assert_array_equal(mixed[[1, 3]], sampled[[1, 3]])
+
+
+@pytest.mark.parametrize("vocab", [384, 300, 64])
+def test_greedy_tokens_take_the_first_maximum_across_blocks(vocab):
+    # 128-entry blocks: 384 is three whole blocks, 300 and 64 end in a padded one.
+    rng = np.random.RandomState(3)
+    logits = rng.randn(5, vocab).astype(np.float32)
+    logits[0, vocab - 1] = 50.0  # the maximum in the last entry (the padded block when there is one)
+    logits[1, [5, vocab - 2]] = 50.0  # a tie across blocks: the first
+    logits[2, [vocab // 2, vocab // 2 + 1, vocab - 3]] = 50.0  # a tie inside a block and with a later one
+    logits[3] = 1.0  # all equal: index 0
+    tok, lp = jax.jit(greedy_tokens)(jnp.asarray(logits))
+    np.testing.assert_array_equal(np.asarray(tok), logits.argmax(-1))  # numpy, like torch, takes the first
+    ref = logits - np.log(np.exp(logits.astype(np.float64)).sum(-1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(lp), ref[np.arange(5), logits.argmax(-1)], atol=1e-5)

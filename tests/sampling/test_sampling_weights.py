@@ -5,6 +5,7 @@ sample after an optimizer update comes from the new weights (checked against tra
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from flax import nnx
 from transformers import Qwen3ForCausalLM
@@ -85,3 +86,27 @@ def test_prepared_and_per_call_weights_sample_the_same(tmp_path):
     assert outs[0].tokens == outs[1].tokens
     np.testing.assert_allclose(np.concatenate(outs[0].logprobs), np.concatenate(outs[1].logprobs), atol=1e-5)
     assert outs[0].tokens[0] == _hf_greedy(model, tmp_path, prompts[:1])[0]
+
+
+def test_fused_projections_sample_as_the_separate_ones_and_as_transformers(tmp_path):
+    model = qwen3.Qwen3(CFG, rngs=nnx.Rngs(4))
+    prompts = _prompts(3, [4, 10, 7])
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=NEW)
+    sampled = SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=NEW, seed=2)
+    fused = Sampler(model, prepare_weights=True, fuse_projections=True)
+    plain = Sampler(model, prepare_weights=True, fuse_projections=False)
+    a = fused.generate(prompts + prompts, [greedy] * 3 + [sampled] * 3)
+    b = plain.generate(prompts + prompts, [greedy] * 3 + [sampled] * 3)
+    # the two samplers really read different layouts
+    assert set(fused.prepared_weights.layers[0]) >= {qwen3.FUSED_QKV, qwen3.FUSED_GATE_UP}
+    assert "q_proj" not in fused.prepared_weights.layers[0] and "q_proj" in plain.prepared_weights.layers[0]
+    assert a.tokens[:3] == _hf_greedy(model, tmp_path, prompts)
+    assert a.tokens == b.tokens
+    np.testing.assert_allclose(np.concatenate(a.logprobs), np.concatenate(b.logprobs), atol=1e-5)
+
+
+def test_fuse_projections_needs_prepared_weights():
+    model = qwen3.Qwen3(CFG, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="needs prepare_weights"):
+        Sampler(model, prepare_weights=False, fuse_projections=True)
+    assert not Sampler(model, prepare_weights=False).fuse_projections
