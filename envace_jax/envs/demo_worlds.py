@@ -392,7 +392,7 @@ class UnitsWorld(DemoWorld):
 WIRE_FEE, WIRE_LIMIT = 2, 40
 
 
-class WireWorld(DemoWorld):
+class WireWorld(BankWorld):
     """A bank whose rules are written in its tool descriptions and whose mistakes cannot be undone.
 
     State: ``{"accounts": {name: balance}}``. Every wire attempt that names two distinct known accounts
@@ -427,20 +427,7 @@ class WireWorld(DemoWorld):
         ),
     }
 
-    @classmethod
-    def catalog(cls, state: Mapping[str, Any]) -> dict[str, str]:
-        return {"get_balance": "Accounts: " + ", ".join(state["accounts"]) + "."}
-
-    def _load(self, state: dict[str, Any]) -> None:
-        self.accounts: dict[str, int] = dict(state["accounts"])
-
-    def _account(self, name: str) -> str:
-        if name not in self.accounts:
-            raise ToolError(f"unknown account '{name}'")
-        return name
-
-    def _tool_get_balance(self, account: str) -> dict[str, Any]:
-        return {"account": account, "balance": self.accounts[self._account(account)]}
+    # the bank's state, catalog, account lookup and get_balance, inherited; only the rules differ
 
     def _tool_transfer(self, from_account: str, to_account: str, amount: int) -> dict[str, Any]:
         # malformed requests are refused before anything is charged; a well-formed attempt pays the fee
