@@ -35,9 +35,12 @@ PANELS = (
         "mean row reward",
         (("act/reward_mean", "ACT"), ("rehearse/reward_mean", "REHEARSE"), ("episode/score_mean", "episode score")),
     ),
-    # rollout_metrics counts an episode as a success when its checklist score is above 0.
+    # rollout_metrics: a success is a full checklist score; "score > 0" is any credit at all.
     Panel(
-        "success rate", "fraction of episodes (score > 0)", (("episode/success_frac", "episodes"),), ylim=(-0.03, 1.03)
+        "success rate",
+        "fraction of episodes",
+        (("episode/success_frac", "full score"), ("episode/any_credit_frac", "score > 0")),
+        ylim=(-0.03, 1.03),
     ),
     Panel(
         "loss",

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from envace_jax.config import RLSection
+from envace_jax.eval.results import is_success
 from envace_jax.rl.advantages import advantage_stats, role_wise_advantages
 from envace_jax.rl.batch import TrainBatch, build_batch
 from envace_jax.rl.judge_outage import judge_mask, lost_episodes
@@ -100,7 +101,10 @@ def rollout_metrics(
     ep_scores = [e.score for e in episodes if e.episode_id not in unscored]
     m["episode/score_mean"] = _mean(ep_scores)
     m["episode/score_max"] = float(np.max(ep_scores)) if ep_scores else 0.0
-    m["episode/success_frac"] = _mean([float(s > 0) for s in ep_scores])
+    # a success is a full score (``eval.results.is_success``, as every evaluation counts it); a partial
+    # checklist is a score above 0 that is not a success
+    m["episode/success_frac"] = _mean([float(is_success(s)) for s in ep_scores])
+    m["episode/any_credit_frac"] = _mean([float(s > 0) for s in ep_scores])
     m["episode/count"] = float(len(episodes))
     m["episode/tool_calls_mean"] = _mean([_tool_calls(e) for e in episodes])
     m["episode/assistant_turns_mean"] = _mean([e.assistant_turns for e in episodes])
