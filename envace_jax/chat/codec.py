@@ -30,6 +30,11 @@ class Qwen3ChatCodec:
     def stop_token_ids(self) -> tuple[int, ...]:
         return self.renderer.stop_token_ids
 
+    @property
+    def pad_token_id(self) -> int | None:
+        """The tokenizer's padding id (what an exported model's generation config pads with)."""
+        return self.renderer.tokenizer.pad_token_id
+
     def caller_prompt(self, messages: list[dict], tools: list[dict]) -> list[int]:
         return self.renderer.render_messages(messages, tools, add_generation_prompt=True)
 

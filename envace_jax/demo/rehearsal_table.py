@@ -32,11 +32,7 @@ def export_model(model, run_dir: str, codec=None) -> str:
     from envace_jax.models import hf_io
 
     out = os.path.join(run_dir, MODEL_DIR)
-    ids = (
-        {}
-        if codec is None
-        else {"eos_token_ids": codec.stop_token_ids, "pad_token_id": codec.renderer.tokenizer.pad_token_id}
-    )
+    ids = {} if codec is None else {"eos_token_ids": codec.stop_token_ids, "pad_token_id": codec.pad_token_id}
     hf_io.save_hf(model, out, **ids)
     return out
 
