@@ -8,7 +8,7 @@ CONFIG ?= configs/envace_qwen3_8b.py
 TOPOLOGY ?= v5p:4x4x4
 AOT_STAMP := $(VENV)/.aot-installed
 
-.PHONY: venv test lint qwen3-files demo demo-compare pretrain pretrain-deep eval-deps aot-deps aot real-shape-step peers-venvs bench-peers clean
+.PHONY: venv test lint qwen3-files demo demo-compare pretrain pretrain-deep pretrain-wire eval-deps aot-deps aot real-shape-step peers-venvs bench-peers clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PYBIN) || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -49,6 +49,13 @@ pretrain: $(STAMP)
 DEEP_DIR ?= assets/demo_base_deep
 pretrain-deep: $(STAMP)
 	$(PYBIN) launch/pretrain.py --preset=deep --out=$(DEEP_DIR) --set init_from=$(BASE_DIR)
+
+# The base above trained 1,500 more steps with the wire world's plain tasks and rules (about 10 min; preset wire):
+# the start for --config.task_family=irreversible (test-time rehearsal; docs/results.md). Use it with
+# --config.base_dir=assets/demo_base_wire.
+WIRE_DIR ?= assets/demo_base_wire
+pretrain-wire: $(STAMP)
+	$(PYBIN) launch/pretrain.py --preset=wire --out=$(WIRE_DIR) --set init_from=$(BASE_DIR)
 
 # Benchmark packages pin old numpy; install them without their dependency
 # pins and add only what their executable environments and checkers import

@@ -5,6 +5,8 @@
     python launch/pretrain.py --preset=tiny --out=/tmp/tiny  # seconds, for a smoke check
     python launch/pretrain.py --preset=deep --out=assets/demo_base_deep   # `make pretrain-deep`: the shipped
                                                   # base grown to 4 layers, 3,000 more steps with tank rows (~30 min)
+    python launch/pretrain.py --preset=wire --out=assets/demo_base_wire   # `make pretrain-wire`: the shipped base
+                                       # continued with the wire world's happy path and rules (task family irreversible)
 
 Rerunning with the same --out resumes from its last checkpoint. The corpus holds train-split tasks only
 (see envace_jax/demo/pretrain.py); `make demo` then starts from this base.
@@ -21,6 +23,8 @@ import sys
 from envace_jax.cli.entrypoint import UsageError, guard, nearest, show_library_log
 
 DEFAULT_OUT = "assets/demo_base"
+# envace_jax.demo.pretrain.PRESETS, named here so that --help needs no jax import (a test keeps them equal)
+PRESET_NAMES = ["default", "tiny", "deep", "wire"]
 
 
 def check_set_fields(items: list[str], fields: list[str]) -> None:
@@ -41,8 +45,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--preset",
         default="default",
-        choices=["default", "tiny", "deep"],
-        help="deep: continue --set init_from=DIR (default assets/demo_base) grown 2x deeper",
+        choices=PRESET_NAMES,
+        help="deep: continue --set init_from=DIR (default assets/demo_base) grown 2x deeper; wire: continue it "
+        "with the wire world's happy path and rules (the start for --config.task_family=irreversible)",
     )
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--no_progress", action="store_true")

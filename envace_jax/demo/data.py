@@ -315,9 +315,15 @@ def world_model_rows(
     Each call is posed as the task's first assistant step (history = system + first user message).
     The worlds are train tasks of a separate seed stream with ``exclude_uids`` removed.
     """
+    examples = world_model_examples(n, seed, task_seed=seed + WORLD_MODEL_TASK_SEED_OFFSET, exclude_uids=exclude_uids)
+    return rows_of_world_model_examples(examples, codec, episode0)
+
+
+def rows_of_world_model_examples(examples, codec: Qwen3ChatCodec, episode0: int = 0) -> list[Generation]:
+    """One REHEARSE row per real execution: the call posed as the task's first assistant step (history =
+    system + first user message), the real response as the target."""
     end = [codec.renderer.im_end_id]
     rows = []
-    examples = world_model_examples(n, seed, task_seed=seed + WORLD_MODEL_TASK_SEED_OFFSET, exclude_uids=exclude_uids)
     for k, ex in enumerate(examples):
         task = normalize_task(ex.task)
         system = [m for m in task["messages"] if m["role"] == "system"]

@@ -17,6 +17,10 @@ The corpus is the setting EnvACE is for:
   logs of tool behaviour that carry the push-back dynamics the demonstrations rarely show;
 * **tank rows** (``tank_share``, the ``deep`` preset): tool-shaped comparison conversations in a water-tank world
   no task uses (``data.tank_tasks``): read a level from a tool response, compare it, act on it;
+* **wire rows** (the ``wire`` preset): ACT and REHEARSE rows of ``plain`` tasks of the wire world (task family
+  "irreversible") and REHEARSE rows of real single calls there, refusals included (``data.wire_corpus``): the
+  world's rules for REHEARSE and its happy path for ACT, never a trap's way out, so that test-time rehearsal has
+  something to foresee that the policy does not already do;
 * **rehearsal-memory rows** (from ``memory_from`` of the steps on): ACT demonstrations whose system prompt carries
   a rehearsal memory built by the test-time code itself (``TestTimeRehearsal.rehearse`` with the model as it is
   at that step, imagined episodes with no logged result in REHEARSE's prompt), so that at test time a memory is
@@ -61,6 +65,8 @@ logger = logging.getLogger(__name__)
 PRETRAIN_SEED_OFFSET = 104729
 MEMORY_GROUP = "act+memory"
 TANK_GROUP = "act+tank"
+WIRE_ACT_GROUP = "act+wire"
+WIRE_REHEARSE_GROUP = "rehearse+wire"
 TANK_SEED = 11  # the tank conversations trained on (comparison_probe scores held-out ones of seed 99)
 # Fields a continued base must share with the base it continues (its corpus, tokenizer and layer shapes).
 SHARED_WITH_INIT = (
@@ -109,6 +115,11 @@ class PretrainConfig:
     grow_factor: int = 1  # the continued model is this many times deeper (``num_layers`` is the result)
     tank_share: int = 0  # ACT rows of a batch that are tank-world comparison rows
     tank_tasks: int = 16384  # tank conversations to draw those rows from
+    # ---- the wire world's happy path and rules (the ``wire`` preset; ``data.wire_corpus``)
+    wire_demonstrations: int = 0  # plain wire tasks (both roles' rows)
+    wire_world_model_rows: int = 0  # REHEARSE rows of real single calls on those tasks' worlds
+    wire_act_share: int = 0  # ACT rows of a batch that are wire rows
+    wire_rehearse_share: int = 0  # REHEARSE rows of a batch that are wire rows
     # ---- rehearsal-memory rows
     memory_from: float = 0.8  # fraction of the steps after which memory rows join the ACT half
     memory_share: float = 0.25  # of the ACT rows of a batch
@@ -133,7 +144,18 @@ class PretrainConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"pretrain {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("world_model_rows", "memory_tasks", "eval_every", "warmup", "tank_share", "tank_tasks"):
+        for name in (
+            "world_model_rows",
+            "memory_tasks",
+            "eval_every",
+            "warmup",
+            "tank_share",
+            "tank_tasks",
+            "wire_demonstrations",
+            "wire_world_model_rows",
+            "wire_act_share",
+            "wire_rehearse_share",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"pretrain {name} must be >= 0, got {getattr(self, name)}")
         for name in ("push_back_share", "memory_from", "memory_share", "validation_push_back_share"):
@@ -150,7 +172,10 @@ class PretrainConfig:
             )
         if self.tank_share and not self.tank_tasks:
             raise ValueError("pretrain tank_share > 0 needs tank_tasks > 0")
-        split_shares(self.batch_rows, self.memory_share, self.tank_share)  # the ACT half must hold them all
+        if (self.wire_act_share or self.wire_rehearse_share) and not self.wire_demonstrations:
+            raise ValueError("pretrain wire_act_share or wire_rehearse_share > 0 needs wire_demonstrations > 0")
+        # the halves must hold them all
+        split_shares(self.batch_rows, self.memory_share, self.tank_share, self.wire_act_share, self.wire_rehearse_share)
 
     def replace(self, **kw) -> "PretrainConfig":
         return dataclasses.replace(self, **kw)
@@ -208,7 +233,25 @@ def deep() -> PretrainConfig:
     )
 
 
-PRESETS = {"default": default, "tiny": tiny, "deep": deep}
+def wire() -> PretrainConfig:
+    """The shipped base continued 1,500 steps at a constant 3e-4 on its own corpus, with 4 of the 16 ACT rows and 4 of
+    the 16 REHEARSE rows of a batch wire rows (``data.wire_corpus``): the start that test-time rehearsal on the
+    "irreversible" task family needs (docs/results.md, "Tasks where rehearsing can prevent a mistake")."""
+    return default().replace(
+        init_from="assets/demo_base",
+        steps=1500,
+        lr=3e-4,
+        warmup=0,
+        schedule="constant",
+        memory_share=0.0,
+        wire_demonstrations=2048,
+        wire_world_model_rows=4096,
+        wire_act_share=4,
+        wire_rehearse_share=4,
+    )
+
+
+PRESETS = {"default": default, "tiny": tiny, "deep": deep, "wire": wire}
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -274,23 +317,35 @@ class IndexedBatches:
         return out
 
 
-def split_shares(batch_rows: int, memory_share: float, tank_share: int = 0) -> tuple[dict[str, int], dict[str, int]]:
-    """Rows per batch of each group before and after memory rows join (ACT half, REHEARSE half); tank and
-    memory rows take their places in the ACT half, which keeps at least one plain demonstration row."""
+def split_shares(
+    batch_rows: int, memory_share: float, tank_share: int = 0, wire_act: int = 0, wire_rehearse: int = 0
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Rows per batch of each group before and after memory rows join (ACT half, REHEARSE half); tank, wire and
+    memory rows take their places in the ACT half, which keeps at least one plain demonstration row, and wire
+    REHEARSE rows theirs in the REHEARSE half, which keeps at least one of the base corpus."""
     act = batch_rows // 2 + batch_rows % 2
     reh = batch_rows // 2
     mem = int(round(act * memory_share))
     if memory_share > 0 and mem == 0:
         mem = 1
-    if act - tank_share - mem < 1:
+    if act - tank_share - wire_act - mem < 1:
         raise ValueError(
-            f"pretrain: {tank_share} tank and {mem} memory rows leave no demonstration row in the "
+            f"pretrain: {tank_share} tank, {wire_act} wire and {mem} memory rows leave no demonstration row in the "
             f"{act} ACT rows of a {batch_rows}-row batch"
         )
-    tank = {TANK_GROUP: tank_share} if tank_share else {}
+    if reh - wire_rehearse < 1:
+        raise ValueError(
+            f"pretrain: {wire_rehearse} wire rows fill all {reh} REHEARSE rows of a {batch_rows}-row batch"
+        )
+    extra = {TANK_GROUP: tank_share} if tank_share else {}
+    if wire_act:
+        extra[WIRE_ACT_GROUP] = wire_act
+    if wire_rehearse:
+        extra[WIRE_REHEARSE_GROUP] = wire_rehearse
+    rest = act - tank_share - wire_act
     return (
-        {ACT: act - tank_share, **tank, REHEARSE: reh},
-        {ACT: act - tank_share - mem, **tank, MEMORY_GROUP: mem, REHEARSE: reh},
+        {ACT: rest, **extra, REHEARSE: reh - wire_rehearse},
+        {ACT: rest - mem, **extra, MEMORY_GROUP: mem, REHEARSE: reh - wire_rehearse},
     )
 
 
@@ -392,7 +447,9 @@ class Base:
         return demonstrations(self.config)
 
     def corpus_rows(self, demos, codec) -> list[Generation]:
-        return corpus_rows(self.config, demos, codec)
+        """Every row the base trained on: the corpus, then its wire rows (if any)."""
+        act, reh = wire_rows(self.config, codec, episode0=len(demos) + self.config.world_model_rows)
+        return corpus_rows(self.config, demos, codec) + act + reh
 
     @staticmethod
     def corpus_uids(rows, demos) -> set[str]:
@@ -470,6 +527,25 @@ def tank_rows(cfg: PretrainConfig, codec) -> list[Generation]:
     return [r for e, t in enumerate(tank_tasks(cfg.tank_tasks, TANK_SEED)) for r in demo_data.act_rows(t, codec, e)]
 
 
+def wire_rows(cfg: PretrainConfig, codec, episode0: int = 0) -> tuple[list[Generation], list[Generation]]:
+    """(ACT rows, REHEARSE rows) of the wire corpus (``data.wire_corpus``): both roles' rows of
+    ``wire_demonstrations`` plain wire tasks, and ``wire_world_model_rows`` real single calls on their worlds.
+    Both empty when ``wire_demonstrations`` is 0."""
+    from envace_jax.data import wire_corpus
+
+    if not cfg.wire_demonstrations:
+        return [], []
+    seed = PRETRAIN_SEED_OFFSET + cfg.seed
+    demos = [demo_data.normalize_task(t) for t in wire_corpus.plain_demonstrations(cfg.wire_demonstrations, seed)]
+    act, reh = [], []
+    for e, t in enumerate(demos):
+        act += demo_data.act_rows(t, codec, episode0 + e)
+        reh += demo_data.rehearse_rows(t, codec, episode0 + e)
+    examples = wire_corpus.world_model_examples(cfg.wire_world_model_rows, seed, demos)
+    reh += demo_data.rows_of_world_model_examples(examples, codec, episode0 + len(demos))
+    return act, reh
+
+
 def _demo_cfg(cfg: PretrainConfig):
     """The demo settings whose rollout and sampler shapes the pretraining evaluations use."""
     from envace_jax.demo.config import DemoConfig
@@ -521,7 +597,9 @@ class _Batches:
         self.log = log
         self.tasks = demos[: cfg.memory_tasks]
         self.path = os.path.join(out_dir, "memories.json")
-        self.before, self.after = split_shares(cfg.batch_rows, cfg.memory_share, cfg.tank_share)
+        self.before, self.after = split_shares(
+            cfg.batch_rows, cfg.memory_share, cfg.tank_share, cfg.wire_act_share, cfg.wire_rehearse_share
+        )
         self._batches: IndexedBatches | None = None
         self._phase: bool | None = None
 
@@ -598,11 +676,14 @@ def run_pretrain(
     tok, model, base = init_model(cfg, out_dir, demos)
     codec = demo_data.make_codec(tok)
     rows = corpus_rows(cfg, demos, codec)
+    wire_act, wire_reh = wire_rows(cfg, codec, episode0=len(demos) + cfg.world_model_rows)
     groups: dict[str, list[Generation]] = {
         ACT: [r for r in rows if r.role == ACT],
         REHEARSE: [r for r in rows if r.role == REHEARSE],
         MEMORY_GROUP: [],
         TANK_GROUP: tank_rows(cfg, codec),
+        WIRE_ACT_GROUP: wire_act,
+        WIRE_REHEARSE_GROUP: wire_reh,
     }
     val = [
         demo_data.normalize_task(t)
@@ -613,8 +694,10 @@ def run_pretrain(
     log(
         f"pretrain corpus: {len(demos)} demonstrations ({sum(t['branch'] != BRANCHES[0] for t in demos)} push-back), "
         f"{len(groups[ACT])} ACT rows, {len(groups[REHEARSE])} REHEARSE rows ({cfg.world_model_rows} world-model), "
-        f"{len(groups[TANK_GROUP])} tank rows; {time.perf_counter() - t_start:.0f} s"
-        + (f"; continuing {cfg.init_from} grown to {model.config.num_layers} layers" if base else "")
+        f"{len(groups[TANK_GROUP])} tank rows, {len(wire_act)} + {len(wire_reh)} wire ACT + REHEARSE rows; "
+        f"{time.perf_counter() - t_start:.0f} s"
+        + (f"; continuing {cfg.init_from}" if base else "")
+        + (f" grown to {model.config.num_layers} layers" if base and cfg.grow_factor > 1 else "")
     )
 
     optim = OptimConfig(
@@ -681,6 +764,8 @@ def run_pretrain(
             "rehearse_rows": len(groups[REHEARSE]),
             "memory_rows": len(groups[MEMORY_GROUP]),
             "tank_rows": len(groups[TANK_GROUP]),
+            "wire_act_rows": len(wire_act),
+            "wire_rehearse_rows": len(wire_reh),
         },
         "validation": {"tasks": len(val), "push_back_share": cfg.validation_push_back_share, **final},
         "curve": curve.points,

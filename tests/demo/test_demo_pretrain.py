@@ -237,3 +237,54 @@ def test_a_preempted_continued_run_resumes_to_the_same_parameters(tiny_run, tmp_
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     # trained: the silenced copies' output projections moved off zero
     assert np.abs(a["model.layers.1.self_attn.o_proj.weight"]).max() > 0
+
+
+def test_split_shares_places_wire_rows_in_both_halves():
+    assert pt.split_shares(32, 0.0, 0, 4, 4) == (
+        {ACT: 12, pt.WIRE_ACT_GROUP: 4, REHEARSE: 12, pt.WIRE_REHEARSE_GROUP: 4},
+        {ACT: 12, pt.WIRE_ACT_GROUP: 4, pt.MEMORY_GROUP: 0, REHEARSE: 12, pt.WIRE_REHEARSE_GROUP: 4},
+    )
+    with pytest.raises(ValueError, match="REHEARSE rows"):
+        pt.split_shares(8, 0.0, 0, 0, 4)
+    with pytest.raises(ValueError, match="needs wire_demonstrations"):
+        pt.tiny().replace(wire_act_share=1)
+
+
+def test_a_wire_run_trains_on_plain_wire_rows_and_the_demo_sees_them_in_its_corpus(tmp_path):
+    """The wire rows join the batches at their shares, the manifest counts them, and ``Base.corpus_rows`` (the
+    demo's more-SFT rows and the uids kept out of its RL prompts) holds them: ACT rows of plain wire tasks
+    only (one wire, then the reply) and REHEARSE rows whose targets are the wire world's real responses."""
+    from envace_jax.demo import data as demo_data
+
+    cfg = pt.tiny().replace(
+        wire_demonstrations=6, wire_world_model_rows=12, wire_act_share=1, wire_rehearse_share=1, memory_share=0.0
+    )
+    out = str(tmp_path / "wire")
+    manifest = pt.run_pretrain(cfg, out, progress=False)
+    base = pt.load_base(out)
+    assert dataclasses_equal(base.config, cfg)
+    codec = demo_data.make_codec(base.tokenizer)
+    act, reh = pt.wire_rows(cfg, codec)
+    assert manifest["corpus"]["wire_act_rows"] == len(act) == 12  # 6 tasks x (the wire, the reply)
+    assert manifest["corpus"]["wire_rehearse_rows"] == len(reh) == 6 + 12  # each task's logged call + 12 calls
+    demos = base.demonstrations()
+    rows = base.corpus_rows(demos, codec)
+    assert [r.gen_ids for r in rows[-len(act) - len(reh) :]] == [r.gen_ids for r in act + reh]
+    assert {r.uid for r in act} <= base.corpus_uids(rows, demos)
+    for r in act:
+        text = codec.decode(r.gen_ids)
+        assert "close_account" not in text and "get_balance" not in text and text.count("<tool_call>") <= 1
+    assert all("transfer" in codec.decode(r.prompt_ids) for r in act)
+    assert all("<execution_result>" in codec.decode(r.gen_ids) for r in reh)
+
+
+def dataclasses_equal(a, b) -> bool:
+    import dataclasses
+
+    return dataclasses.asdict(a) == dataclasses.asdict(b)
+
+
+def test_the_cli_offers_every_preset():
+    from envace_jax.cli import pretrain as cli
+
+    assert sorted(cli.PRESET_NAMES) == sorted(pt.PRESETS)

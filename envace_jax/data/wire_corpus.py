@@ -1,0 +1,124 @@
+"""What a base may learn of the wire world (task family "irreversible") without being shown a trap's way out.
+
+Test-time rehearsal can only prevent a mistake if REHEARSE knows the world's rules and ACT can at least play
+the world's happy path. This corpus gives both, and nothing more:
+
+* ``plain_demonstrations``: wire tasks of type ``plain`` only (one wire within every rule, then the reply),
+  so ACT learns the wire world's prompt and tools but never sees a split wire, a fee-aware amount or a
+  transfer-before-close;
+* ``world_model_examples``: real executions of single calls on those plain tasks' fresh worlds, refusals
+  included (over the limit, short of amount plus fee, unknown accounts, a closed account's lost money), so
+  REHEARSE learns what the tool descriptions say. The caller's call is an input of REHEARSE's prompt, never
+  an ACT target.
+
+Tasks come from the family's train split, from a seed stream of their own, so no validation or test task of
+the family is in it (the content hash decides the split).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from envace_jax.data.demo_tasks import WorldModelExample, generate_tasks, reference_responses
+from envace_jax.envs.demo_worlds import WIRE_FEE, WIRE_LIMIT, WireWorld, canonical_json
+
+FAMILY = "irreversible"
+PLAIN = "wire/plain"  # the task_type of a plain wire task
+# An account name no wire world holds (their names come from demo_worlds.NAMES[:8]).
+UNKNOWN_ACCOUNT = "zed"
+# Kinds of call and their weights: the rules' refusals about as often as a wire that goes through.
+_KINDS = [
+    ("transfer_ok", 3),
+    ("transfer_over_limit", 2),
+    ("transfer_short", 2),
+    ("get_balance", 2),
+    ("close_account", 1),
+    ("unknown_account", 1),
+]
+
+
+def plain_demonstrations(n: int, seed: int, exclude_uids: frozenset[str] | set[str] = frozenset()) -> list[dict]:
+    """The first ``n`` ``plain`` train tasks of the family's stream ``seed`` that are not in ``exclude_uids``."""
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be a non-negative int, got {n!r}")
+    size = 10 * n + 16  # about one family task in eight is plain with no follow-up
+    while True:
+        pool = generate_tasks(size, seed, "train", family=FAMILY)
+        kept = [t for t in pool if _plain_only(t) and t["uid"] not in exclude_uids]
+        if len(kept) >= n:
+            return kept[:n]
+        if size > 64 * n + 1024:  # a stream with no plain task: fail rather than draw forever
+            raise RuntimeError(f"could not draw {n} plain wire tasks from seed {seed}")
+        size *= 2
+
+
+def _plain_only(task: dict[str, Any]) -> bool:
+    """A plain task with no follow-up turn (``task_type`` names the first turn only, and a follow-up may be
+    any type, a trap's way out included)."""
+    users = [m for m in task["reference_messages"] if m["role"] == "user"]
+    return task["task_type"] == PLAIN and len(users) == 1
+
+
+def _call(kind: str, rng: random.Random, accounts: dict[str, int]) -> tuple[str, dict[str, Any]]:
+    names = sorted(accounts)
+    a, b = rng.sample(names, 2)
+    bal = accounts[a]
+    if kind == "transfer_ok":
+        top = min(WIRE_LIMIT, bal - WIRE_FEE)
+        if top < 1:
+            raise ValueError("no amount goes through")
+        return "transfer", {"from_account": a, "to_account": b, "amount": rng.randint(1, top)}
+    if kind == "transfer_over_limit":
+        return "transfer", {"from_account": a, "to_account": b, "amount": rng.randint(WIRE_LIMIT + 1, 2 * WIRE_LIMIT)}
+    if kind == "transfer_short":  # the whole balance, or anything the fee no longer leaves room for
+        low = max(1, bal - WIRE_FEE + 1)
+        if low > min(bal, WIRE_LIMIT):
+            raise ValueError("every short amount is over the limit")
+        return "transfer", {"from_account": a, "to_account": b, "amount": rng.randint(low, min(bal, WIRE_LIMIT))}
+    if kind == "get_balance":
+        return "get_balance", {"account": a}
+    if kind == "close_account":
+        return "close_account", {"account": a}
+    if kind == "unknown_account":
+        return rng.choice(
+            [
+                ("get_balance", {"account": UNKNOWN_ACCOUNT}),
+                ("close_account", {"account": UNKNOWN_ACCOUNT}),
+                ("transfer", {"from_account": a, "to_account": UNKNOWN_ACCOUNT, "amount": rng.randint(1, WIRE_LIMIT)}),
+            ]
+        )
+    raise ValueError(f"unknown call kind {kind!r}")
+
+
+def world_model_examples(n: int, seed: int, worlds: list[dict[str, Any]]) -> list[WorldModelExample]:
+    """``n`` real executions, each one call of a drawn kind (``_KINDS``) on a fresh world of one of ``worlds``
+    (plain wire tasks). A call the task's own reference conversation logs with another response is drawn
+    again, so a row never contradicts the few-shot block it is shown with."""
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be a non-negative int, got {n!r}")
+    if n and not worlds:
+        raise ValueError("world_model_examples needs at least one world")
+    rng = random.Random(f"envace-demo/wire-world-model/{seed}")
+    out: list[WorldModelExample] = []
+    budget = 50 * n + 100
+    while len(out) < n:
+        budget -= 1
+        if budget < 0:
+            raise RuntimeError(f"could not draw {n} wire world-model examples from seed {seed}")
+        task = rng.choice(worlds)
+        env = WireWorld(task["env"]["state"])
+        kind = rng.choices([k for k, _ in _KINDS], weights=[w for _, w in _KINDS])[0]
+        try:
+            name, args = _call(kind, rng, env.accounts)
+        except ValueError:
+            continue
+        response = env.execute(name, args).content
+        logged = reference_responses(task).get(canonical_json({"arguments": args, "name": name}))
+        if logged is not None and logged != response:
+            continue
+        out.append(WorldModelExample(task, {"name": name, "arguments": args}, response))
+    return out
+
+
+__all__ = ["FAMILY", "PLAIN", "plain_demonstrations", "world_model_examples"]
