@@ -1,5 +1,6 @@
 """The shipped demo bases: each loads, its manifest describes its weights, and the deep one is what
-``make pretrain-deep`` (preset ``deep``) makes from the shipped 2-layer base."""
+``make pretrain-deep`` (preset ``deep``) and the wire one what ``make pretrain-wire`` (preset ``wire``) make from the
+shipped 2-layer base."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from envace_jax.demo import pretrain as pt
 from tests.helpers_paths import ROOT
 
 
-@pytest.mark.parametrize("name,layers", [("demo_base", 2), ("demo_base_deep", 4)])
+@pytest.mark.parametrize("name,layers", [("demo_base", 2), ("demo_base_deep", 4), ("demo_base_wire", 2)])
 def test_a_shipped_base_matches_its_manifest_in_transformers(name, layers):
     from transformers import AutoConfig
 
@@ -33,5 +34,16 @@ def test_the_deep_base_is_the_deep_preset_continuing_the_shipped_base():
     assert deep.manifest["init"]["from"] == "assets/demo_base" and deep.manifest["init"]["grow_factor"] == 2
     same_tokenizer = filecmp.dircmp(
         os.path.join(ROOT, "assets", "demo_base", "tokenizer"), os.path.join(deep.directory, "tokenizer")
+    )
+    assert not same_tokenizer.diff_files and not same_tokenizer.left_only
+
+
+def test_the_wire_base_is_the_wire_preset_continuing_the_shipped_base():
+    wire = pt.load_base(os.path.join(ROOT, "assets", "demo_base_wire"))
+    assert dataclasses.asdict(wire.config) == dataclasses.asdict(pt.wire())
+    assert wire.manifest["init"]["from"] == "assets/demo_base" and wire.manifest["init"]["grow_factor"] == 1
+    assert wire.manifest["corpus"]["wire_act_rows"] == 2 * 2048  # each plain task: the wire, then the reply
+    same_tokenizer = filecmp.dircmp(
+        os.path.join(ROOT, "assets", "demo_base", "tokenizer"), os.path.join(wire.directory, "tokenizer")
     )
     assert not same_tokenizer.diff_files and not same_tokenizer.left_only
