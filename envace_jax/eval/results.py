@@ -14,14 +14,9 @@ import math
 import os
 from typing import Any, Mapping, Sequence
 
-
-SUCCESS_TOLERANCE = 1e-9
-
-
-def is_success(score: float) -> bool:
-    """An episode succeeds when its score (a checklist's or a benchmark's reward) is 1, up to the float
-    rounding of a mean of item scores: the one success test of every suite, the demo and its report."""
-    return score >= 1.0 - SUCCESS_TOLERANCE
+# the one success test of every suite, the demo and its report (defined beside the checklist reward, which the RL
+# step's metrics count with it too)
+from envace_jax.rl.reward import SUCCESS_TOLERANCE, is_success  # noqa: F401
 
 
 def wilson_ci(successes: int, n: int, z: float = 1.96) -> list[float]:

@@ -19,6 +19,15 @@ from envace_jax.chat.simulator import is_error_tool_message
 from envace_jax.data.records import validate_checklist_list
 from envace_jax.rl.judges import Judge, JudgeRequest, Verdict
 
+SUCCESS_TOLERANCE = 1e-9
+
+
+def is_success(score: float) -> bool:
+    """An episode succeeds when its score (a checklist's or a benchmark's reward) is 1, up to the float
+    rounding of a mean of item scores: the one success test of every suite, the demo and its report."""
+    return score >= 1.0 - SUCCESS_TOLERANCE
+
+
 # Items about calls or tool output cannot pass on a step whose call failed (the reference skips
 # the judge for them and counts False).
 _TOOL_FOCUS = ("assistant.tool_calls", "tool.content")

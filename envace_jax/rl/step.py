@@ -29,12 +29,11 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from envace_jax.config import RLSection
-from envace_jax.eval.results import is_success
 from envace_jax.rl.advantages import advantage_stats, role_wise_advantages
 from envace_jax.rl.batch import TrainBatch, build_batch
 from envace_jax.rl.judge_outage import judge_mask, lost_episodes
 from envace_jax.rl.loss import loss_count
-from envace_jax.rl.reward import empty_output_penalty
+from envace_jax.rl.reward import empty_output_penalty, is_success
 from envace_jax.rl.rollout import TRAINED_ROLES, RolloutConfig, RolloutEngine
 from envace_jax.rl.trainer import Trainer
 from envace_jax.rl.types import ACT, REHEARSE, ROLE_ID, ROLES, Episode, Generation
