@@ -7,7 +7,7 @@ The layers, lowest first (a module may import from its own layer and from any la
     chat      chat/                                          within the host tier chat renders and parses text,
     envs      envs/                                          envs execute tools (their schemas use chat's types),
     data      data/                                          data builds tasks and records from both
-    models    models/, sharding.py, checkpoint.py
+    models    models/, sharding.py, checkpoint.py, jit_maps.py
     sampling  sampling/
     rl        rl/
     eval      eval/                                          eval and demo are one tier of the design;
@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("chat", ("envace_jax.chat",)),
     ("envs", ("envace_jax.envs",)),
     ("data", ("envace_jax.data",)),
-    ("models", ("envace_jax.models", "envace_jax.sharding", "envace_jax.checkpoint")),
+    ("models", ("envace_jax.models", "envace_jax.sharding", "envace_jax.checkpoint", "envace_jax.jit_maps")),
     ("sampling", ("envace_jax.sampling",)),
     ("rl", ("envace_jax.rl",)),
     ("eval", ("envace_jax.eval",)),

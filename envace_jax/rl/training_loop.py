@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from envace_jax import jit_maps
 from envace_jax.checkpoint import Checkpointer, PreemptionGuard, RestoreResult
 
 
@@ -126,6 +127,7 @@ def run_loop(
                 while step < total_steps:
                     out = step_fn(step)
                     step += 1
+                    jit_maps.release_if_near_limit()  # many compiled shapes would hit vm.max_map_count
                     if bar is not None:
                         bar.update(1)
                         if progress.postfix is not None:

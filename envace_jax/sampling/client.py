@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from envace_jax import jit_maps
 from envace_jax import sharding as shd
 from envace_jax.models import qwen3
 from envace_jax.sampling.loop import SamplerPrograms, unusable_donations_ok
@@ -363,6 +364,8 @@ class Sampler:
         row ``i`` appends, ``ps[i]`` its params. The steps are the methods below, in this order."""
         if min_done is not None and min_done < 1:
             raise ValueError(f"min_done={min_done} must be >= 1 (or None: decode until every row is done)")
+        # A run that compiles many shapes would otherwise hit vm.max_map_count and crash in a compile.
+        jit_maps.release_if_near_limit()
         with self._programs.counting_compiles():
             return self._run_counted(prev, chunks, ps, capacity, return_state, min_done)
 
