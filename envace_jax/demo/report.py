@@ -314,8 +314,10 @@ def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mappi
     start = ""
     if summary.get("start") == "base":
         b = summary["base"]
+        init = (b.get("pretrain_config") or {}).get("init_from")
+        made = f"{b['pretrain_steps']} pretraining steps" + (f" continuing `{init}`" if init else "")
         start = (
-            f"Start: the shipped base `{b['dir']}` ({b['pretrain_steps']} pretraining steps by `make pretrain`, "
+            f"Start: the shipped base `{b['dir']}` ({made} by `launch/pretrain.py`, "
             "train-split tasks only); the demo's wall time counts from it. Branch mix (push-back share): "
             + ", ".join(f"{k} {v.get('push_back', 0):.2f}" for k, v in summary["data"]["branch_share"].items())
             + "."
