@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 from envace_jax.chat.template import render_chat_text
 from envace_jax.data.task_builders import (
@@ -228,17 +228,33 @@ def world_model_examples(
     rng = random.Random(f"envace-demo/world-model/{seed}")
     pool = generate_tasks(max(1, n // 4) + len(exclude_uids), seed if task_seed is None else task_seed, "train")
     tasks = [t for t in pool if t["uid"] not in exclude_uids][: max(1, n // 4)]  # never empty: the pool is padded
+    return draw_world_model_examples(n, rng, tasks, _WM_KINDS, _wm_call, f"world-model examples from seed {seed}")
+
+
+def draw_world_model_examples(
+    n: int,
+    rng: random.Random,
+    tasks: Sequence[dict[str, Any]],
+    kinds: Sequence[tuple[str, int]],
+    make_call: Callable[[str, random.Random, dict[str, Any], DemoWorld], tuple[str, dict[str, Any]]],
+    what: str,
+) -> list[WorldModelExample]:
+    """The drawing loop of world-model rows: ``n`` times a task of ``tasks``, a fresh world of it, a call kind
+    drawn by weight from ``kinds`` and ``make_call(kind, rng, task, env)`` (``Reject`` or ``IndexError``: draw
+    again), executed for real. A call the task's reference conversation logs with another response is drawn
+    again, so a row never contradicts the few-shot block it is shown with. ``what`` names the draw in the error
+    raised when ``50 n + 100`` tries do not give ``n``."""
     out: list[WorldModelExample] = []
     budget = 50 * n + 100
     while len(out) < n:
         budget -= 1
         if budget < 0:
-            raise RuntimeError(f"could not draw {n} world-model examples from seed {seed}")
+            raise RuntimeError(f"could not draw {n} {what}")
         task = rng.choice(tasks)
-        env = WORLDS[task["env"]["name"]](task["env"]["state"])
-        kind = rng.choices([k for k, _ in _WM_KINDS], weights=[w for _, w in _WM_KINDS])[0]
+        env = ALL_WORLDS[task["env"]["name"]](task["env"]["state"])
+        kind = rng.choices([k for k, _ in kinds], weights=[w for _, w in kinds])[0]
         try:
-            name, args = _wm_call(kind, rng, task, env)
+            name, args = make_call(kind, rng, task, env)
         except (Reject, IndexError):
             continue
         response = env.execute(name, args).content

@@ -20,8 +20,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from envace_jax.data.demo_tasks import WorldModelExample, generate_tasks, reference_responses
-from envace_jax.envs.demo_worlds import WIRE_FEE, WIRE_LIMIT, WireWorld, canonical_json
+from envace_jax.data.demo_tasks import WorldModelExample, draw_world_model_examples, generate_tasks
+from envace_jax.data.task_builders.recorder import Reject
+from envace_jax.envs.demo_worlds import WIRE_FEE, WIRE_LIMIT, WireWorld
 
 FAMILY = "irreversible"
 PLAIN = "wire/plain"  # the task_type of a plain wire task
@@ -60,21 +61,23 @@ def _plain_only(task: dict[str, Any]) -> bool:
     return task["task_type"] == PLAIN and len(users) == 1
 
 
-def _call(kind: str, rng: random.Random, accounts: dict[str, int]) -> tuple[str, dict[str, Any]]:
+def _call(kind: str, rng: random.Random, task: dict[str, Any], env: WireWorld) -> tuple[str, dict[str, Any]]:
+    """A call of ``kind`` on ``env``'s accounts (``Reject``: none of that kind fits them)."""
+    accounts = env.accounts
     names = sorted(accounts)
     a, b = rng.sample(names, 2)
     bal = accounts[a]
     if kind == "transfer_ok":
         top = min(WIRE_LIMIT, bal - WIRE_FEE)
         if top < 1:
-            raise ValueError("no amount goes through")
+            raise Reject("no amount goes through")
         return "transfer", {"from_account": a, "to_account": b, "amount": rng.randint(1, top)}
     if kind == "transfer_over_limit":
         return "transfer", {"from_account": a, "to_account": b, "amount": rng.randint(WIRE_LIMIT + 1, 2 * WIRE_LIMIT)}
     if kind == "transfer_short":  # the whole balance, or anything the fee no longer leaves room for
         low = max(1, bal - WIRE_FEE + 1)
         if low > min(bal, WIRE_LIMIT):
-            raise ValueError("every short amount is over the limit")
+            raise Reject("every short amount is over the limit")
         return "transfer", {"from_account": a, "to_account": b, "amount": rng.randint(low, min(bal, WIRE_LIMIT))}
     if kind == "get_balance":
         return "get_balance", {"account": a}
@@ -100,25 +103,7 @@ def world_model_examples(n: int, seed: int, worlds: list[dict[str, Any]]) -> lis
     if n and not worlds:
         raise ValueError("world_model_examples needs at least one world")
     rng = random.Random(f"envace-demo/wire-world-model/{seed}")
-    out: list[WorldModelExample] = []
-    budget = 50 * n + 100
-    while len(out) < n:
-        budget -= 1
-        if budget < 0:
-            raise RuntimeError(f"could not draw {n} wire world-model examples from seed {seed}")
-        task = rng.choice(worlds)
-        env = WireWorld(task["env"]["state"])
-        kind = rng.choices([k for k, _ in _KINDS], weights=[w for _, w in _KINDS])[0]
-        try:
-            name, args = _call(kind, rng, env.accounts)
-        except ValueError:
-            continue
-        response = env.execute(name, args).content
-        logged = reference_responses(task).get(canonical_json({"arguments": args, "name": name}))
-        if logged is not None and logged != response:
-            continue
-        out.append(WorldModelExample(task, {"name": name, "arguments": args}, response))
-    return out
+    return draw_world_model_examples(n, rng, worlds, _KINDS, _call, f"wire world-model examples from seed {seed}")
 
 
 __all__ = ["FAMILY", "PLAIN", "plain_demonstrations", "world_model_examples"]
