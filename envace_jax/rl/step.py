@@ -100,7 +100,7 @@ def rollout_metrics(
     ep_scores = [e.score for e in episodes if e.episode_id not in unscored]
     m["episode/score_mean"] = _mean(ep_scores)
     m["episode/score_max"] = float(np.max(ep_scores)) if ep_scores else 0.0
-    # a success is a full score (``eval.results.is_success``, as every evaluation counts it); a partial
+    # a success is a full score (``is_success``, as every evaluation counts it); a partial
     # checklist is a score above 0 that is not a success
     m["episode/success_frac"] = _mean([float(is_success(s)) for s in ep_scores])
     m["episode/any_credit_frac"] = _mean([float(s > 0) for s in ep_scores])
