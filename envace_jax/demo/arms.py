@@ -47,6 +47,9 @@ COMPARE_PAIRS = (
     + [
         ("world rehearsal vs real tools", compare_arm("rehearsal"), compare_arm("real")),
         ("world rehearsal vs more SFT", compare_arm("rehearsal"), MORE_SFT),
+        # the paper's two ablations, each against the full method
+        ("world rehearsal vs frozen simulator", compare_arm("rehearsal"), compare_arm("simulator")),
+        ("world rehearsal vs no sharing", compare_arm("rehearsal"), compare_arm("noshare")),
     ]
 )
 REHEARSAL_PAIRS = [
