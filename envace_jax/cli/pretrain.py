@@ -24,7 +24,7 @@ from envace_jax.cli.entrypoint import UsageError, guard, nearest, show_library_l
 
 DEFAULT_OUT = "assets/demo_base"
 # envace_jax.demo.pretrain.PRESETS, named here so that --help needs no jax import (a test keeps them equal)
-PRESET_NAMES = ["default", "tiny", "deep", "wire"]
+PRESET_NAMES = ["default", "tiny", "deep", "wire", "wire_memory"]
 
 
 def check_set_fields(items: list[str], fields: list[str]) -> None:

@@ -21,6 +21,9 @@ The corpus is the setting EnvACE is for:
   "irreversible") and REHEARSE rows of real single calls there, refusals included (``data.wire_corpus``): the
   world's rules for REHEARSE and its happy path for ACT, never a trap's way out, so that test-time rehearsal has
   something to foresee that the policy does not already do;
+* **rows after a wire memory** (the ``wire_memory`` preset, continuing the wire base): ACT rows of trap tasks whose
+  system prompt holds a memory of the rule-blind attempt run for real, and of plain tasks whose memory is their own
+  plan (``demo.wire_memory``): a trap's way out is shown only after a memory that shows the rule being broken;
 * **rehearsal-memory rows** (from ``memory_from`` of the steps on): ACT demonstrations whose system prompt carries
   a rehearsal memory built by the test-time code itself (``TestTimeRehearsal.rehearse`` with the model as it is
   at that step, imagined episodes with no logged result in REHEARSE's prompt), so that at test time a memory is
@@ -55,6 +58,7 @@ from envace_jax.data.demo_tasks import BRANCHES, generate_tasks
 from envace_jax.demo import data as demo_data
 from envace_jax.eval.results import is_success
 from envace_jax.model_sizes import DEMO, MICRO
+from envace_jax.demo.memory_corpus import memory_rows, reference_memories, rehearsal_memories
 from envace_jax.rl.types import ACT, REHEARSE, Generation
 
 # The corpus, validation and resume lines of a pretraining run; launch/pretrain.py shows them on stderr.
@@ -120,6 +124,10 @@ class PretrainConfig:
     wire_world_model_rows: int = 0  # REHEARSE rows of real single calls on those tasks' worlds
     wire_act_share: int = 0  # ACT rows of a batch that are wire rows
     wire_rehearse_share: int = 0  # REHEARSE rows of a batch that are wire rows
+    # ---- ACT rows after a rehearsal memory in the wire world (the ``wire_memory`` preset; ``demo.wire_memory``),
+    # drawn with the wire ACT rows
+    wire_retry_tasks: int = 0  # trap tasks shown after a memory of a failed, rule-blind attempt
+    wire_memory_plain: int = 0  # plain wire tasks shown after a memory of their own plan
     # ---- rehearsal-memory rows
     memory_from: float = 0.8  # fraction of the steps after which memory rows join the ACT half
     memory_share: float = 0.25  # of the ACT rows of a batch
@@ -155,6 +163,8 @@ class PretrainConfig:
             "wire_world_model_rows",
             "wire_act_share",
             "wire_rehearse_share",
+            "wire_retry_tasks",
+            "wire_memory_plain",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"pretrain {name} must be >= 0, got {getattr(self, name)}")
@@ -174,6 +184,13 @@ class PretrainConfig:
             raise ValueError("pretrain tank_share > 0 needs tank_tasks > 0")
         if (self.wire_act_share or self.wire_rehearse_share) and not self.wire_demonstrations:
             raise ValueError("pretrain wire_act_share or wire_rehearse_share > 0 needs wire_demonstrations > 0")
+        if self.wire_memory_plain > self.wire_demonstrations:
+            raise ValueError(
+                f"pretrain wire_memory_plain={self.wire_memory_plain} takes its tasks from the "
+                f"{self.wire_demonstrations} wire_demonstrations; it cannot be larger"
+            )
+        if (self.wire_retry_tasks or self.wire_memory_plain) and not self.wire_act_share:
+            raise ValueError("pretrain wire_retry_tasks or wire_memory_plain > 0 needs wire_act_share > 0")
         # the halves must hold them all
         split_shares(self.batch_rows, self.memory_share, self.tank_share, self.wire_act_share, self.wire_rehearse_share)
 
@@ -251,7 +268,20 @@ def wire() -> PretrainConfig:
     )
 
 
-PRESETS = {"default": default, "tiny": tiny, "deep": deep, "wire": wire}
+def wire_memory() -> PretrainConfig:
+    """The wire base continued 1,500 steps at a constant 3e-4 with 8 of the 16 ACT rows of a batch wire rows, now
+    with ACT rows after a rehearsal memory (``demo.wire_memory``): 2,048 trap tasks after a memory of the
+    rule-blind attempt and 512 plain ones after a memory of their own plan. The start of the test-time rehearsal
+    measurement in docs/results.md ("A policy that can act on a memory")."""
+    return wire().replace(
+        init_from="assets/demo_base_wire",
+        wire_act_share=8,
+        wire_retry_tasks=2048,
+        wire_memory_plain=512,
+    )
+
+
+PRESETS = {"default": default, "tiny": tiny, "deep": deep, "wire": wire, "wire_memory": wire_memory}
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -350,80 +380,6 @@ def split_shares(
 
 
 # ----------------------------------------------------------------------------- memory rows
-
-
-def rehearsal_memories(
-    model, codec, tasks: Sequence[Mapping[str, Any]], cfg: PretrainConfig, demo_cfg
-) -> dict[str, str]:
-    """uid -> a rehearsal memory built by the test-time code (``TestTimeRehearsal.rehearse``) with ``model``.
-
-    Each task gets N = 1 or 2 imagined episodes, parallel or sequential (alternating by task), sampled at
-    ``memory_temperature``; REHEARSE sees no logged result (``grounding="none"``), as at test time.
-    """
-    from envace_jax.demo import stages
-    from envace_jax.eval.rehearsal import RehearsalConfig, TestTimeRehearsal
-
-    client = stages.make_client(model, codec)
-    rollout_cfg = stages.rollout_config(demo_cfg, "real", greedy=True)  # the committed run's, as at test time
-    out: dict[str, str] = {}
-    plans = {}
-    for i, t in enumerate(tasks):
-        plans.setdefault((1 + i % 2, ("parallel", "sequential")[(i // 2) % 2]), []).append(t)
-    for (n, mode), group in sorted(plans.items()):
-        rcfg = RehearsalConfig(
-            n=n, mode=mode, max_memory_chars=cfg.memory_max_chars, temperature=cfg.memory_temperature, seed=cfg.seed
-        )
-        ttr = TestTimeRehearsal(rcfg, rollout_cfg, codec, client, judge=None, make_env=None)
-        for s in range(0, len(group), demo_cfg.eval_batch):
-            chunk = [dict(t) for t in group[s : s + demo_cfg.eval_batch]]
-            for t, r in zip(chunk, ttr.rehearse(chunk)):
-                out[t["uid"]] = r.memory
-            client.reset()
-    return out
-
-
-def reference_trace(task: Mapping[str, Any], index: int = 1):
-    """The reference conversation seen as one rehearsal (its real responses in place of imagined ones): the
-    shape of text a rehearsal memory holds, for the tokenizer's training texts."""
-    from envace_jax.chat.simulator import is_failed_result
-    from envace_jax.eval.rehearsal import RehearsalTrace, StepTrace
-
-    ref = task["reference_messages"]
-    answers = {m["tool_call_id"]: m["content"] for m in ref if m["role"] == "tool"}
-    steps, final, turn = [], None, -1
-    for m in ref:
-        if m["role"] == "user":
-            turn += 1
-        elif m["role"] == "assistant":
-            for c in m.get("tool_calls") or []:
-                resp = answers[c["id"]]
-                steps.append(
-                    StepTrace(turn, c["function"]["name"], c["function"]["arguments"], resp, is_failed_result(resp))
-                )
-            if not m.get("tool_calls"):
-                final = m["content"]
-    return RehearsalTrace(index, steps, final, "", None)
-
-
-def reference_memories(tasks: Sequence[Mapping[str, Any]], max_chars: int) -> list[str]:
-    from envace_jax.eval.rehearsal import build_template_memory
-
-    return [
-        build_template_memory([reference_trace(t, k) for k in range(1, 1 + 1 + i % 2)], max_chars)
-        for i, t in enumerate(tasks)
-    ]
-
-
-def memory_rows(tasks: Sequence[Mapping[str, Any]], memories: Mapping[str, str], codec) -> list[Generation]:
-    """The ACT rows of ``tasks`` with each task's memory placed as the test-time run places it."""
-    from envace_jax.eval.rehearsal import with_memory
-
-    rows = []
-    for e, t in enumerate(tasks):
-        memory = memories.get(t["uid"], "")
-        if memory:
-            rows += demo_data.act_rows(with_memory(t, memory), codec, e)
-    return rows
 
 
 # ----------------------------------------------------------------------------- the shipped base
@@ -529,7 +485,8 @@ def tank_rows(cfg: PretrainConfig, codec) -> list[Generation]:
 
 def wire_rows(cfg: PretrainConfig, codec, episode0: int = 0) -> tuple[list[Generation], list[Generation]]:
     """(ACT rows, REHEARSE rows) of the wire corpus (``data.wire_corpus``): both roles' rows of
-    ``wire_demonstrations`` plain wire tasks, and ``wire_world_model_rows`` real single calls on their worlds.
+    ``wire_demonstrations`` plain wire tasks, and ``wire_world_model_rows`` real single calls on their worlds;
+    then the ACT rows after a rehearsal memory (``wire_retry_tasks``, ``wire_memory_plain``; ``demo.wire_memory``).
     Both empty when ``wire_demonstrations`` is 0."""
     from envace_jax.data import wire_corpus
 
@@ -543,6 +500,12 @@ def wire_rows(cfg: PretrainConfig, codec, episode0: int = 0) -> tuple[list[Gener
         reh += demo_data.rehearse_rows(t, codec, episode0 + e)
     examples = wire_corpus.world_model_examples(cfg.wire_world_model_rows, seed, demos)
     reh += demo_data.rows_of_world_model_examples(examples, codec, episode0 + len(demos))
+    if cfg.wire_retry_tasks or cfg.wire_memory_plain:
+        from envace_jax.demo import wire_memory
+
+        traps = [demo_data.normalize_task(t) for t in wire_corpus.retry_tasks(cfg.wire_retry_tasks, seed)]
+        first = episode0 + len(demos) + len(examples)
+        act += wire_memory.rows(traps, demos[: cfg.wire_memory_plain], codec, cfg.memory_max_chars, first)
     return act, reh
 
 

@@ -81,3 +81,50 @@ def test_bad_counts_are_errors():
         wire_corpus.plain_demonstrations(-1, seed=0)
     with pytest.raises(ValueError, match="at least one world"):
         wire_corpus.world_model_examples(3, seed=0, worlds=[])
+
+
+def test_rule_blind_attempts_break_the_rule_each_trap_hides():
+    """The attempt a rule-blind plan makes, run for real, meets the very refusal (or loss) the trap is built
+    on, while the task's reference plan meets none: checked against the rules written out by hand above."""
+    traps = wire_corpus.retry_tasks(60, seed=4)
+    assert len(traps) == 60 and all(t["uid"].startswith("demo-irreversible-train-") for t in traps)
+    assert {t["task_type"] for t in traps} == set(wire_corpus.TRAPS)
+    assert all(sum(m["role"] == "user" for m in t["reference_messages"]) == 1 for t in traps)
+    for t in traps:
+        accounts = dict(t["env"]["state"]["accounts"])
+        for variant in (0, 1):
+            steps, reply = wire_corpus.rule_blind_attempt(t, variant)
+            names = [n for n, _, _ in steps]
+            bal = dict(accounts)
+            for name, args, response in steps:  # replay the rules by hand, the fee charged before a refusal
+                got = json.loads(response)
+                if name == "close_account":
+                    assert got == {"account": args["account"], "lost": bal.pop(args["account"]), "status": "closed"}
+                    continue
+                if name == "transfer" and args["from_account"] not in bal:
+                    assert got == {"error": f"unknown account '{args['from_account']}'"}
+                    continue
+                assert got == _expected({"name": name, "arguments": args}, bal), (t["uid"], steps)
+                if name == "transfer":
+                    bal[args["from_account"]] -= 2
+                    if "error" not in got:
+                        bal[args["from_account"]] -= args["amount"]
+                        bal[args["to_account"]] += args["amount"]
+            errors = [json.loads(r)["error"] for _, _, r in steps if "error" in json.loads(r)]
+            if t["task_type"] == "wire/split_over_limit":
+                assert names == ["transfer", "get_balance"] and errors == ["over the limit of 40; fee of 2 charged"]
+                assert str(json.loads(steps[1][2])["balance"]) in reply
+            elif t["task_type"] == "wire/send_all":
+                # the whole balance (at most 42) is short of the fee, or over the limit as well
+                assert names == ["get_balance", "transfer"] and len(errors) == 1
+                assert errors[0].startswith(("insufficient funds", "over the limit"))
+            else:
+                assert names[0] == "get_balance" and sorted(names[1:]) == ["close_account", "transfer"]
+                assert len(errors) == 1 and names[1] == ("close_account" if variant == 0 else "transfer")
+        # the reference plan, run the same way, is refused nothing
+        env = WireWorld(t["env"]["state"])
+        for m in t["reference_messages"]:
+            for c in m.get("tool_calls") or []:
+                assert "error" not in json.loads(env.execute(c["function"]["name"], c["function"]["arguments"]).content)
+    with pytest.raises(ValueError, match="not a trap"):
+        wire_corpus.rule_blind_attempt(wire_corpus.plain_demonstrations(1, seed=4)[0])

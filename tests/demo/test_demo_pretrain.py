@@ -278,6 +278,34 @@ def test_a_wire_run_trains_on_plain_wire_rows_and_the_demo_sees_them_in_its_corp
     assert all("<execution_result>" in codec.decode(r.gen_ids) for r in reh)
 
 
+def test_wire_rows_add_the_rows_after_a_memory_and_only_those_carry_one():
+    """``wire_retry_tasks`` / ``wire_memory_plain`` add ACT rows after a memory (``demo.wire_memory``) to the wire
+    ACT rows; the plain rows without a memory stay as they were, and no row without one shows a trap."""
+    from envace_jax.chat import load_tokenizer
+    from envace_jax.demo import data as demo_data
+    from envace_jax.eval.rehearsal import MEMORY_HEADER
+
+    codec = demo_data.make_codec(load_tokenizer("assets/demo_base_wire/tokenizer"))
+    plain_cfg = pt.tiny().replace(
+        wire_demonstrations=5, wire_world_model_rows=4, wire_act_share=1, wire_rehearse_share=1, memory_share=0.0
+    )
+    cfg = plain_cfg.replace(wire_retry_tasks=6, wire_memory_plain=2)
+    act0, reh0 = pt.wire_rows(plain_cfg, codec)
+    act, reh = pt.wire_rows(cfg, codec)
+    assert [r.gen_ids for r in reh] == [r.gen_ids for r in reh0]
+    assert [r.gen_ids for r in act[: len(act0)]] == [r.gen_ids for r in act0]
+    extra = act[len(act0) :]
+    assert all(MEMORY_HEADER in codec.decode(r.prompt_ids) for r in extra)
+    assert not any(MEMORY_HEADER in codec.decode(r.prompt_ids) for r in act0)
+    assert len({r.uid for r in extra}) == 6 + 2
+    # episodes of their own: after the plain tasks' and the world-model calls'
+    assert min(r.episode for r in extra) > max(r.episode for r in act0 + reh0)
+    with pytest.raises(ValueError, match="wire_memory_plain=6"):
+        plain_cfg.replace(wire_memory_plain=6)
+    with pytest.raises(ValueError, match="needs wire_act_share"):
+        plain_cfg.replace(wire_act_share=0, wire_retry_tasks=1)
+
+
 def dataclasses_equal(a, b) -> bool:
     import dataclasses
 
