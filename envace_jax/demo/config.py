@@ -111,7 +111,8 @@ class DemoConfig:
     rehearsal_temperature: float = 0.6  # sampling of the imagined episodes (the committed run is greedy)
     rehearsal_max_memory_chars: int = 600
     # "on_mistake": the memory reaches the real attempt only when a rehearsal wrote a call the tool schema
-    # rejects (eval.rehearsal); "always": every time, as EnvACE does
+    # rejects (eval.rehearsal); "on_error": only when a rehearsal met a failure, an imagined refusal included;
+    # "always": every time, as EnvACE does
     rehearsal_place_memory: str = "on_mistake"
     # ---- rehearsal memories in RL prompts (demo.rl_memory): this share of each RL step's prompts first gets
     # the memory test-time rehearsal builds from rl_memory_rehearsals imagined episodes of the current policy

@@ -27,9 +27,10 @@ TAU2_USERS = ("scripted", "model")
 REHEARSAL_MODES = ("parallel", "sequential")
 MEMORY_KINDS = ("template", "model")
 PLACEMENTS = ("system", "note")
-# When the committed run gets the memory: "always" (EnvACE), or "on_mistake": only when a rehearsal wrote a
-# call the tool schema rejects or a malformed call (eval.rehearsal explains why).
-MEMORY_GATES = ("always", "on_mistake")
+# When the committed run gets the memory: "always" (EnvACE); "on_mistake": only when a rehearsal wrote a
+# call the tool schema rejects or a malformed call; "on_error": only when a rehearsal met any failure, an
+# imagined error or refusal included (eval.rehearsal explains why).
+MEMORY_GATES = ("always", "on_mistake", "on_error")
 
 
 def _at_least(cfg: Any, section: str, names: tuple[str, ...], low: int) -> None:
@@ -109,7 +110,7 @@ class RehearsalConfig:
     memory: str = "template"
     max_memory_chars: int = 1500
     placement: str = "system"
-    place_memory: str = "always"  # or "on_mistake" (MEMORY_GATES)
+    place_memory: str = "always"  # or "on_mistake", "on_error" (MEMORY_GATES)
     grounding: str = "none"  # "reference" keeps the few-shot logged results (privileged)
     user_turns: str = "first"  # "all" rehearses every scripted user turn
     summary: RoleSampling = RoleSampling(temperature=0.0, max_new_tokens=256)

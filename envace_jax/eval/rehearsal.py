@@ -39,6 +39,12 @@ calls only. Why: an imagined tool that refuses a call the schema accepts ("insuf
 imagined success is no evidence either; on the demo a memory in the prompt costs the small model
 more in distraction than such claims are worth (docs/results.md, test-time rehearsal).
 
+``"on_error"``: only when a rehearsal met a failure of any kind, an imagined refusal included, and then
+the whole memory (as ``"always"``). Why: a policy trained to act on memories does what a memory suggests,
+noise included, so where every rehearsal ran clean (nothing to avoid) its one real attempt is better left
+as at N = 0, while an imagined refusal is exactly what a policy that has learned the rule from memories can
+act on (docs/results.md, "A policy that can act on a memory").
+
 ``memory="model"``: the policy itself condenses the template
 text of all rehearsals so far with a summarisation prompt (``summary_messages``); an empty summary
 falls back to the template. The memory is placed once, in the committed episode's initial messages
@@ -222,6 +228,11 @@ def caught_mistake(traces: Sequence[RehearsalTrace]) -> bool:
     return any(t.malformed_call for t in traces) or any(s.problem for t in traces for s in t.steps)
 
 
+def caught_error(traces: Sequence[RehearsalTrace]) -> bool:
+    """Did a rehearsal meet any failure: an imagined error or refusal, or a mistake ``caught_mistake`` sees?"""
+    return caught_mistake(traces) or any(s.error for t in traces for s in t.steps)
+
+
 def build_template_memory(traces: Sequence[RehearsalTrace], max_chars: int, *, mistakes_only: bool = False) -> str:
     """The deterministic rehearsal memory (format in the module doc), at most ``max_chars`` long.
     ``mistakes_only``: "Avoid" lists the calls the tool schema rejects, not every imagined failure."""
@@ -388,8 +399,9 @@ class TestTimeRehearsal:
             return engine.run(records, uids)
 
     def _memory(self, record: Mapping[str, Any], traces: list[RehearsalTrace], out: TaskRehearsal) -> str:
-        gated = self.cfg.place_memory == "on_mistake"
-        if gated and not caught_mistake(traces):
+        gate = self.cfg.place_memory
+        gated = gate == "on_mistake"
+        if (gated and not caught_mistake(traces)) or (gate == "on_error" and not caught_error(traces)):
             return ""
         template = build_template_memory(traces, self.cfg.max_memory_chars, mistakes_only=gated)
         if self.cfg.memory == "template":

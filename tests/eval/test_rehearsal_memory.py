@@ -391,6 +391,45 @@ def test_on_mistake_catches_a_call_the_schema_rejects_that_the_imagined_tool_acc
     assert keys == [["name"], ["name"]] and [e.score for e in eps] == [0.0, 0.0]
 
 
+# ----------------------------------------------------------------------------- place_memory="on_error"
+
+
+def clean_script(c):
+    """ACT calls get_balance with the right (lowercase) name and REHEARSE imagines its success: a clean rehearsal."""
+    tok, inner = c.renderer.tokenizer, policy_script(c)
+
+    def script(req, n):
+        text = tok.decode(list(req.prompt_ids), skip_special_tokens=False)
+        if req.role == REHEARSE or _reply_to_tool_response(text) is not None:
+            return inner(req, n)
+        call = json.dumps({"name": "get_balance", "arguments": {"account": _last(r"What is (\w+)'s balance", text)}})
+        return f"<think>\ncall\n</think>\n\n\n<tool_call>\n{call}\n</tool_call>"
+
+    return script
+
+
+@pytest.mark.parametrize("mode", R.MODES)
+def test_on_error_places_the_whole_memory_after_an_imagined_refusal_and_none_after_clean_rehearsals(mode):
+    tasks = balance_tasks(2)
+    # policy_script's rehearsal is refused ("unknown account 'Ana'", a call the schema accepts): on_mistake places
+    # nothing, on_error places the whole memory, and the committed run avoids the refused call
+    _, reh, eps, _ = _run(R.RehearsalConfig(n=2, mode=mode, place_memory="on_error"), tasks)
+    assert all(o.traces[0].steps[0].error and o.traces[0].steps[0].problem is None for o in reh)
+    assert all("Avoid (calls that failed in rehearsal):" in o.memory and "Rehearsal 1:" in o.memory for o in reh)
+    assert [e.score for e in eps] == [1.0, 1.0]
+    # rehearsals that ran clean: on_error places nothing (the committed run is N = 0's), always places the plan
+    c = codec()
+    for gate, placed in (("on_error", False), ("always", True)):
+        RecordingEnv.log.clear()
+        _, reh, eps, _ = _run(
+            R.RehearsalConfig(n=2, mode=mode, place_memory=gate), tasks, ScriptedClient(c, clean_script(c))
+        )
+        assert all(not s.error for o in reh for t in o.traces for s in t.steps)
+        assert [bool(o.memory) for o in reh] == [placed, placed]
+        assert [e.score for e in eps] == [1.0, 1.0]
+    assert R.caught_error([]) is False
+
+
 # ----------------------------------------------------------------------------- sweep
 
 
