@@ -99,9 +99,9 @@ def rule_blind_attempt(task: dict[str, Any], variant: int = 0) -> tuple[list[tup
     ref = _reference_calls(task)
     env = WireWorld(task["env"]["state"])
     if ttype == "wire/split_over_limit":
-        (_, first), (_, second), balance = ref
+        (_, first), (_, second), read_balance = ref
         a, b = first["from_account"], first["to_account"]
-        plan = [("transfer", dict(first, amount=first["amount"] + second["amount"])), balance]
+        plan = [("transfer", dict(first, amount=first["amount"] + second["amount"])), read_balance]
     elif ttype in ("wire/send_all", "wire/close_and_move"):
         a, b = ref[1][1]["from_account"], ref[1][1]["to_account"]
         plan = [("get_balance", {"account": a})]
@@ -109,10 +109,8 @@ def rule_blind_attempt(task: dict[str, Any], variant: int = 0) -> tuple[list[tup
         raise ValueError(f"rule_blind_attempt: {task['uid']} is a {ttype!r} task, not a trap ({TRAPS})")
     out: list[tuple[str, dict, str]] = []
 
-    def run(name: str, args: dict[str, Any]) -> str:
-        response = env.execute(name, args).content
-        out.append((name, args, response))
-        return response
+    def run(name: str, args: dict[str, Any]) -> None:
+        out.append((name, args, env.execute(name, args).content))
 
     for name, args in plan:
         run(name, args)

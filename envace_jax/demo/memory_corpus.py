@@ -75,13 +75,16 @@ def reference_memories(tasks: Sequence[Mapping[str, Any]], max_chars: int) -> li
     ]
 
 
-def memory_rows(tasks: Sequence[Mapping[str, Any]], memories: Mapping[str, str], codec) -> list[Generation]:
-    """The ACT rows of ``tasks`` with each task's memory placed as the test-time run places it."""
+def memory_rows(
+    tasks: Sequence[Mapping[str, Any]], memories: Mapping[str, str], codec, episode0: int = 0
+) -> list[Generation]:
+    """The ACT rows of ``tasks`` with each task's memory placed as the test-time run places it (task ``e`` is
+    episode ``episode0 + e``; a task with no memory gives no row)."""
     from envace_jax.eval.rehearsal import with_memory
 
     rows = []
     for e, t in enumerate(tasks):
         memory = memories.get(t["uid"], "")
         if memory:
-            rows += demo_data.act_rows(with_memory(t, memory), codec, e)
+            rows += demo_data.act_rows(with_memory(t, memory), codec, episode0 + e)
     return rows

@@ -56,9 +56,9 @@ import numpy as np
 from envace_jax.config import SCHEDULES
 from envace_jax.data.demo_tasks import BRANCHES, generate_tasks
 from envace_jax.demo import data as demo_data
+from envace_jax.demo.memory_corpus import memory_rows, reference_memories, rehearsal_memories
 from envace_jax.eval.results import is_success
 from envace_jax.model_sizes import DEMO, MICRO
-from envace_jax.demo.memory_corpus import memory_rows, reference_memories, rehearsal_memories
 from envace_jax.rl.types import ACT, REHEARSE, Generation
 
 # The corpus, validation and resume lines of a pretraining run; launch/pretrain.py shows them on stderr.

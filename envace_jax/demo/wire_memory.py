@@ -25,9 +25,8 @@ from typing import Any, Mapping, Sequence
 
 from envace_jax.chat.simulator import is_failed_result
 from envace_jax.data import wire_corpus
-from envace_jax.demo import data as demo_data
-from envace_jax.demo.memory_corpus import reference_memories, reference_trace
-from envace_jax.eval.rehearsal import RehearsalTrace, StepTrace, build_template_memory, with_memory
+from envace_jax.demo.memory_corpus import memory_rows, reference_memories, reference_trace
+from envace_jax.eval.rehearsal import RehearsalTrace, StepTrace, build_template_memory
 from envace_jax.rl.types import Generation
 
 
@@ -58,10 +57,7 @@ def rows(
     episode0: int = 0,
 ) -> list[Generation]:
     """ACT rows of ``traps`` after a failed attempt's memory and of ``plain`` after their own plan's memory
-    (normalized task records), each memory placed as the test-time run places it."""
-    out: list[Generation] = []
-    for e, t in enumerate(traps):
-        out += demo_data.act_rows(with_memory(t, retry_memory(t, e, max_chars)), codec, episode0 + e)
-    for e, (t, memory) in enumerate(zip(plain, reference_memories(plain, max_chars))):
-        out += demo_data.act_rows(with_memory(t, memory), codec, episode0 + len(traps) + e)
-    return out
+    (normalized task records; the two share no uid), each memory placed as the test-time run places it."""
+    memories = {t["uid"]: retry_memory(t, e, max_chars) for e, t in enumerate(traps)}
+    memories |= {t["uid"]: m for t, m in zip(plain, reference_memories(plain, max_chars))}
+    return memory_rows([*traps, *plain], memories, codec, episode0)
