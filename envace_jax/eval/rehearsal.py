@@ -389,14 +389,25 @@ class TestTimeRehearsal:
 
     def _imagine(self, records: list[dict], uids: list[str], round_: int) -> list[Episode]:
         cfg = dataclasses.replace(self.imagined_cfg, seed=self.imagined_cfg.seed + 7919 * (round_ + 1) + self.cfg.seed)
-        engine = ImaginedEngine(
-            cfg, self.codec, self.policy, self.imagined_judge, simulator=self.simulator, on_step=self._budget_hook
-        )
-        self.imagined_engines.append(engine)
         rounds = 1 if self.cfg.mode == "parallel" else self.cfg.n
         what = f"rehearsal round {round_ + 1}/{rounds}: {len(records)} imagined episodes"
-        with progress.stage(what) if self.stage_lines else contextlib.nullcontext():
-            return engine.run(records, uids)
+        # a round of thousands of imagined episodes takes minutes: with stage lines, a bar over its episodes
+        bar = progress.EpisodeBar(len(records), f"rehearsal round {round_ + 1}/{rounds}") if self.stage_lines else None
+
+        def on_step(step: int, episodes: list[Episode]) -> None:
+            self._budget_hook(step, episodes)
+            if bar is not None:
+                bar.on_step(step, episodes)
+
+        engine = ImaginedEngine(
+            cfg, self.codec, self.policy, self.imagined_judge, simulator=self.simulator, on_step=on_step
+        )
+        self.imagined_engines.append(engine)
+        with progress.stage(what) if self.stage_lines else contextlib.nullcontext(), bar or contextlib.nullcontext():
+            episodes = engine.run(records, uids)
+            if bar is not None:
+                bar.on_step(-1, episodes)  # episodes cut at the step cap end after the engine's last hook
+            return episodes
 
     def _memory(self, record: Mapping[str, Any], traces: list[RehearsalTrace], out: TaskRehearsal) -> str:
         gate = self.cfg.place_memory
@@ -471,6 +482,28 @@ class TestTimeRehearsal:
         if bar is not None:
             bar.on_step(-1, episodes)  # episodes cut at the step cap end after the engine's last hook
         return RehearsalRun(self.cfg, episodes, rehearsals)
+
+
+def rehearsal_record(t: TaskRehearsal) -> dict[str, Any]:
+    """One task's rehearsals as a JSON-ready record: the memory placed ("" when none) and, per imagined
+    episode, each call with the imagined response, whether it failed, and how the episode ended."""
+    return {
+        "uid": t.uid,
+        "memory_placed": bool(t.memory),
+        "memory": t.memory,
+        "rehearsals": [
+            {
+                "steps": [
+                    {"name": s.name, "arguments": s.arguments, "response": s.response, "error": s.error}
+                    for s in tr.steps
+                ],
+                "final_answer": tr.final_answer,
+                "termination": tr.termination,
+                "malformed_call": tr.malformed_call,
+            }
+            for tr in t.traces
+        ],
+    }
 
 
 # ----------------------------------------------------------------------------- sweep

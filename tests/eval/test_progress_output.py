@@ -44,7 +44,8 @@ def test_eval_prints_stages_with_seconds_and_an_episode_bar(tmp_path, capsys):
         f"eval: {label}: done in S s",
         "eval: demo suite, policy model: done in S s",
     ]
-    # tqdm's bar over the 3 committed episodes ends full
+    # tqdm's bars over the 3 imagined episodes and the 3 committed ones end full
+    assert re.search(r"rehearsal round 1/1: 100%\|.*\| 3/3 ", out.err)
     assert re.search(r"demo after 1 parallel rehearsal\(s\): 100%\|.*\| 3/3 ", out.err)
     assert "eval:" not in out.out
 
