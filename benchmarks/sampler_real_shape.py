@@ -44,19 +44,7 @@ def build(preset: str, threads: int):
     """(our model, transformers' model) with the same random weights."""
     from transformers import Qwen3ForCausalLM
 
-    c = PRESETS[preset]
-    cfg = qwen3.Qwen3Config(
-        vocab_size=c["vocab_size"],
-        hidden_size=c["hidden_size"],
-        intermediate_size=c["intermediate_size"],
-        num_layers=c["num_hidden_layers"],
-        num_heads=c["num_attention_heads"],
-        num_kv_heads=c["num_key_value_heads"],
-        head_dim=c["head_dim"],
-        tie_word_embeddings=True,
-        rope_theta=c["rope_theta"],
-        max_position_embeddings=c["max_position_embeddings"],
-    )
+    cfg = qwen3.Qwen3Config.from_hf(PRESETS[preset])  # the same reader as for a real config.json
     model = qwen3.init_model(cfg, seed=0)
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as d:
