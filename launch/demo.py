@@ -9,6 +9,7 @@ of ``envace_jax/demo/config.py``); any field can be overridden with ``--config.f
     python launch/demo.py --config=configs/demo.py:reduced                   # a preset (envace, legacy, reduced)
     python launch/demo.py --config.rl_steps=10 --config.rl_lr=1e-4           # any DemoConfig field
     python launch/demo.py --run_dir=runs/demo --rehearsal_sweep              # test-time rehearsal table, after a run
+    python launch/demo.py --run_dir=runs/demo --rehearsal_sweep --sweep_ns=0,2 --sweep_modes=parallel  # some cells
     python launch/demo.py --leverage                                         # pass@k of the RL start
 
 The earlier spellings ``--preset=NAME``, ``--eval_split=SPLIT`` and ``--set FIELD=VALUE`` still work: they
@@ -79,10 +80,12 @@ _COMPARE = flags.DEFINE_bool("compare", False, "RL in modes real, simulator and 
 _SWEEP = flags.DEFINE_bool(
     "rehearsal_sweep",
     False,
-    "after a demo run in --run_dir: test-time rehearsal N=0,1,2 "
-    "(parallel, sequential) with its exported model, into rehearsal_sweep.md",
+    "after a demo run in --run_dir: test-time rehearsal N=0,1,2 (--sweep_ns) in modes parallel and "
+    "sequential (--sweep_modes) with its exported model, into rehearsal_sweep.md (rewritten each run)",
 )
 _SWEEP_TASKS = flags.DEFINE_integer("sweep_tasks", 0, "tasks for --rehearsal_sweep (0: the whole split)")
+_SWEEP_NS = flags.DEFINE_list("sweep_ns", ["0", "1", "2"], "numbers of rehearsals for --rehearsal_sweep")
+_SWEEP_MODES = flags.DEFINE_list("sweep_modes", ["parallel", "sequential"], "modes for --rehearsal_sweep")
 _LEVERAGE = flags.DEFINE_bool(
     "leverage", False, "greedy success and pass@1/4/16 of the RL start per branch kind and task type (leverage.md)"
 )
@@ -98,6 +101,10 @@ def main(argv) -> int:
 
     try:
         cfg = load_demo_config(_CONFIG.value)
+        if _SWEEP.value:
+            from envace_jax.demo.rehearsal_table import sweep_settings
+
+            ns, modes = sweep_settings(_SWEEP_NS.value, _SWEEP_MODES.value)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -117,7 +124,7 @@ def main(argv) -> int:
     if _SWEEP.value:
         from envace_jax.demo.rehearsal_table import run_rehearsal_table
 
-        out = run_rehearsal_table(cfg, run_dir, num_tasks=_SWEEP_TASKS.value or None)
+        out = run_rehearsal_table(cfg, run_dir, ns=ns, modes=modes, num_tasks=_SWEEP_TASKS.value or None)
         print(out["markdown"])
         print(f"wrote {os.path.join(out['dir'], 'rehearsal_sweep.md')}")
         return 0

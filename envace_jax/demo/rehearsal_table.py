@@ -37,6 +37,24 @@ def export_model(model, run_dir: str, codec=None) -> str:
     return out
 
 
+def sweep_settings(ns: Sequence[str], modes: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The sweep's numbers of rehearsals and modes from their command-line spellings, checked: distinct
+    N >= 0 (N = 0 is the baseline every other N is paired against) and modes of ``REHEARSAL_MODES``."""
+    from envace_jax.config import ConfigError
+    from envace_jax.eval.config import REHEARSAL_MODES
+
+    try:
+        n_values = tuple(int(n) for n in ns)
+    except ValueError:
+        raise ConfigError(f"--sweep_ns must be integers, got {','.join(ns)!r}") from None
+    if not n_values or any(n < 0 for n in n_values) or len(set(n_values)) != len(n_values):
+        raise ConfigError(f"--sweep_ns must be distinct integers >= 0, got {','.join(ns)!r}")
+    bad = [m for m in modes if m not in REHEARSAL_MODES]
+    if not modes or bad or len(set(modes)) != len(modes):
+        raise ConfigError(f"--sweep_modes must be distinct names of {list(REHEARSAL_MODES)}, got {','.join(modes)!r}")
+    return n_values, tuple(modes)
+
+
 def demo_rehearsal_config(cfg: DemoConfig, n: int):
     """The demo's test-time rehearsal settings (``rehearsal_*`` fields) with ``n`` imagined episodes: the one
     source of the memory's settings, at test time and in RL prompts (``demo.rl_memory``)."""
@@ -115,6 +133,8 @@ def run_rehearsal_table(
         if arm not in outcomes:
             outcomes[arm] = paired.outcomes_of([e.id for e in cat.entries], [e.detail["score"] for e in cat.entries])
             paired.write_outcomes(out_dir, arm, outcomes[arm])
+            if row["n"] > 0:
+                write_rehearsals(out_dir, arm, runs[(row["mode"], row["n"])])
     paired_text, paired_rows = arms.paired_section(outcomes, arms.REHEARSAL_PAIRS)
     header = (
         f"# Test-time rehearsal on the demo suite ({cfg.eval_split} split, task family {cfg.task_family}, "
@@ -132,6 +152,18 @@ def run_rehearsal_table(
     with open(os.path.join(out_dir, "rehearsal_sweep.json"), "w", encoding="utf-8") as f:
         json.dump({"rows": result.rows, "paired": paired_rows}, f, indent=2)
     return {"rows": result.rows, "markdown": markdown, "paired": paired_rows, "dir": out_dir}
+
+
+def write_rehearsals(out_dir: str, arm: str, run) -> str:
+    """``eval_<arm>_rehearsals.jsonl``: per task, the memory placed and what each rehearsal imagined, so that
+    a gate or a memory format can be studied offline against the arm's per-task outcomes."""
+    from envace_jax.eval.rehearsal import rehearsal_record
+
+    path = os.path.join(out_dir, f"eval_{arm}_rehearsals.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for t in run.rehearsals:
+            f.write(json.dumps(rehearsal_record(t), ensure_ascii=False) + "\n")
+    return path
 
 
 def sweep_dir(cfg: DemoConfig, run_dir: str) -> str:

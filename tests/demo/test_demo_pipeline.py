@@ -154,6 +154,9 @@ def test_per_task_outcomes_and_the_paired_table(reduced_run):
         (["--config.eval_split=dev"], "demo eval_split must be one of"),
         (["--config.rl_push_back_share=1.5"], "demo rl_push_back_share must be None or in [0, 1], got 1.5"),
         (["--config.rl_seed=-1"], "demo rl_seed must be None or an int >= 0, got -1"),
+        (["--rehearsal_sweep", "--sweep_ns=0,x"], "--sweep_ns must be integers, got '0,x'"),
+        (["--rehearsal_sweep", "--sweep_ns=0,2,2"], "--sweep_ns must be distinct integers >= 0"),
+        (["--rehearsal_sweep", "--sweep_modes=parallel,batch"], "--sweep_modes must be distinct names of"),
     ],
 )
 def test_demo_settings_are_one_typed_config(args, needle):
@@ -231,6 +234,7 @@ def test_exported_model_runs_the_rehearsal_sweep(reduced_run):
     assert fid["tasks_used"] == round(out["rows"][1]["memory_placed"] * 3)
     # per-task outcomes of N = 0 and N = 1 on the same 3 tasks, and N = 1 paired against N = 0
     from envace_jax.eval import paired
+    from envace_jax.eval import rehearsal as R
 
     n0, n1 = (paired.read_outcomes(str(run_dir / f"eval_{arm}_tasks.jsonl")) for arm in ("n0", "n1"))
     assert len(n0) == 3 and {o.uid for o in n0} == {o.uid for o in n1}
@@ -248,7 +252,45 @@ def test_exported_model_runs_the_rehearsal_sweep(reduced_run):
     uids = [o.uid for o in paired.read_outcomes(str(sub / "eval_n2_tasks.jsonl"))]
     assert len(uids) == 2 and all(u.startswith("demo-irreversible-test-") for u in uids)
     assert out["rows"][1]["fidelity"]["tasks_used"] == 2  # "always": both memories placed
+    # what each task's two rehearsals imagined, beside the memory that was placed
+    recs = [json.loads(line) for line in (sub / "eval_n2_rehearsals.jsonl").read_text().splitlines()]
+    assert [r["uid"] for r in recs] == uids and all(r["memory_placed"] and r["memory"] for r in recs)
+    for r in recs:  # the records hold all the memory was built from: rebuilt from them, it is the same text
+        traces = [
+            R.RehearsalTrace(
+                k,
+                [R.StepTrace(0, **st) for st in reh["steps"]],
+                reh["final_answer"],
+                reh["termination"],
+                reh["malformed_call"],
+            )
+            for k, reh in enumerate(r["rehearsals"], 1)
+        ]
+        assert len(traces) == 2
+        assert R.build_template_memory(traces, cfg.rehearsal_max_memory_chars) == r["memory"]
+    assert not (sub / "eval_n0_rehearsals.jsonl").exists()
     assert "Cost and fidelity per setting" in (sub / "rehearsal_sweep.md").read_text()
+
+
+def test_sweep_cells_from_the_command_line(reduced_run, tmp_path):
+    """--sweep_ns and --sweep_modes pick the sweep's cells; the run's model and tokenizer are copied so
+    the other tests' files in the run directory stay as they are."""
+    import shutil
+
+    run_dir, _ = reduced_run
+    for d in ("model", "tokenizer"):
+        shutil.copytree(run_dir / d, tmp_path / d)
+    cmd = [sys.executable, os.path.join(ROOT, "launch", "demo.py"), f"--config={ROOT}/configs/demo.py:reduced"]
+    cmd += [f"--run_dir={tmp_path}", "--rehearsal_sweep", "--sweep_tasks=2", "--sweep_ns=0,1", "--sweep_modes=parallel"]
+    proc = subprocess.run(cmd, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = (tmp_path / "rehearsal_sweep.md").read_text()
+    assert table.count("| parallel |") == 3 and "| sequential |" not in table  # N = 0, 1 and N = 1's cost row
+    assert sorted(p.name for p in tmp_path.glob("eval_*.jsonl")) == [
+        "eval_n0_tasks.jsonl",
+        "eval_n1_rehearsals.jsonl",
+        "eval_n1_tasks.jsonl",
+    ]
 
 
 # ----------------------------------------------------------------------------- from a pretrained base
