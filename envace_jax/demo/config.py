@@ -114,6 +114,10 @@ class DemoConfig:
     # rejects (eval.rehearsal); "on_error": only when a rehearsal met a failure, an imagined refusal included;
     # "always": every time, as EnvACE does
     rehearsal_place_memory: str = "on_mistake"
+    # comma-separated tools that change nothing (e.g. "get_balance"): a rehearsal's calls of them, before its
+    # first call of another tool, run on its own copy of the real world (eval.rehearsal, "Real reads");
+    # "": every response imagined, as EnvACE does
+    rehearsal_real_reads: str = ""
     # ---- rehearsal memories in RL prompts (demo.rl_memory): this share of each RL step's prompts first gets
     # the memory test-time rehearsal builds from rl_memory_rehearsals imagined episodes of the current policy
     # (the rehearsal_* settings above), so the policy learns to act on one. 0 = none (the default).

@@ -67,6 +67,7 @@ def demo_rehearsal_config(cfg: DemoConfig, n: int):
         temperature=cfg.rehearsal_temperature,
         place_memory=cfg.rehearsal_place_memory,
         seed=cfg.seed,
+        real_reads=tuple(t.strip() for t in cfg.rehearsal_real_reads.split(",") if t.strip()),
     )
 
 

@@ -99,5 +99,6 @@ def from_demo(cfg, codec, policy, rollout_cfg: RolloutConfig) -> MemoryPrompts |
 
     if cfg.rl_memory_fraction == 0:
         return None
-    reh = demo_rehearsal_config(cfg, n=cfg.rl_memory_rehearsals)
+    # RL in rehearsal mode reaches no real tool, so its memories' rehearsals read none either
+    reh = dataclasses.replace(demo_rehearsal_config(cfg, n=cfg.rl_memory_rehearsals), real_reads=())
     return MemoryPrompts(cfg.rl_memory_fraction, reh, rollout_cfg, codec, policy, seed=cfg.rl_stream_seed)

@@ -118,8 +118,14 @@ class RehearsalConfig:
     # committed run, N > 1 parallel rehearsals at temperature None are N copies of one episode.
     temperature: float | None = None
     seed: int = 0  # an eval run sets it to the run's ``seed``
+    # tools that change nothing, whose calls a rehearsal runs against its own copy of the real environment
+    # until it first calls another tool (eval.rehearsal, "Real reads"); empty: purely imagined
+    real_reads: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if isinstance(self.real_reads, str) or not all(isinstance(t, str) and t for t in self.real_reads):
+            raise ValueError(f"rehearsal.real_reads must be a tuple of tool names, got {self.real_reads!r}")
+        object.__setattr__(self, "real_reads", tuple(self.real_reads))
         choices = {
             "mode": REHEARSAL_MODES,
             "memory": MEMORY_KINDS,

@@ -40,13 +40,15 @@ def classify(imagined: str, real: str, real_error: bool) -> str:
 
 
 def replay_trace(task: Mapping[str, Any], trace, make_env: Callable[[Mapping[str, Any]], Any]) -> list[str]:
-    """The class of each step of one imagined episode (``eval.rehearsal.RehearsalTrace``), its calls replayed
-    in order on a fresh real world of ``task``."""
+    """The class of each imagined step of one imagined episode (``eval.rehearsal.RehearsalTrace``), its calls
+    replayed in order on a fresh real world of ``task``. Steps a real read answered (``StepTrace.real``) are
+    replayed too, to keep the world in step, but not classed: nothing was imagined there."""
     env = make_env(task)
     out = []
     for step in trace.steps:
         real = env.execute(step.name, step.arguments if isinstance(step.arguments, Mapping) else {})
-        out.append(classify(step.response, real.content, real.error))
+        if not getattr(step, "real", False):
+            out.append(classify(step.response, real.content, real.error))
     return out
 
 

@@ -51,6 +51,16 @@ falls back to the template. The memory is placed once, in the committed episode'
 (``placement="system"``: appended to the system prompt; ``"note"``: an extra system message before the
 first user message), so every later ACT prompt is the same incremental continuation as without it.
 
+Real reads (``real_reads``, opt-in; empty by default, and then nothing above changes). REHEARSE cannot know
+the world's state: it guesses a balance, and every outcome that depends on the guess is a coin flip, which
+the memory then passes on (docs/results.md, "Why test-time rehearsal does not help"). ``real_reads`` names
+tools that change nothing (a balance or a record looked up); an imagined episode's calls of those tools, made
+before it first calls any other tool, run against its own fresh copy of the real environment
+(``make_env(record)``, never the committed run's), so the rehearsal starts from the world as it is. From its
+first call of another tool on, the world is the rehearsal's own and REHEARSE answers everything. Steps
+answered for real are marked (``StepTrace.real``) and left out of the fidelity counts. This is no longer a
+purely private rehearsal: it reads the real world, as the committed run would at its first step.
+
 Budget knobs: ``n``, ``max_tokens_per_rehearsal`` (generated tokens of one imagined episode, ACT +
 REHEARSE; each generation is capped at it and an episode that reaches it is ended as
 ``length_budget`` after the step that crossed it), ``max_memory_chars``. Extra tokens spent (prompt
@@ -96,19 +106,55 @@ def advance_judge(episodes: Sequence[Episode]) -> list[_Advance]:
     return [_Advance() for _ in episodes]
 
 
-class ImaginedEngine(RolloutEngine):
-    """A rollout engine that cannot reach a real tool (see the module doc)."""
+REAL_READ_KEY = "real_read"  # marks a tool message a real read answered (module doc, "Real reads")
 
-    def __init__(self, cfg: RolloutConfig, codec, policy, judge=advance_judge, *, simulator=None, on_step=None):
+
+class ImaginedEngine(RolloutEngine):
+    """A rollout engine whose tool calls REHEARSE (or the simulator) answers; the only real tool it can reach
+    is a ``real_reads`` tool, on a fresh environment of the episode's own (see the module doc)."""
+
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        codec,
+        policy,
+        judge=advance_judge,
+        *,
+        simulator=None,
+        on_step=None,
+        real_reads: Sequence[str] = (),
+        make_env: Callable[[dict], Any] | None = None,
+    ):
         if cfg.mode not in ("rehearsal", "simulator"):
             raise ValueError(f"imagined episodes need rollout.mode 'rehearsal' or 'simulator', got {cfg.mode!r}")
+        if real_reads and make_env is None:
+            raise ValueError("real_reads needs make_env(record), the environment the reads run against")
         super().__init__(cfg, codec, policy, judge, simulator=simulator, make_env=None, on_step=on_step)
+        self.real_reads, self._make_read_env = frozenset(real_reads), make_env
+        self._read_envs: dict[int, Any] = {}  # episode id -> its own environment, until it imagines a change
 
     def start(self, records, uids=None):
         episodes = super().start(records, uids)
         for e in episodes:
             e.env = NoToolEnvironment(e.record.get("tools", []))
+            if self.real_reads:
+                self._read_envs[e.episode_id] = self._make_read_env(e.record)
         return episodes
+
+    def _after_act(self, e: Episode) -> None:
+        if e.state != State.AWAIT_SIMULATOR or e.episode_id not in self._read_envs:
+            return
+        names = [name for _, name, _ in e.pending_calls]
+        if not all(n in self.real_reads for n in names):
+            del self._read_envs[e.episode_id]  # it imagines a change: from here on the world is its own
+            return
+        env = self._read_envs[e.episode_id]
+        n_before = len(e.messages)
+        for _, name, args in e.pending_calls:
+            e.pending_results.append(env.execute(name, args).content)
+        self._close_tool_turn(e)
+        for m in e.messages[n_before:]:
+            m[REAL_READ_KEY] = True
 
     def _answer_real(self, e: Episode) -> None:
         raise RuntimeError(f"episode {e.uid!r}: a real tool was reached during private rehearsal")
@@ -156,6 +202,7 @@ class StepTrace:
     response: str
     error: bool
     problem: str | None = None  # why the tool schema rejects the call (None: it matches)
+    real: bool = False  # answered by a real read (``real_reads``), not imagined
 
 
 @dataclasses.dataclass
@@ -183,15 +230,11 @@ def trace_of(ep: Episode, index: int, start: int) -> RehearsalTrace:
             calls = m.get("tool_calls") or []
             if not calls:
                 final = strip_think(m.get("content") or "").strip()
-            answers = {
-                t.get("tool_call_id"): t.get("content", "")
-                for t in msgs[i + 1 : i + 1 + len(calls)]
-                if t.get("role") == "tool"
-            }
+            answers = {t.get("tool_call_id"): t for t in msgs[i + 1 : i + 1 + len(calls)] if t.get("role") == "tool"}
             for c in calls:
                 fn = c["function"]
                 if c["id"] in answers:
-                    resp = answers[c["id"]]
+                    resp = answers[c["id"]].get("content", "")
                     steps.append(
                         StepTrace(
                             turn,
@@ -200,6 +243,7 @@ def trace_of(ep: Episode, index: int, start: int) -> RehearsalTrace:
                             resp,
                             is_failed_result(resp),
                             call_problem(fn["name"], fn["arguments"], tools),
+                            bool(answers[c["id"]].get(REAL_READ_KEY)),
                         )
                     )
         elif m.get("role") == "tool" and m.get("name") == "error_tool_call" and "tool_call_id" not in m:
@@ -400,10 +444,19 @@ class TestTimeRehearsal:
                 bar.on_step(step, episodes)
 
         engine = ImaginedEngine(
-            cfg, self.codec, self.policy, self.imagined_judge, simulator=self.simulator, on_step=on_step
+            cfg,
+            self.codec,
+            self.policy,
+            self.imagined_judge,
+            simulator=self.simulator,
+            on_step=on_step,
+            real_reads=self.cfg.real_reads,
+            make_env=self.make_env if self.cfg.real_reads else None,
         )
         self.imagined_engines.append(engine)
         with progress.stage(what) if self.stage_lines else contextlib.nullcontext(), bar or contextlib.nullcontext():
+            if bar is not None:
+                bar.start()  # shown from the round's start, so its rate counts the round
             episodes = engine.run(records, uids)
             if bar is not None:
                 bar.on_step(-1, episodes)  # episodes cut at the step cap end after the engine's last hook
@@ -494,7 +547,14 @@ def rehearsal_record(t: TaskRehearsal) -> dict[str, Any]:
         "rehearsals": [
             {
                 "steps": [
-                    {"name": s.name, "arguments": s.arguments, "response": s.response, "error": s.error}
+                    {
+                        "name": s.name,
+                        "arguments": s.arguments,
+                        "response": s.response,
+                        "error": s.error,
+                        "problem": s.problem,
+                        "real": s.real,
+                    }
                     for s in tr.steps
                 ],
                 "final_answer": tr.final_answer,

@@ -226,8 +226,7 @@ class RolloutEngine:
 
         for e, req, out in zip(act_eps, act_reqs, act_outs):
             self._on_act(e, req, out)
-            if cfg.mode == "real" and e.state == State.AWAIT_SIMULATOR:
-                self._answer_real(e)
+            self._after_act(e)
         for e, req, out in zip(sim_slots, sim_reqs, sim_outs):
             if e.state == State.AWAIT_SIMULATOR:  # an earlier sibling's cache_full may have ended it
                 self._on_rehearse(e, req, out)
@@ -339,8 +338,7 @@ class RolloutEngine:
         for req, out in got:
             if req.role == ACT:
                 self._on_act(e, req, out)
-                if self.cfg.mode == "real" and e.state == State.AWAIT_SIMULATOR:
-                    self._answer_real(e)
+                self._after_act(e)
             elif e.state == State.AWAIT_SIMULATOR:  # an earlier sibling's cache_full may have ended it
                 self._on_rehearse(e, req, out)
         if (
@@ -421,6 +419,12 @@ class RolloutEngine:
         )
         result, error = self.codec.parse_simulator_output(text)
         e.pending_results.append(json.dumps(error, ensure_ascii=False) if error is not None else result)
+
+    def _after_act(self, e: Episode) -> None:
+        """After an ACT turn: in mode ``real`` the calls it made run against the episode's environment now
+        (the other modes leave them to REHEARSE or the simulator at the next micro-step)."""
+        if self.cfg.mode == "real" and e.state == State.AWAIT_SIMULATOR:
+            self._answer_real(e)
 
     def _answer_real(self, e: Episode) -> None:
         for _, name, args in e.pending_calls[len(e.pending_results) :]:

@@ -19,7 +19,7 @@ from envace_jax.eval.results import mean_ci
 from envace_jax.rl.judges import RuleJudge
 from envace_jax.rl.reward import ChecklistTurnJudge
 from envace_jax.rl.rollout import RoleSampling, RolloutConfig
-from envace_jax.rl.types import ACT, REHEARSE
+from envace_jax.rl.types import ACT, REHEARSE, State
 from tests.helpers_rollout import ScriptedClient, codec
 
 ROLLOUT = RolloutConfig(
@@ -167,6 +167,61 @@ def test_imagined_engine_refuses_real_mode_and_real_answers():
         engine._answer_real(ep)
     with pytest.raises(RuntimeError, match="no real tool may run"):
         ep.env.execute("get_balance", {"account": "ana"})
+
+
+# ----------------------------------------------------------------------------- real reads (opt-in)
+
+
+def test_real_reads_run_on_a_copy_of_the_world_and_are_not_counted_as_imagined():
+    """With ``real_reads``, a rehearsal's get_balance runs in a fresh real world of the task (logged in the
+    rehearsal phase), REHEARSE plays no part in it, the step is marked real and the fidelity split leaves it out;
+    the committed run still gets its own world."""
+    from envace_jax.eval.imagined_fidelity import replay_trace
+
+    tasks = balance_tasks(2)
+    cfg = R.RehearsalConfig(n=2, mode="parallel", real_reads=("get_balance",))
+    runner, client = make_runner(cfg)
+    RecordingEnv.phase[0] = "rehearsal"
+    reh = runner.rehearse(tasks)
+    # the script's first call is the Capitalised account: the real world does not know it
+    assert [(p, n) for p, n, _ in RecordingEnv.log] == [("rehearsal", "get_balance")] * 4
+    for t, o in zip(tasks, reh):
+        for e, tr in zip(o.imagined, o.traces):
+            assert not any(g.role == REHEARSE for g in e.generations)
+            (step,) = tr.steps
+            real = make_env(t).execute(step.name, step.arguments)
+            assert step.real and step.error and step.response == real.content
+            assert replay_trace(t, tr, make_env) == []  # nothing was imagined
+    # without real reads the same rehearsals are REHEARSE's, and the steps are not marked
+    plain, _ = make_runner(R.RehearsalConfig(n=2, mode="parallel"))
+    for o in plain.rehearse(tasks):
+        assert all(not s.real for tr in o.traces for s in tr.steps)
+        assert all(any(g.role == REHEARSE for g in e.generations) for e in o.imagined)
+
+
+def test_real_reads_stop_at_the_first_call_of_another_tool():
+    c = codec()
+    with pytest.raises(ValueError, match="real_reads needs make_env"):
+        R.ImaginedEngine(ROLLOUT, c, ScriptedClient(c), real_reads=("get_balance",))
+    with pytest.raises(ValueError, match="real_reads must be a tuple of tool names"):
+        R.RehearsalConfig(real_reads="get_balance")
+    engine = R.ImaginedEngine(ROLLOUT, c, ScriptedClient(c), real_reads=("get_balance",), make_env=make_env)
+    task = R.imagined_record(balance_tasks(1)[0], R.RehearsalConfig(n=1))
+    read, write = engine.start([task, task])
+    account = next(iter(make_env(task).accounts))
+    # a read first: answered for real now, the episode back to ACT, the tool message marked
+    read.state, read.pending_calls = State.AWAIT_SIMULATOR, [("c0", "get_balance", {"account": account})]
+    engine._after_act(read)
+    assert read.state == State.AWAIT_CALLER and read.messages[-1][R.REAL_READ_KEY]
+    assert json.loads(read.messages[-1]["content"])["balance"] == make_env(task).accounts[account]
+    # a transfer first: left to REHEARSE, and from then on reads are imagined too
+    write.state = State.AWAIT_SIMULATOR
+    write.pending_calls = [("c0", "transfer", {"from_account": account, "to_account": account, "amount": 1})]
+    engine._after_act(write)
+    assert write.state == State.AWAIT_SIMULATOR and write.pending_results == []
+    write.pending_calls = [("c1", "get_balance", {"account": account})]
+    engine._after_act(write)
+    assert write.state == State.AWAIT_SIMULATOR and write.pending_results == []
 
 
 def test_imagined_record_hides_the_answer_key_by_default():
