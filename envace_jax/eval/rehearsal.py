@@ -3,8 +3,8 @@
 Before the ONE committed execution of a task, the policy plays N imagined episodes in which REHEARSE
 answers every tool call (``rollout.mode="rehearsal"``, or ``"simulator"`` with a separate simulator
 client). No real tool is reachable from an imagined episode: ``ImaginedEngine`` refuses the ``real``
-mode, never receives ``make_env``, gives every episode a ``NoToolEnvironment`` (which raises on any
-call) and raises if the real-tool path is ever entered.
+mode, gives every episode a ``NoToolEnvironment`` (which raises on any call) and raises if the real-tool
+path is ever entered; it receives ``make_env`` only for the opt-in real reads below.
 
 Modes. ``parallel``: the N rehearsals of every task are independent and run as ONE batched engine run
 (N x tasks episodes). ``sequential``: rehearsal k runs with the memory of rehearsals 0..k-1 in its
