@@ -53,7 +53,8 @@ first user message), so every later ACT prompt is the same incremental continuat
 
 Real reads (``real_reads``, opt-in; empty by default, and then nothing above changes). REHEARSE cannot know
 the world's state: it guesses a balance, and every outcome that depends on the guess is a coin flip, which
-the memory then passes on (docs/results.md, "Why test-time rehearsal does not help"). ``real_reads`` names
+the memory then passes on (docs/results.md, "Test-time rehearsal checked on fresh test tasks and a second
+seed"). ``real_reads`` names
 tools that change nothing (a balance or a record looked up); an imagined episode's calls of those tools, made
 before it first calls any other tool, run against its own fresh copy of the real environment
 (``make_env(record)``, never the committed run's), so the rehearsal starts from the world as it is. From its
