@@ -149,11 +149,8 @@ class ImaginedEngine(RolloutEngine):
         if not all(n in self.real_reads for n in names):
             del self._read_envs[e.episode_id]  # it imagines a change: from here on the world is its own
             return
-        env = self._read_envs[e.episode_id]
         n_before = len(e.messages)
-        for _, name, args in e.pending_calls:
-            e.pending_results.append(env.execute(name, args).content)
-        self._close_tool_turn(e)
+        self._answer_from(e, self._read_envs[e.episode_id])
         for m in e.messages[n_before:]:
             m[REAL_READ_KEY] = True
 

@@ -427,8 +427,12 @@ class RolloutEngine:
             self._answer_real(e)
 
     def _answer_real(self, e: Episode) -> None:
+        self._answer_from(e, e.env)
+
+    def _answer_from(self, e: Episode, env) -> None:
+        """Runs ``e``'s pending calls on ``env`` (a ``ToolEnvironment``) and closes the tool turn."""
         for _, name, args in e.pending_calls[len(e.pending_results) :]:
-            res = e.env.execute(name, args)
+            res = env.execute(name, args)
             if not isinstance(getattr(res, "content", None), str):
                 raise TypeError(
                     f"episode {e.episode_id}: environment returned {type(res).__name__} for "
