@@ -536,31 +536,14 @@ class TestTimeRehearsal:
 
 
 def rehearsal_record(t: TaskRehearsal) -> dict[str, Any]:
-    """One task's rehearsals as a JSON-ready record: the memory placed ("" when none) and, per imagined
-    episode, each call with the imagined response, whether it failed, and how the episode ended."""
+    """One task's rehearsals as a JSON-ready record: the memory placed ("" when none) and every trace whole
+    (``RehearsalTrace`` and its ``StepTrace`` fields: each call with the imagined response, whether it failed
+    and why the schema rejects it, whether a real read answered it, and how the episode ended)."""
     return {
         "uid": t.uid,
         "memory_placed": bool(t.memory),
         "memory": t.memory,
-        "rehearsals": [
-            {
-                "steps": [
-                    {
-                        "name": s.name,
-                        "arguments": s.arguments,
-                        "response": s.response,
-                        "error": s.error,
-                        "problem": s.problem,
-                        "real": s.real,
-                    }
-                    for s in tr.steps
-                ],
-                "final_answer": tr.final_answer,
-                "termination": tr.termination,
-                "malformed_call": tr.malformed_call,
-            }
-            for tr in t.traces
-        ],
+        "rehearsals": [dataclasses.asdict(tr) for tr in t.traces],
     }
 
 

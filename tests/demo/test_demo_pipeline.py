@@ -257,16 +257,9 @@ def test_exported_model_runs_the_rehearsal_sweep(reduced_run):
     assert [r["uid"] for r in recs] == uids and all(r["memory_placed"] and r["memory"] for r in recs)
     for r in recs:  # the records hold all the memory was built from: rebuilt from them, it is the same text
         traces = [
-            R.RehearsalTrace(
-                k,
-                [R.StepTrace(0, **st) for st in reh["steps"]],
-                reh["final_answer"],
-                reh["termination"],
-                reh["malformed_call"],
-            )
-            for k, reh in enumerate(r["rehearsals"], 1)
+            R.RehearsalTrace(**dict(reh, steps=[R.StepTrace(**st) for st in reh["steps"]])) for reh in r["rehearsals"]
         ]
-        assert len(traces) == 2
+        assert [tr.index for tr in traces] == [1, 2]
         assert R.build_template_memory(traces, cfg.rehearsal_max_memory_chars) == r["memory"]
     assert not (sub / "eval_n0_rehearsals.jsonl").exists()
     assert "Cost and fidelity per setting" in (sub / "rehearsal_sweep.md").read_text()
