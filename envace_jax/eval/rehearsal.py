@@ -78,10 +78,10 @@ from typing import Any, Callable, Mapping, Sequence
 from envace_jax.chat.call_schema import call_problem
 from envace_jax.chat.simulator import is_failed_result
 from envace_jax.chat.tool_parser import split_assistant_text, strip_think
-from envace_jax.envs.base import NoToolEnvironment
 from envace_jax.eval import progress
 from envace_jax.eval.config import MEMORY_GATES, MEMORY_KINDS, PLACEMENTS, RehearsalConfig  # noqa: F401 (re-exported)
 from envace_jax.eval.config import REHEARSAL_MODES as MODES
+from envace_jax.eval.imagined_engine import REAL_READ_KEY, ImaginedEngine, advance_judge
 from envace_jax.eval.results import is_success, mean_ci, wilson_ci
 from envace_jax.rl.policy_client import GenRequest
 from envace_jax.rl.rollout import RolloutConfig, RolloutEngine
@@ -92,70 +92,6 @@ _RESPONSE_CHARS = 160
 
 
 # ----------------------------------------------------------------------------- imagined episodes
-
-
-class _Advance:
-    """Verdict of the imagined turn judge: no reward, never terminates (the engine moves on)."""
-
-    turn_reward = 0.0
-    terminate = False
-    api_failed_count = 0
-    required_failed = False
-
-
-def advance_judge(episodes: Sequence[Episode]) -> list[_Advance]:
-    return [_Advance() for _ in episodes]
-
-
-REAL_READ_KEY = "real_read"  # marks a tool message a real read answered (module doc, "Real reads")
-
-
-class ImaginedEngine(RolloutEngine):
-    """A rollout engine whose tool calls REHEARSE (or the simulator) answers; the only real tool it can reach
-    is a ``real_reads`` tool, on a fresh environment of the episode's own (see the module doc)."""
-
-    def __init__(
-        self,
-        cfg: RolloutConfig,
-        codec,
-        policy,
-        judge=advance_judge,
-        *,
-        simulator=None,
-        on_step=None,
-        real_reads: Sequence[str] = (),
-        make_env: Callable[[dict], Any] | None = None,
-    ):
-        if cfg.mode not in ("rehearsal", "simulator"):
-            raise ValueError(f"imagined episodes need rollout.mode 'rehearsal' or 'simulator', got {cfg.mode!r}")
-        if real_reads and make_env is None:
-            raise ValueError("real_reads needs make_env(record), the environment the reads run against")
-        super().__init__(cfg, codec, policy, judge, simulator=simulator, make_env=None, on_step=on_step)
-        self.real_reads, self._make_read_env = frozenset(real_reads), make_env
-        self._read_envs: dict[int, Any] = {}  # episode id -> its own environment, until it imagines a change
-
-    def start(self, records, uids=None):
-        episodes = super().start(records, uids)
-        for e in episodes:
-            e.env = NoToolEnvironment(e.record.get("tools", []))
-            if self.real_reads:
-                self._read_envs[e.episode_id] = self._make_read_env(e.record)
-        return episodes
-
-    def _after_act(self, e: Episode) -> None:
-        if e.state != State.AWAIT_SIMULATOR or e.episode_id not in self._read_envs:
-            return
-        names = [name for _, name, _ in e.pending_calls]
-        if not all(n in self.real_reads for n in names):
-            del self._read_envs[e.episode_id]  # it imagines a change: from here on the world is its own
-            return
-        n_before = len(e.messages)
-        self._answer_from(e, self._read_envs[e.episode_id])
-        for m in e.messages[n_before:]:
-            m[REAL_READ_KEY] = True
-
-    def _answer_real(self, e: Episode) -> None:
-        raise RuntimeError(f"episode {e.uid!r}: a real tool was reached during private rehearsal")
 
 
 def imagined_record(record: Mapping[str, Any], cfg: RehearsalConfig, memory: str = "") -> dict[str, Any]:
