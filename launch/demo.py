@@ -86,6 +86,12 @@ _SWEEP = flags.DEFINE_bool(
 _SWEEP_TASKS = flags.DEFINE_integer("sweep_tasks", 0, "tasks for --rehearsal_sweep (0: the whole split)")
 _SWEEP_NS = flags.DEFINE_list("sweep_ns", ["0", "1", "2"], "numbers of rehearsals for --rehearsal_sweep")
 _SWEEP_MODES = flags.DEFINE_list("sweep_modes", ["parallel", "sequential"], "modes for --rehearsal_sweep")
+_OUTCOMES = flags.DEFINE_string(
+    "rehearsal_outcomes",
+    "",
+    "after --rehearsal_sweep: per tool, what the rehearsals of this arm (n1, n2, n2_sequential...) predicted against "
+    "what the tools did, from its eval_<arm>_rehearsals.jsonl (no model runs)",
+)
 _LEVERAGE = flags.DEFINE_bool(
     "leverage", False, "greedy success and pass@1/4/16 of the RL start per branch kind and task type (leverage.md)"
 )
@@ -127,6 +133,15 @@ def main(argv) -> int:
         out = run_rehearsal_table(cfg, run_dir, ns=ns, modes=modes, num_tasks=_SWEEP_TASKS.value or None)
         print(out["markdown"])
         print(f"wrote {os.path.join(out['dir'], 'rehearsal_sweep.md')}")
+        return 0
+    if _OUTCOMES.value:
+        from envace_jax.demo.rehearsal_table import outcomes_of_records
+
+        try:
+            print(outcomes_of_records(cfg, run_dir, _OUTCOMES.value)["markdown"])
+        except (FileNotFoundError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return 0
     if _LEVERAGE.value:
         table = pipeline.run_leverage(cfg, run_dir, progress=progress)

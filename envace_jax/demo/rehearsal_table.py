@@ -146,6 +146,7 @@ def run_rehearsal_table(
     markdown = (
         result.to_markdown()
         + f"\nCost and fidelity per setting:\n\n{cost_table(result.rows, len(tasks))}"
+        + outcome_tables(result.rows)
         + (f"\nPaired against N = 0 on the same tasks (A - B):\n\n{paired_text}\n" if paired_text else "")
     )
     with open(os.path.join(out_dir, "rehearsal_sweep.md"), "w", encoding="utf-8") as f:
@@ -167,10 +168,57 @@ def write_rehearsals(out_dir: str, arm: str, run) -> str:
     return path
 
 
+def outcomes_of_records(cfg: DemoConfig, run_dir: str, arm: str) -> dict[str, Any]:
+    """What the rehearsals of a finished sweep's arm (``n1``, ``n2``, ``n2_sequential``...) predicted against what the
+    tools did, recomputed from its ``eval_<arm>_rehearsals.jsonl`` (no model runs): ``fidelity_split``'s
+    counts and their markdown tables. ``cfg`` must be the sweep's (its seed, task family and split give the
+    tasks the records name)."""
+    from envace_jax.eval.rehearsal import RehearsalRun, rehearsal_from_record
+
+    path = os.path.join(sweep_dir(cfg, run_dir), f"eval_{arm}_rehearsals.jsonl")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no rehearsal records of arm {arm!r} (run --rehearsal_sweep first)")
+    with open(path, encoding="utf-8") as f:
+        rehearsals = [rehearsal_from_record(json.loads(line)) for line in f if line.strip()]
+    tasks = {str(t["uid"]): t for t in demo_data.held_out_tasks(cfg, cfg.eval_split)}
+    missing = [r.uid for r in rehearsals if r.uid not in tasks]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} of the {len(rehearsals)} tasks in {path} are not in the {cfg.eval_split} split of this "
+            f"config (first: {missing[0]}): pass the sweep's own --config settings (seed, task family, task count)"
+        )
+    run = RehearsalRun(demo_rehearsal_config(cfg, n=0), [], rehearsals)
+    fid = imagined_fidelity.fidelity_split(run, [tasks[r.uid] for r in rehearsals], demo_data.make_real_env)
+    used = " / ".join(str(fid["used"][k]) for k in imagined_fidelity.KINDS)
+    markdown = (
+        f"# What the rehearsals of {arm} predicted against what the tools did ({len(rehearsals)} tasks, memory "
+        f"placed in {fid['tasks_used']})\n\nImagined steps of the placed memories: exact / same outcome / wrong "
+        f"outcome {used}.\n\n"
+        + imagined_fidelity.outcome_table(fid["by_tool"])
+        + "\nThe most frequent failures among them, imagined or real (names and numbers masked):\n\n"
+        + imagined_fidelity.reason_table(fid["reasons"], top=15)
+    )
+    return {"fidelity": fid, "markdown": markdown}
+
+
 def sweep_dir(cfg: DemoConfig, run_dir: str) -> str:
     """Where ``run_rehearsal_table`` writes: the run directory for the default tasks, else its
     ``rehearsal_<family>`` subdirectory."""
     return run_dir if cfg.task_family == "default" else os.path.join(run_dir, f"rehearsal_{cfg.task_family}")
+
+
+def outcome_tables(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Per setting with rehearsals, what the imagined steps of the placed memories predicted (success or
+    refusal) against what each tool did when the same calls were replayed on the real world."""
+    parts = [
+        f"\nPredicted against real, imagined steps of the placed memories ({r['mode']}, N = {r['n']}):\n\n"
+        + imagined_fidelity.outcome_table(r["fidelity"]["by_tool"])
+        + "\nThe most frequent failures among them, imagined or real (names and numbers masked):\n\n"
+        + imagined_fidelity.reason_table(r["fidelity"]["reasons"])
+        for r in rows
+        if r.get("fidelity") and r["fidelity"].get("by_tool")
+    ]
+    return "".join(parts)
 
 
 def cost_table(rows: Sequence[Mapping[str, Any]], num_tasks: int) -> str:

@@ -483,6 +483,17 @@ def rehearsal_record(t: TaskRehearsal) -> dict[str, Any]:
     }
 
 
+def rehearsal_from_record(record: Mapping[str, Any]) -> TaskRehearsal:
+    """The ``TaskRehearsal`` a ``rehearsal_record`` was written from (its memory and traces; the token counts
+    and imagined episodes are not in the record). Records written before the traces carried their ``index``
+    and each step its ``turn`` read them as the trace's position and 0."""
+    traces = []
+    for i, tr in enumerate(record["rehearsals"], start=1):
+        steps = [StepTrace(**{"turn": 0, **st}) for st in tr["steps"]]
+        traces.append(RehearsalTrace(**{"index": i, **tr, "steps": steps}))
+    return TaskRehearsal(str(record["uid"]), record["memory"] if record.get("memory_placed", True) else "", traces, [])
+
+
 # ----------------------------------------------------------------------------- sweep
 
 

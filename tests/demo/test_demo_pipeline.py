@@ -233,6 +233,7 @@ def test_exported_model_runs_the_rehearsal_sweep(reduced_run):
     assert all(fid["used"][k] <= fid["all"][k] for k in fid["all"])
     assert fid["tasks_used"] == round(out["rows"][1]["memory_placed"] * 3)
     # per-task outcomes of N = 0 and N = 1 on the same 3 tasks, and N = 1 paired against N = 0
+    from envace_jax.eval import imagined_fidelity as F
     from envace_jax.eval import paired
     from envace_jax.eval import rehearsal as R
 
@@ -263,6 +264,22 @@ def test_exported_model_runs_the_rehearsal_sweep(reduced_run):
         assert R.build_template_memory(traces, cfg.rehearsal_max_memory_chars) == r["memory"]
     assert not (sub / "eval_n0_rehearsals.jsonl").exists()
     assert "Cost and fidelity per setting" in (sub / "rehearsal_sweep.md").read_text()
+    # per tool, what the used steps predicted against the tools: as many steps as the used fidelity counts,
+    # and a table of them in the sweep's page when there are any
+    fid = out["rows"][1]["fidelity"]
+    assert sum(sum(c[k] for k in F.OUTCOMES) for c in fid["by_tool"].values()) == sum(fid["used"].values())
+    heading = "Predicted against real, imagined steps of the placed memories (parallel, N = 2)"
+    assert (heading in (sub / "rehearsal_sweep.md").read_text()) == bool(fid["by_tool"])
+    # recomputed offline from the arm's records, the same counts as the sweep's own
+    from envace_jax.demo.rehearsal_table import outcomes_of_records
+
+    again = outcomes_of_records(cfg.replace(test_tasks=2), str(run_dir), "n2")["fidelity"]
+    for key in ("used", "all", "tasks_used", "by_tool", "reasons"):
+        assert again[key] == fid[key], key
+    with pytest.raises(FileNotFoundError, match="n3"):
+        outcomes_of_records(cfg, str(run_dir), "n3")
+    with pytest.raises(ValueError, match="not in the test split"):
+        outcomes_of_records(cfg.replace(seed=cfg.seed + 1), str(run_dir), "n2")
 
 
 def test_sweep_cells_from_the_command_line(reduced_run, tmp_path):

@@ -52,3 +52,44 @@ def test_split_counts_used_rehearsals_apart_from_all():
     assert split["used"] == {"exact": 1, "same_outcome": 0, "wrong_outcome": 0}
     assert split["all"] == {"exact": 1, "same_outcome": 0, "wrong_outcome": 1}
     assert split["used_share"]["exact"] == 1.0 and split["tasks_used"] == 1
+
+
+def test_per_tool_outcomes_of_the_used_steps():
+    """Per tool, what each used imagined step predicted against what the replayed tool did (the four steps of
+    the first test, classed there by hand), and nothing from a rehearsal whose memory was not placed."""
+    four = _trace(
+        1,
+        _step("transfer", W60, '{"error": "over the limit"}'),  # refused, refused
+        _step("transfer", W40, '{"amount": 40, "fee": 2, "from": "ana", "status": "ok", "to": "ben"}'),  # exact
+        _step("get_balance", {"account": "ana"}, '{"account": "ana", "balance": 50}'),  # ok, ok (real: 6)
+        _step("transfer", {"from_account": "ana", "to_account": "ben", "amount": 5}, '{"status": "ok"}'),  # ok, refused
+    )
+    unused = _trace(1, _step("close_account", {"account": "ana"}, '{"error": "no such account"}'))
+    task2 = dict(TASK, uid="t2")
+    run = RehearsalRun(
+        RehearsalConfig(n=1), [], [TaskRehearsal("t1", "memory", [four], []), TaskRehearsal("t2", "", [unused], [])]
+    )
+    split = F.fidelity_split(run, [TASK, task2], make_env)
+    assert split["by_tool"] == {
+        "get_balance": {"ok->ok": 1, "ok->refused": 0, "refused->ok": 0, "refused->refused": 0, "exact": 0},
+        "transfer": {"ok->ok": 1, "ok->refused": 1, "refused->ok": 0, "refused->refused": 1, "exact": 1},
+    }
+    assert sum(sum(c[k] for k in F.OUTCOMES) for c in split["by_tool"].values()) == sum(split["used"].values())
+    # the steps where either side failed, by their masked reasons (most frequent first, then by name)
+    assert split["reasons"] == [
+        ["transfer", "ok", "insufficient funds in '…'; fee of # charged", 1],
+        ["transfer", "over the limit", "over the limit of #; fee of # charged", 1],
+    ]
+    assert F.reason_table(split["reasons"]).splitlines()[2] == (
+        "| transfer | ok | insufficient funds in '…'; fee of # charged | 1 |"
+    )
+    lines = F.outcome_table(split["by_tool"]).splitlines()
+    assert lines[2:] == ["| get_balance | 1 | 1 | 0 | 0 | 0 | 0 |", "| transfer | 3 | 1 | 1 | 0 | 1 | 1 |"]
+
+
+def test_reasons_mask_names_and_numbers_and_name_simulator_verdicts():
+    assert F.reason('{"amount": 3}', False) == "ok"
+    assert F.reason('{"error": "unknown account \'zed\' after 12.5 s"}', True) == "unknown account '…' after # s"
+    verdict = '{"error_tool_call": {"code": "SIMULATOR_FORMAT", "message": "no JSON"}}'
+    assert F.reason(verdict, True) == "error_tool_call: SIMULATOR_FORMAT"
+    assert F.reason("x" * 80, True) == "x" * 59 + "…"
