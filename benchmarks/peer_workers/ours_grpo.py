@@ -6,6 +6,12 @@ sampled ids, ``rl.advantages.role_wise_advantages`` (GRPO: group mean baseline, 
 std), ``rl.batch.build_batch`` and one ``rl.trainer.Trainer.update`` (AdamW through ``rl.optim``, the
 clipped policy loss, old log-probs taken from the update's own pass since there is one optimizer step
 per batch). No KL term and no dual clip, as in the peers' configuration.
+
+Rows are padded as the peers pad them, to their own length (every completion runs to ``new_tokens``): the
+batch's bucket is a multiple of ``LENGTH_MULTIPLE`` = 16 tokens (``rl.length_multiple=16`` in a config).
+The library's default bucket of 64 would pad the benchmark's 32 + 64 = 96-token rows to 128, a third more
+tokens through the update than either peer trains; it is there to keep the number of compiled shapes small
+when row lengths vary, which they do not here.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import time
 import peer_common as pc
 
 SPEC = pc.read_spec(pc.spec_path_from_argv())
+LENGTH_MULTIPLE = 16
 pc.limit_threads(int(SPEC["threads"]))
 
 import os  # noqa: E402  (after the thread limits)
@@ -70,7 +77,10 @@ def iteration(spec, sampler, trainer, it: int, clock: pc.IterationClock) -> floa
         Generation(ACT, p, list(t), list(lp), f"p{g}", i, 0, r, temperature=float(spec["temperature"]))
         for i, (p, t, lp, r, g) in enumerate(zip(prompts, out.tokens, out.logprobs, out.finish_reasons, group_ids))
     ]
-    batch = build_batch(gens, adv, group_ids, max_len=len(prompts[0]) + int(spec["new_tokens"]))
+    width = len(prompts[0]) + int(spec["new_tokens"])
+    batch = build_batch(gens, adv, group_ids, max_len=width, length_multiple=LENGTH_MULTIPLE)
+    if batch.tokens.shape[1] != -(-width // LENGTH_MULTIPLE) * LENGTH_MULTIPLE:
+        raise RuntimeError(f"ours: rows padded to {batch.tokens.shape[1]} tokens for {width}-token rows")
     trainer.update(batch, old_from_update=True)  # returns host floats: the step has finished
     return float(scores.mean())
 
