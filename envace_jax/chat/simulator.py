@@ -133,6 +133,10 @@ class SimulatorPromptOptions:
     few_shot: bool = True  # logged calls of the reference conversation (leaks future calls; see module doc)
     append_think: bool = True  # "\n\n/think" at the end of the user message (reference default)
     compact: bool = False  # shorter instruction and one-line sections, for tiny models
+    # the compact prompt's tool lines carry each tool's description too (the full prompt always does): the
+    # rules and the state a description states (a limit, a fee, the accounts that exist) are then in front of
+    # REHEARSE instead of only in what its training rows showed
+    tool_descriptions: bool = False
 
 
 _SYSTEM_FULL = """You act as a tool: you receive one tool call made by an AI assistant and you return exactly what \
@@ -259,9 +263,9 @@ def build_simulator_messages(
     examples = logged_tool_calls(reference_messages) if options.few_shot else []
     sections: list[str] = []
     if compact:
+        keys = ("name", "description", "parameters") if options.tool_descriptions else ("name", "parameters")
         tool_lines = "\n".join(
-            _dump({"name": _function(t).get("name"), "parameters": _function(t).get("parameters", {})}, True)
-            for t in tools
+            _dump({k: _function(t).get(k, {} if k == "parameters" else "") for k in keys}, True) for t in tools
         )
         sections.append(f"Tools:\n{tool_lines}")
         # Each logged call and the call to answer sit on lines of their own, written the same way,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import json
 import os
 from typing import Any, Mapping, Sequence
@@ -214,8 +215,11 @@ def write_and_read(splits: Mapping[str, Sequence[Mapping[str, Any]]], data_dir: 
 # ----------------------------------------------------------------------------- tokenizer and codec
 
 
-def make_codec(tok) -> Qwen3ChatCodec:
-    return Qwen3ChatCodec(tok, enable_thinking=False, simulator_thinking=False, simulator_options=SIM_OPTIONS)
+def make_codec(tok, tool_descriptions: bool = False) -> Qwen3ChatCodec:
+    """The demo's codec; ``tool_descriptions``: REHEARSE's compact prompt carries the tools' descriptions
+    (``SimulatorPromptOptions.tool_descriptions``; a base records it as ``rehearse_tool_descriptions``)."""
+    options = dataclasses.replace(SIM_OPTIONS, tool_descriptions=tool_descriptions)
+    return Qwen3ChatCodec(tok, enable_thinking=False, simulator_thinking=False, simulator_options=options)
 
 
 def build_tokenizer(tasks: Sequence[Mapping[str, Any]], out_dir: str, vocab_size: int, extra_texts: Sequence[str] = ()):

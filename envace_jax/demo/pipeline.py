@@ -56,7 +56,7 @@ class Demo:
                 # baseline and of RL's replay batches, and the tasks RL prompts must not repeat
                 self.base = pretrain.load_base(cfg.base_dir)
                 self.tok = self.base.tokenizer
-                self.codec = demo_data.make_codec(self.tok)
+                self.codec = demo_data.make_codec(self.tok, self.base.config.rehearse_tool_descriptions)
                 self.demos = self.base.demonstrations()
                 self.rows = self.base.corpus_rows(self.demos, self.codec)
                 corpus_uids = self.base.corpus_uids(self.rows, self.demos)

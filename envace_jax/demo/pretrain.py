@@ -133,6 +133,9 @@ class PretrainConfig:
     memory_share: float = 0.25  # of the ACT rows of a batch
     memory_tasks: int = 1024  # demonstrations whose memories are built
     memory_max_chars: int = 600
+    # ---- REHEARSE's prompt: the compact one with the tools' descriptions (``demo.data.make_codec``); a demo run
+    # from this base uses the same prompt
+    rehearse_tool_descriptions: bool = False
     memory_temperature: float = 0.6  # sampling of the imagined episodes (as the demo's test-time table)
     # ---- bookkeeping
     eval_every: int = 1000  # validation curve (0: only at the end)
@@ -637,7 +640,7 @@ def run_pretrain(
     demo_cfg = _demo_cfg(cfg)
     demos = demonstrations(cfg)
     tok, model, base = init_model(cfg, out_dir, demos)
-    codec = demo_data.make_codec(tok)
+    codec = demo_data.make_codec(tok, cfg.rehearse_tool_descriptions)
     rows = corpus_rows(cfg, demos, codec)
     wire_act, wire_reh = wire_rows(cfg, codec, episode0=len(demos) + cfg.world_model_rows)
     groups: dict[str, list[Generation]] = {

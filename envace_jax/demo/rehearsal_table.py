@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from envace_jax.demo import arms
 from envace_jax.demo import data as demo_data
-from envace_jax.demo import stages
+from envace_jax.demo import pretrain, stages
 from envace_jax.demo.config import DemoConfig
 from envace_jax.eval import imagined_fidelity, paired
 
@@ -89,7 +89,9 @@ def run_rehearsal_table(
     for path, what in ((model_dir, "the exported demo model (run `make demo` first)"), (tok_dir, "the demo tokenizer")):
         if not os.path.isdir(path):
             raise FileNotFoundError(f"{path}: missing {what}")
-    codec = demo_data.make_codec(load_tokenizer(tok_dir))
+    # REHEARSE's prompt is the one the run's base was trained with
+    described = cfg.from_base and pretrain.load_base(cfg.base_dir).config.rehearse_tool_descriptions
+    codec = demo_data.make_codec(load_tokenizer(tok_dir), described)
     model = hf_io.load_hf(model_dir)
     # Another task family than the default writes everything (its data, per-task outcomes, tables) under
     # RUN_DIR/rehearsal_<family>/, so the run's own files (of the tasks it was evaluated on) stay as they are.

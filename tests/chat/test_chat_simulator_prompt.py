@@ -187,3 +187,29 @@ def test_codec_renders_simulator_prompt_through_the_template(thinking):
     assert decoded.startswith("<|im_start|>system\nYou act as a tool")
     assert decoded.endswith("<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n"))
     assert "# Tools" not in decoded  # the candidate tools live in the user message, not a tools block
+
+
+def test_compact_prompt_carries_tool_descriptions_only_when_asked():
+    """The compact tool lines are name + parameters; with ``tool_descriptions`` each carries its tool's
+    description as written in the schema, before the parameters (the full prompt always has them)."""
+    import json
+
+    from envace_jax.chat.simulator import _function
+
+    _, plain = build(SimulatorPromptOptions(compact=True))
+    _, described = build(SimulatorPromptOptions(compact=True, tool_descriptions=True))
+    descriptions = [_function(t)["description"] for t in TOOLS]
+    assert descriptions and all(d not in plain["content"] for d in descriptions)
+    lines = described["content"].split("Tools:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {
+            "name": _function(t)["name"],
+            "description": _function(t)["description"],
+            "parameters": _function(t)["parameters"],
+        }
+        for t in TOOLS
+    ]
+    # the rest of the prompt is the same
+    assert described["content"].split("\n\nLogged calls:", 1)[1] == plain["content"].split("\n\nLogged calls:", 1)[1]
+    _, full = build(SimulatorPromptOptions(tool_descriptions=True))
+    assert full == build()[1]

@@ -140,3 +140,20 @@ def test_sft_batches_give_each_role_half_of_every_batch(tasks, codec):
     assert len(set(seen_act[:n_act])) == n_act
     only = sft_batches([r for r in rows if r.role == REHEARSE], 8, seed=1)
     assert all(r.role == REHEARSE for r in next(only))
+
+
+def test_rehearse_rows_carry_the_tool_descriptions_when_the_codec_asks(tasks, codec):
+    """``make_codec(tok, tool_descriptions=True)`` (a base's ``rehearse_tool_descriptions``): every REHEARSE
+    prompt shows each tool's description; the default codec's prompts show none, and the targets are the same."""
+    described = demo_data.make_codec(codec.renderer.tokenizer, tool_descriptions=True)
+    task = next(t for t in tasks if demo_data.rehearse_rows(t, codec))
+    plain_rows, desc_rows = demo_data.rehearse_rows(task, codec), demo_data.rehearse_rows(task, described)
+    assert len(plain_rows) == len(desc_rows) and [r.gen_ids for r in plain_rows] == [r.gen_ids for r in desc_rows]
+    descriptions = [t["function"]["description"] for t in task["tools"]]
+    for p, d in zip(plain_rows, desc_rows):
+        plain_text, desc_text = (
+            codec.renderer.tokenizer.decode(p.prompt_ids),
+            codec.renderer.tokenizer.decode(d.prompt_ids),
+        )
+        assert not any(x in plain_text for x in descriptions)
+        assert all(json.dumps(x)[1:-1] in desc_text for x in descriptions), desc_text[:400]
