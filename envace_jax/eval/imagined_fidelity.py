@@ -61,8 +61,8 @@ def classify(imagined: str, real: str, real_error: bool) -> str:
 
 
 def reason(text: str, failed: bool) -> str:
-    """ "ok" for a success; for a failure, its message with quoted names and numbers masked, so that the same
-    rule broken on other accounts or amounts reads the same ("insufficient funds in '…'; fee of # charged")."""
+    """Why a response failed: its message with quoted names and numbers masked, so that the same rule broken on
+    other accounts or amounts reads the same ("insufficient funds in '…'; fee of # charged"); "ok" for a success."""
     if not failed:
         return "ok"
     payload = _payload(text)
