@@ -195,10 +195,7 @@ def outcomes_of_records(cfg: DemoConfig, run_dir: str, arm: str) -> dict[str, An
     markdown = (
         f"# What the rehearsals of {arm} predicted against what the tools did ({len(rehearsals)} tasks, memory "
         f"placed in {fid['tasks_used']})\n\nImagined steps of the placed memories: exact / same outcome / wrong "
-        f"outcome {used}.\n\n"
-        + imagined_fidelity.outcome_table(fid["by_tool"])
-        + "\nThe most frequent failures among them, imagined or real (names and numbers masked):\n\n"
-        + imagined_fidelity.reason_table(fid["reasons"], top=15)
+        f"outcome {used}.\n\n" + imagined_fidelity.outcome_section(fid, top=15)
     )
     return {"fidelity": fid, "markdown": markdown}
 
@@ -214,9 +211,7 @@ def outcome_tables(rows: Sequence[Mapping[str, Any]]) -> str:
     refusal) against what each tool did when the same calls were replayed on the real world."""
     parts = [
         f"\nPredicted against real, imagined steps of the placed memories ({r['mode']}, N = {r['n']}):\n\n"
-        + imagined_fidelity.outcome_table(r["fidelity"]["by_tool"])
-        + "\nThe most frequent failures among them, imagined or real (names and numbers masked):\n\n"
-        + imagined_fidelity.reason_table(r["fidelity"]["reasons"])
+        + imagined_fidelity.outcome_section(r["fidelity"])
         for r in rows
         if r.get("fidelity") and r["fidelity"].get("by_tool")
     ]

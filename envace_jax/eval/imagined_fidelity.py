@@ -148,6 +148,15 @@ def reason_table(reasons: Sequence[Sequence[Any]], top: int = 10) -> str:
     return "\n".join(lines) + "\n"
 
 
+def outcome_section(fidelity: Mapping[str, Any], top: int = 10) -> str:
+    """Markdown of a ``fidelity_split``: the per-tool table, then the ``top`` most frequent failure reasons."""
+    return (
+        outcome_table(fidelity["by_tool"])
+        + "\nThe most frequent failures among them, imagined or real (names and numbers masked):\n\n"
+        + reason_table(fidelity["reasons"], top)
+    )
+
+
 def outcome_table(by_tool: Mapping[str, Mapping[str, int]]) -> str:
     """Markdown: per tool, what the used imagined steps predicted against what the tool did."""
     lines = [
