@@ -40,7 +40,7 @@ from jax.sharding import Mesh
 
 from envace_jax import sharding as shd
 from envace_jax.model_sizes import TINY
-from envace_jax.models import hf_config, vjp_ops
+from envace_jax.models import hf_config, shared_prefix, vjp_ops
 from envace_jax.models.kv_cache import KVCache, cached_attention, visible_slots, write_chunk
 
 # Re-exported: outside code reaches the cache's axes through ``qwen3``.
@@ -356,7 +356,16 @@ def _blocked_attention(q, k, v, mask, block: int, unroll: bool):
 
 def _self_attention(cfg: Qwen3Config, mesh, rules, q, k, v, mask):
     """No-cache attention: in query blocks when the row is long and its sequence axis is not already
-    split over devices (then each device holds only its share of the queries)."""
+    split over devices (then each device holds only its share of the queries). ``mask`` is the
+    ``[B, T, T]`` causal mask, or a ``shared_prefix.PrefixLayout`` (``Qwen3.final_hidden_shared``)."""
+    if isinstance(mask, shared_prefix.PrefixLayout):
+
+        def attend(qi, ki, vi, m, causal):
+            if cfg.attention_block and qi.shape[1] > cfg.attention_block:
+                return _blocked_attention(qi, ki, vi, m, cfg.attention_block, unroll=not cfg.scans())
+            return vjp_ops.attention(qi, ki, vi, m, causal=causal)
+
+        return shared_prefix.attention(mask, q, k, v, attend)
     B, T = q.shape[:2]
     split = (
         mesh is not None
@@ -583,6 +592,31 @@ class Qwen3(nnx.Module):
         positions, mask = self._no_cache_mask(input_ids, positions, segment_ids)
         x, _ = self._run_layers(self.embed_tokens(input_ids), positions, mask, False)
         return self._final_norm(x)
+
+    def final_hidden_shared(
+        self,
+        prefix_tokens: jax.Array,
+        suffix_tokens: jax.Array,
+        layout: shared_prefix.PrefixLayout,
+        full_index: jax.Array,
+    ) -> jax.Array:
+        """``final_hidden`` of rows that begin with shared prefixes, each prefix computed once
+        (``models.shared_prefix``): prefixes ``[P, Lp]`` and suffixes ``[R, Ls]`` int32, and
+        ``full_index`` int32 ``[R, L]``, the flat token (prefixes first, then suffixes) that holds each
+        position of a row. Returns ``[R, L, D]`` in the rows' own layout. On one device only."""
+        if self.mesh is not None and self.mesh.size > 1:
+            # The flat [1, N] layout has no batch axis to split over devices.
+            raise ValueError(f"final_hidden_shared runs on one device, not a mesh of {self.mesh.size}")
+        P, Lp = prefix_tokens.shape
+        R, Ls = suffix_tokens.shape
+        D = self.config.hidden_size
+        if Lp != layout.prefix_width:
+            raise ValueError(f"prefix tokens are {Lp} wide but the layout says {layout.prefix_width}")
+        x = jnp.concatenate(
+            [self.embed_tokens(prefix_tokens).reshape(P * Lp, D), self.embed_tokens(suffix_tokens).reshape(R * Ls, D)]
+        )[None]
+        x, _ = self._run_layers(x, shared_prefix.flat_positions(layout, Ls), layout, False)
+        return self._final_norm(x)[0][full_index]
 
     def __call__(
         self,

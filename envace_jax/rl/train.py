@@ -338,7 +338,14 @@ def build_policies(cfg: config_lib.ExperimentConfig, mesh):
     mode = cfg.rollout.mode
     policy = build_model(cfg.model, vocab, mesh)
     optim = cfg.run_optim()
-    mk_trainer = lambda model: Trainer(model, optim, cfg.loss, micro_batch_size=cfg.rl.micro_batch_size, mesh=mesh)
+    mk_trainer = lambda model: Trainer(
+        model,
+        optim,
+        cfg.loss,
+        micro_batch_size=cfg.rl.micro_batch_size,
+        mesh=mesh,
+        share_prefixes=cfg.rl.share_prompt_prefixes,
+    )
     trainer = mk_trainer(policy)
     sim_model = None
     if mode in ("simulator", "noshare"):

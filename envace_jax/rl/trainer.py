@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 from envace_jax import sharding as shd
 from envace_jax.config import LossConfig, OptimConfig  # defined with every other knob
 from envace_jax.rl import loss as loss_lib
-from envace_jax.rl import placement
+from envace_jax.rl import placement, prefix_plan
 from envace_jax.rl.batch import TrainBatch
 from envace_jax.rl.head_logprobs import fused_token_logprobs, gathered_token_logprobs
 from envace_jax.rl.optim import make_optimizer, make_schedule  # re-exported
@@ -62,12 +62,17 @@ class Trainer:
         ref_model: nnx.Module | None = None,
         pad_micro_batches: bool = False,
         gather_trained: bool = True,
+        share_prefixes: bool = False,
     ):
         """``pad_micro_batches``: fill a short last micro-batch with zero-weight rows, so batches of any
         row count reuse one compiled program per width (several processes always pad, in lockstep).
         ``gather_trained``: run the vocabulary head on the trained positions only (those with a loss
         weight) when they are at most 3/4 of a micro-batch's positions (``placement.trained_positions``);
-        the loss and its gradient are the same, up to float32 summation order."""
+        the loss and its gradient are the same, up to float32 summation order.
+        ``share_prefixes``: run the tokens that the rows of a GRPO group share (their prompt) through the
+        model once per micro-batch instead of once per row (``rl.prefix_plan``,
+        ``Qwen3.final_hidden_shared``), when that saves at least a tenth of the positions; the same
+        log-probs up to float32 summation order. On one device only (no mesh, or a mesh of one)."""
         if loss.entropy_coef:
             # The fused vocabulary head returns log-probs only; an entropy bonus set here would silently
             # not be applied.
@@ -78,6 +83,9 @@ class Trainer:
         self.model, self.optim_cfg, self.loss_cfg = model, optim, loss
         self.pad_micro_batches = bool(pad_micro_batches)
         self.gather_trained = bool(gather_trained)
+        self.share_prefixes = bool(share_prefixes)
+        if self.share_prefixes and mesh is not None and mesh.size > 1:
+            raise ValueError(f"share_prefixes runs on one device, not on a mesh of {mesh.size} devices")
         self.micro_batch_size = int(micro_batch_size)
         if self.micro_batch_size <= 0:
             raise ValueError(f"trainer.micro_batch_size must be positive, got {micro_batch_size}")
@@ -152,7 +160,11 @@ class Trainer:
     def _forward_logp(self, params, mb):
         model = nnx.merge(self.graphdef, params, self.rest)
         # The vocabulary projection is fused with the log-softmax (no [B, T, V] logits kept twice).
-        hidden = model.final_hidden(mb["tokens"], mb["positions"], mb["segment_ids"])
+        if "full_index" in mb:  # a prefix_plan: each shared prompt computed once
+            shared = prefix_plan.layout(mb)
+            hidden = model.final_hidden_shared(mb["prefix_tokens"], mb["suffix_tokens"], shared, mb["full_index"])
+        else:
+            hidden = model.final_hidden(mb["tokens"], mb["positions"], mb["segment_ids"])
         head, layout = model.head_weight()
         if "trained_index" in mb:
             return gathered_token_logprobs(
@@ -259,6 +271,9 @@ class Trainer:
     def _local_micro_batches(self, batch: TrainBatch) -> list[dict[str, np.ndarray]]:
         loss_lib.check_temperature(batch.temperature)  # the jitted forward divides by it
         parts = placement.local_micro_batches(batch, self.micro_batch_size, pad_last=self.pad_micro_batches)
+        if self.share_prefixes:
+            for mb in parts:
+                mb.update(prefix_plan.plan(mb) or {})
         if self.gather_trained:
             for mb in parts:
                 w = mb["loss_weights"]
