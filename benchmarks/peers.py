@@ -47,11 +47,13 @@ from envace_jax.model_sizes import DEMO, QWEN3_0_6B, QWEN3_VOCAB  # plain Python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(REPO, "benchmarks", "peer_workers")
-FRAMEWORKS = ("ours", "tunix", "trl")
+# "ours-plain": ours with every row's prompt computed per row in the update (no rl.prefix_plan), for the
+# side-by-side effect of sharing the group's prompt; "ours" is the library's fast path.
+FRAMEWORKS = ("ours", "ours-plain", "tunix", "trl")
 # TRL twice: on 2 torch threads, and on 1, which a 2-core machine shared with other jobs favours by far
 # (OpenMP's threads wait on each other when the box is oversubscribed; see docs/performance.md).
 DEFAULT_ARMS = ("ours", "tunix", "trl", "trl@1")
-WORKER_SCRIPT = {"ours": "ours_grpo.py", "tunix": "tunix_grpo.py", "trl": "trl_grpo.py"}
+WORKER_SCRIPT = {"ours": "ours_grpo.py", "ours-plain": "ours_grpo.py", "tunix": "tunix_grpo.py", "trl": "trl_grpo.py"}
 PEERS_DIR = os.path.join(REPO, ".cache", "peers")
 DEFAULT_PYTHON = {
     "tunix": os.path.join(PEERS_DIR, "tunix", "bin", "python"),
@@ -154,7 +156,7 @@ def run_worker(
         from envace_jax.host_memory import RETAIN_ENV  # plain Python: does not load jax
 
         env.update(RETAIN_ENV)
-    if framework == "ours":
+    if framework.startswith("ours"):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
     else:
         env.pop("PYTHONPATH", None)  # a peer's venv must not see our package
@@ -292,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         parsed = {arm: parse_arm(arm) for arm in arms}
     except ValueError as e:
         ap.error(f"--frameworks: {e}")
-    python = {"ours": sys.executable, "tunix": args.tunix_python, "trl": args.trl_python}
+    python = {"ours": sys.executable, "ours-plain": sys.executable, "tunix": args.tunix_python, "trl": args.trl_python}
     for f in {fw for fw, _ in parsed.values()}:
         if not os.access(python[f], os.X_OK):
             ap.error(f"{f}: no Python at {python[f]}; `make bench-peers` creates the peers' venvs")
