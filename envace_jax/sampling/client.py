@@ -55,6 +55,10 @@ class Sampler:
         (``qwen3.fuse_projections``): fewer, wider products per step, same tokens. Default: with
         ``prepare_weights`` and no mesh (on a mesh, heads split over devices would not line up with
         the concatenation); needs ``prepare_weights`` (else every call would copy the weights).
+      share_prompts: a ``generate`` call whose rows repeat a prompt (a GRPO group: ``n`` completions of
+        each prompt) writes each distinct prompt into the cache once, then copies its cache rows and
+        next-token logits to the rows that repeat it; every row still samples with its own seed.
+        Same tokens as writing every row, up to float32 summation order. Without a mesh only.
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class Sampler:
         compiler_options: Mapping[str, Any] | None = None,
         prepare_weights: bool | None = None,
         fuse_projections: bool | None = None,
+        share_prompts: bool = False,
     ):
         if not isinstance(model, qwen3.Qwen3):
             raise TypeError(f"Sampler(model): expected a qwen3.Qwen3, got {type(model).__name__}")
@@ -92,6 +97,9 @@ class Sampler:
         self.k_max = int(k_max)
         self.split_prefill, self.split_min_rows = bool(split_prefill), int(split_min_rows)
         self.mesh = mesh if mesh is not None else model.mesh
+        if share_prompts and self.mesh is not None:
+            raise ValueError("Sampler(share_prompts=True) is for a sampler without a mesh")
+        self.share_prompts = bool(share_prompts)
         self.rules = dict(rules if rules is not None else shd.SAMPLE_RULES) if self.mesh is not None else None
         self._seed_rng = np.random.default_rng(seed)
         self.stats = SamplerStats()
@@ -378,8 +386,12 @@ class Sampler:
         if state is not None:
             state.consumed = True  # its cache goes to this call's programs, which donate it
         carry = self._carried_rows(state, plan)
-        k, v, gather = self._starting_cache(state, plan)
-        logits, k, v, end = self._write_inputs(params, weights, k, v, gather, plan)
+        shared = self._shared_prompt_plan(chunks, ps, plan) if state is None and self.share_prompts else None
+        if shared is None:
+            k, v, gather = self._starting_cache(state, plan)
+            logits, k, v, end = self._write_inputs(params, weights, k, v, gather, plan)
+        else:
+            logits, k, v, end = self._write_shared_prompts(params, weights, plan, *shared)
         logits = self._decode_start_logits(logits, state, plan, carry)
         if self.timed:
             logits.block_until_ready()
@@ -388,7 +400,7 @@ class Sampler:
             params, weights, k, v, end, logits, plan, min_done
         )
         tokens, lps, n_gen, reason = jax.device_get((tokens, lps, n_gen, reason))
-        self._count(plan, n_gen, t0, t1)
+        self._count(plan, n_gen, t0, t1, prefill_plan=shared[0] if shared is not None else plan)
         out = self._output(plan, tokens, lps, n_gen, reason, logits)
         if return_state:
             out.state = self._next_state(plan, tokens, n_gen, reason, carry, k, v, last_logits)
@@ -462,6 +474,45 @@ class Sampler:
             gather = False
         self._spare = None
         return k, v, gather
+
+    def _shared_prompt_plan(self, chunks, ps, plan: BatchPlan) -> tuple[BatchPlan, np.ndarray] | None:
+        """(the plan of the call's distinct prompts, the distinct prompt of each of the call's slots), or
+        None when no prompt repeats, or the call is not one the copy reproduces exactly: every row must
+        write its whole prompt and the distinct prompts' cache window must be the call's."""
+        index: dict[bytes, int] = {}
+        which = np.asarray([index.setdefault(c.tobytes(), len(index)) for c in chunks], np.int32)
+        if len(index) == len(chunks) or not np.array_equal(plan.lens[: plan.n], [len(c) for c in chunks]):
+            return None
+        first = [int(np.flatnonzero(which == u)[0]) for u in range(len(index))]
+        # Seeds are not drawn here (the call's own plan drew them): these rows only write their prompts.
+        sub = plan_batch(
+            [chunks[i] for i in first],
+            [ps[i] for i in first],
+            [0] * len(first),
+            plan.capacity,
+            batch=self.batch_bucket(len(first)),
+            max_chunk=self.max_chunk,
+            length_buckets=self.length_buckets,
+            window_buckets=self.window_buckets,
+            split_prefill=self.split_prefill,
+            split_min_rows=self.split_min_rows,
+        )
+        if sub.window != plan.window:
+            return None
+        slots = np.zeros((plan.batch,), np.int32)  # padding slots copy prompt 0: they end at 0, never read
+        slots[: plan.n] = which
+        return sub, slots
+
+    def _write_shared_prompts(self, params, weights, plan: BatchPlan, sub: BatchPlan, slots: np.ndarray):
+        """``_write_inputs`` for a call whose rows repeat prompts (``share_prompts``): the distinct prompts
+        written once (``sub``), then each slot's cache rows and logits copied from its prompt's row."""
+        row = ("batch",)
+        k, v, _ = self._starting_cache(None, sub)
+        logits, k, v, _ = self._write_inputs(params, weights, k, v, False, sub)
+        src = self._put(slots, row)
+        with unusable_donations_ok():
+            k, v = self._prepare(k, v, src, size=plan.window, gather=True)
+        return jnp.take(logits, src, axis=0), k, v, self._put(plan.end_after.astype(np.int32), row)
 
     def _write_inputs(self, params, weights, k, v, gather: bool, plan: BatchPlan):
         """The prefill: every row's new tokens written into the cache, in chunks of at most ``max_chunk``
@@ -567,9 +618,10 @@ class Sampler:
             budget=plan.budget,
         )
 
-    def _count(self, plan: BatchPlan, n_gen: np.ndarray, t0: float, t1: float) -> None:
+    def _count(self, plan: BatchPlan, n_gen: np.ndarray, t0: float, t1: float, prefill_plan: BatchPlan) -> None:
         """Adds the call's work to ``self.stats`` (rows, padded slots, decode steps, prefill tokens and
-        slots; wall seconds only when ``timed``), so callers can account utilisation and padding."""
+        slots; wall seconds only when ``timed``), so callers can account utilisation and padding.
+        ``prefill_plan``: the plan whose prefill ran (``plan``, or the distinct prompts' one)."""
         st = self.stats
         st.calls += 1
         st.rows += plan.n
@@ -578,8 +630,8 @@ class Sampler:
         st.decode_steps += steps
         st.slot_steps += plan.batch * steps
         st.generated_tokens += int(n_gen.sum())
-        st.prefill_tokens += int(plan.lens.sum())
-        st.prefill_slots += sum(c.slots for c in plan.prefill)
+        st.prefill_tokens += int(prefill_plan.lens.sum())
+        st.prefill_slots += sum(c.slots for c in prefill_plan.prefill)
         if self.timed:
             st.prefill_s += t1 - t0
             st.decode_s += time.perf_counter() - t1
