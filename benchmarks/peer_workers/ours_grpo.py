@@ -7,9 +7,10 @@ std), ``rl.batch.build_batch`` and one ``rl.trainer.Trainer.update`` (AdamW thro
 clipped policy loss, old log-probs taken from the update's own pass since there is one optimizer step
 per batch). No KL term and no dual clip, as in the peers' configuration.
 
-The 4 rows of a group begin with the same prompt. As framework ``"ours"`` the update runs those tokens once
-per group (``Trainer(share_prefixes=True)``, ``rl.share_prompt_prefixes`` in a config: the same log-probs up
-to float32 summation order); as ``"ours-plain"`` once per row, as both peers do.
+The 4 rows of a group begin with the same prompt. As framework ``"ours"`` the sampler writes each prompt
+into its cache once (``Sampler(share_prompts=True)``) and the update runs those tokens once per group
+(``Trainer(share_prefixes=True)``, ``rl.share_prompt_prefixes`` in a config); both give the same tokens and
+log-probs up to float32 summation order. As ``"ours-plain"`` both run them once per row, as the peers do.
 
 Rows are padded as the peers pad them, to their own length (every completion runs to ``new_tokens``): the
 batch's bucket is a multiple of ``LENGTH_MULTIPLE`` = 16 tokens (``rl.length_multiple=16`` in a config).
@@ -58,11 +59,11 @@ def build(spec):
     loss = LossConfig(clip_low=spec["clip_eps"], clip_high=spec["clip_eps"], dual_clip=None, kl_coef=0.0)
     rows = len(spec["prompts"]) * int(spec["group_size"])
     micro = int(spec.get("micro_batch_rows") or rows)
-    # "ours": the rows of a group share their prompt, computed once in the update (rl.prefix_plan);
-    # "ours-plain" computes it for every row, as the peers do.
+    # "ours": the rows of a group share their prompt, written once by the sampler and computed once in
+    # the update (rl.prefix_plan); "ours-plain" computes it for every row, as the peers do.
     share = spec["framework"] == "ours"
     trainer = Trainer(model, optim, loss, micro_batch_size=micro, share_prefixes=share)
-    return model, trainer, Sampler(model, seed=int(spec["seed"]))
+    return model, trainer, Sampler(model, seed=int(spec["seed"]), share_prompts=share)
 
 
 def iteration(spec, sampler, trainer, it: int, clock: pc.IterationClock) -> float:
