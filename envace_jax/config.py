@@ -314,8 +314,9 @@ class RLSection(Checked):
     # the optimizer step is the same (needs mini_batches = 1)
     skip_zero_advantage_rows: bool = False
     # the tokens the rows of a (prompt, role) group share (their prompt) run through the update's forward
-    # and backward once per micro-batch, not once per row (rl.prefix_plan); the same log-probs up to
-    # float32 summation order; on one device only (mesh of one)
+    # and backward once per micro-batch, not once per row (rl.prefix_plan), and a rollout call writes each
+    # distinct prompt into the sampler's cache once (Sampler(share_prompts=True)); the same tokens and
+    # log-probs up to float32 summation order; on one device only (mesh of one)
     share_prompt_prefixes: bool = False
     # Episodes that lost their judge (termination judge_api_failure: every attempt of some verdict failed)
     # get zero loss weight on all their rows and stay out of their (prompt, role) baselines; a key that

@@ -143,7 +143,7 @@ def build_model(m: config_lib.ModelSection, vocab: int, mesh, path: str | None =
 # ----------------------------------------------------------------------------- sampler client
 
 
-def make_client(model, codec, mesh, rollout: config_lib.RolloutConfig | None = None):
+def make_client(model, codec, mesh, rollout: config_lib.RolloutConfig | None = None, *, share_prompts: bool = False):
     """``SamplerClient`` (one sampler call per engine step, KV-cache continuation across turns), or with
     ``rollout.rolling`` a ``RollingSamplerClient`` of ``rollout.rolling_slots`` rows.
 
@@ -159,12 +159,12 @@ def make_client(model, codec, mesh, rollout: config_lib.RolloutConfig | None = N
     if rollout is not None and rollout.rolling:
         size = rollout.max_model_len + max(rollout.act.max_new_tokens, rollout.rehearse.max_new_tokens)
         return RollingSamplerClient(
-            Sampler(model, mesh=mesh, cache_size=size),
+            Sampler(model, mesh=mesh, cache_size=size, share_prompts=share_prompts),
             codec.stop_token_ids,
             slots=rollout.rolling_slots,
             eager_refill=rollout.rolling_eager_refill,
         )
-    return SamplerClient(Sampler(model, mesh=mesh), codec.stop_token_ids)
+    return SamplerClient(Sampler(model, mesh=mesh, share_prompts=share_prompts), codec.stop_token_ids)
 
 
 def rollout_mesh(cfg: qwen3.Qwen3Config, devices: Sequence[Any]) -> Any:
@@ -369,13 +369,17 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
         if sim_model is not None:
             sim_model, refresh = rollout_copy(sim_model, sample_mesh)
             refreshers.append(refresh)
-    simulator_client = None if sim_model is None else make_client(sim_model, codec, sample_mesh, cfg.rollout)
+    # rl.share_prompt_prefixes: each group's prompt runs once in the rollouts' prefill too (one device only).
+    share = cfg.rl.share_prompt_prefixes
+    simulator_client = (
+        None if sim_model is None else make_client(sim_model, codec, sample_mesh, cfg.rollout, share_prompts=share)
+    )
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     step_fn = build_rl_step(
         cfg.rl,
         cfg.rollout,
         codec,
-        make_client(policy, codec, sample_mesh, cfg.rollout),
+        make_client(policy, codec, sample_mesh, cfg.rollout, share_prompts=share),
         build_judge(cfg),
         trainers,
         simulator=simulator_client,

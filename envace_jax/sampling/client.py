@@ -58,7 +58,7 @@ class Sampler:
       share_prompts: a ``generate`` call whose rows repeat a prompt (a GRPO group: ``n`` completions of
         each prompt) writes each distinct prompt into the cache once, then copies its cache rows and
         next-token logits to the rows that repeat it; every row still samples with its own seed.
-        Same tokens as writing every row, up to float32 summation order. Without a mesh only.
+        Same tokens as writing every row, up to float32 summation order. On one device only.
     """
 
     def __init__(
@@ -97,8 +97,9 @@ class Sampler:
         self.k_max = int(k_max)
         self.split_prefill, self.split_min_rows = bool(split_prefill), int(split_min_rows)
         self.mesh = mesh if mesh is not None else model.mesh
-        if share_prompts and self.mesh is not None:
-            raise ValueError("Sampler(share_prompts=True) is for a sampler without a mesh")
+        if share_prompts and self.mesh is not None and self.mesh.size > 1:
+            # The distinct prompts' batch is any size: it would not split over a mesh's batch axis.
+            raise ValueError(f"Sampler(share_prompts=True) runs on one device, not on a mesh of {self.mesh.size}")
         self.share_prompts = bool(share_prompts)
         self.rules = dict(rules if rules is not None else shd.SAMPLE_RULES) if self.mesh is not None else None
         self._seed_rng = np.random.default_rng(seed)

@@ -93,6 +93,32 @@ def test_one_iteration_advantages_match_hand_computation(tmp_path):
     assert sum(v for k, v in res.metrics.items() if k.startswith("termination/")) == pytest.approx(1.0)
 
 
+def test_shared_prompts_in_the_rollouts_and_the_update_score_what_the_sampler_drew(tmp_path):
+    """rl.share_prompt_prefixes: the rollouts write each prompt once and the update runs it once per group,
+    and the trainer's log-probs of the sampled tokens are still the sampler's."""
+    from envace_jax.rl import train as rl_train
+
+    cfg = h.tiny_config(str(tmp_path), 1, **{"rl.share_prompt_prefixes": True})
+    run = rl_train.build_run(cfg)
+    sampler = run.step_fn.engine.policy.sampler
+    assert sampler.share_prompts and run.trainers[ACT].share_prefixes
+    seen = {}
+    real_update = run.trainers[ACT].update
+
+    def spy(batch, kind="rl"):
+        seen["plans"] = [("full_index" in mb) for mb in run.trainers[ACT]._local_micro_batches(batch)]
+        return real_update(batch, kind)
+
+    run.trainers[ACT].update = spy
+    res = run.step_fn(next(run.data), 0)
+    run.ckpt.close()
+    gens = [g for e in res.episodes for g in e.generations]
+    # 2 prompts x 4 rollouts: only the 2 distinct prompts were written, and the update shared them.
+    assert sampler.stats.prefill_tokens == sum(len(p) for p in {tuple(g.prompt_ids) for g in gens})
+    assert seen["plans"] and all(seen["plans"])
+    assert res.metrics["act/logp_mismatch_sampler_max"] < 1e-5
+
+
 class _RecordingTrainer:
     """What RLStep needs of a Trainer; records the advantages of each update and trains nothing."""
 
