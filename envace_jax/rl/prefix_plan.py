@@ -15,10 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from envace_jax.models.shared_prefix import PrefixLayout
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
+from envace_jax.sampling.plan import pow2_bucket
 
 
 def _common_prefix(rows: np.ndarray, length: int) -> int:
@@ -51,7 +48,7 @@ def plan(mb: dict[str, np.ndarray], *, multiple: int = 16, max_share: float = 0.
         widths.append(m)
     if not firsts:
         return None
-    P, Lp = _pow2(len(firsts)), max(widths)
+    P, Lp = pow2_bucket(len(firsts)), max(widths)
     suffix_lens = (lengths - row_len).astype(np.int32)
     Ls = max(-(-int(suffix_lens.max()) // multiple) * multiple, multiple)
     if P * Lp + R * Ls > max_share * R * L:
