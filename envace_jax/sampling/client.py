@@ -417,6 +417,11 @@ class Sampler:
         prev_rows = None
         if state is not None:
             prev_rows = PrevRows(ends=state.ends, pending=state.pending, keys=state.keys, draws=state.draws, rows=rows)
+        return self._plan(chunks, ps, seeds, capacity, prev_rows)
+
+    def _plan(self, chunks, ps, seeds, capacity: int, prev: PrevRows | None = None) -> BatchPlan:
+        """``plan.plan_batch`` of ``chunks`` under this sampler's batch, length and window buckets and
+        prefill settings (every plan of a call is made here, so they agree on the cache window)."""
         return plan_batch(
             chunks,
             ps,
@@ -424,7 +429,7 @@ class Sampler:
             capacity,
             batch=self.batch_bucket(len(chunks)),
             max_chunk=self.max_chunk,
-            prev=prev_rows,
+            prev=prev,
             length_buckets=self.length_buckets,
             window_buckets=self.window_buckets,
             split_prefill=self.split_prefill,
@@ -486,18 +491,7 @@ class Sampler:
             return None
         first = [int(np.flatnonzero(which == u)[0]) for u in range(len(index))]
         # Seeds are not drawn here (the call's own plan drew them): these rows only write their prompts.
-        sub = plan_batch(
-            [chunks[i] for i in first],
-            [ps[i] for i in first],
-            [0] * len(first),
-            plan.capacity,
-            batch=self.batch_bucket(len(first)),
-            max_chunk=self.max_chunk,
-            length_buckets=self.length_buckets,
-            window_buckets=self.window_buckets,
-            split_prefill=self.split_prefill,
-            split_min_rows=self.split_min_rows,
-        )
+        sub = self._plan([chunks[i] for i in first], [ps[i] for i in first], [0] * len(first), plan.capacity)
         if sub.window != plan.window:
             return None
         slots = np.zeros((plan.batch,), np.int32)  # padding slots copy prompt 0: they end at 0, never read
