@@ -3,6 +3,10 @@ as ours."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 
 from envace_jax.model_sizes import HF_TEST
@@ -98,3 +102,27 @@ def make_tiny_hf_qwen3(
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(str(out_dir))
     return model
+
+
+_ON_TWO_DEVICES = """
+import jax, numpy as np
+from flax import nnx
+from envace_jax.models import qwen3
+from envace_jax.rl.trainer import Trainer
+from envace_jax.sampling import Sampler
+mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+model = qwen3.Qwen3(qwen3.Qwen3Config.tiny(64), rngs=nnx.Rngs(0))
+try:
+    {build}
+except ValueError as e:
+    print("REFUSED", e)
+"""
+
+
+def build_on_two_devices(build: str) -> subprocess.CompletedProcess:
+    """Runs the statement ``build`` in a fresh process with two CPU devices, where ``mesh`` is a mesh of
+    both and ``model`` a tiny Qwen3 (``Trainer`` and ``Sampler`` imported); its stdout holds ``REFUSED
+    <message>`` when ``build`` raised a ValueError. For options that refuse a mesh of several devices."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    code = _ON_TWO_DEVICES.format(build=build)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -4,10 +4,6 @@ without it."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import jax
 import numpy as np
 import pytest
@@ -18,6 +14,7 @@ from envace_jax.rl import prefix_plan
 from envace_jax.rl.batch import build_batch
 from envace_jax.rl.trainer import LossConfig, OptimConfig, Trainer
 from envace_jax.rl.types import ACT, REHEARSE, Generation
+from tests.helpers_models import build_on_two_devices
 
 CFG = qwen3.Qwen3Config(
     vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8
@@ -116,19 +113,6 @@ def test_update_with_shared_prefixes_equals_the_plain_update(gather_trained):
         assert metrics[1][k] == pytest.approx(metrics[0][k], rel=1e-4, abs=1e-6), k
 
 
-_TWO_DEVICES = """
-import jax, numpy as np
-from flax import nnx
-from envace_jax.models import qwen3
-from envace_jax.rl.trainer import Trainer
-mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
-try:
-    Trainer(qwen3.Qwen3(qwen3.Qwen3Config.tiny(64), rngs=nnx.Rngs(0)), mesh=mesh, share_prefixes=True)
-except ValueError as e:
-    print("REFUSED", e)
-"""
-
-
 def test_shared_prefixes_run_on_one_device_only():
     # A mesh of one device (what rl.train builds on a single chip) runs the shared path.
     from envace_jax import sharding as shd
@@ -139,6 +123,5 @@ def test_shared_prefixes_run_on_one_device_only():
         qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)), micro_batch_size=8, mesh=shd.make_mesh(1, 1, 1), share_prefixes=True
     )
     np.testing.assert_allclose(on_mesh.compute_logprobs(batch), plain, rtol=1e-5, atol=1e-5)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", _TWO_DEVICES], env=env, capture_output=True, text=True, timeout=300)
+    out = build_on_two_devices("Trainer(model, mesh=mesh, share_prefixes=True)")
     assert "REFUSED share_prefixes runs on one device, not on a mesh of 2 devices" in out.stdout, out.stderr[-2000:]

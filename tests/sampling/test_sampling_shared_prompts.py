@@ -4,10 +4,6 @@ random stream (the same draws as a sampler that writes every row), and a repeate
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -16,6 +12,7 @@ from transformers import Qwen3ForCausalLM
 
 from envace_jax.models import hf_io, qwen3
 from envace_jax.sampling import Sampler, SamplingParams
+from tests.helpers_models import build_on_two_devices
 
 V = 64
 CFG = qwen3.Qwen3Config(
@@ -86,19 +83,6 @@ def test_a_repeated_shared_call_compiles_nothing():
     assert first > 0 and sampler.num_compilations == first
 
 
-_TWO_DEVICES = """
-import jax, numpy as np
-from flax import nnx
-from envace_jax.models import qwen3
-from envace_jax.sampling import Sampler
-mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
-try:
-    Sampler(qwen3.Qwen3(qwen3.Qwen3Config.tiny(64), rngs=nnx.Rngs(0)), mesh=mesh, share_prompts=True)
-except ValueError as e:
-    print("REFUSED", e)
-"""
-
-
 def test_share_prompts_run_on_one_device_only():
     from envace_jax import sharding as shd
 
@@ -108,8 +92,7 @@ def test_share_prompts_run_on_one_device_only():
     params = SamplingParams(temperature=1.0, max_new_tokens=NEW, seed=7)
     on_mesh = Sampler(model, mesh=shd.make_mesh(1, 1, 1), share_prompts=True)
     assert on_mesh.generate(prompts, params).tokens == Sampler(model).generate(prompts, params).tokens
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", _TWO_DEVICES], env=env, capture_output=True, text=True, timeout=300)
+    out = build_on_two_devices("Sampler(model, mesh=mesh, share_prompts=True)")
     assert "REFUSED Sampler(share_prompts=True) runs on one device, not on a mesh of 2" in out.stdout, out.stderr[
         -2000:
     ]
