@@ -76,24 +76,25 @@ def hf_generate(hf, prompts, new: int) -> tuple[float, list[list[int]]]:
 
 
 @jax.jit
-def _weight_matmuls(x, layers, head):
+def _weight_matmuls(x, weights):
     """The weight matmuls of one decode step (q, k, v, o, gate, up, down per layer, then the head) on
-    ``x`` ``[B, D]``: what no decoder's step can undercut; attention, norms and sampling left out."""
+    ``x`` ``[B, D]``, in the layout the sampler's step reads (``qwen3.DecodeWeights``): what no decoder's
+    step can undercut; attention, norms and sampling left out."""
     D = x.shape[-1]
-    for p in layers:
+    for p in weights.layers:
+        if weights.out_in:  # qwen3.fuse_projections: [out, in] matrices, rows padded as the step pads them
+            qkv = qwen3._dot_out_in(x, p[qwen3.FUSED_QKV])
+            n = p[qwen3.O_OUT_IN].shape[1]
+            x = x + qwen3._dot_out_in(qkv[:, :n] + qkv[:, n:].sum(-1, keepdims=True), p[qwen3.O_OUT_IN])
+            g, u = jnp.split(qwen3._dot_out_in(x, p[qwen3.FUSED_GATE_UP]), 2, axis=1)
+            x = x + qwen3._dot_out_in(g * u, p[qwen3.DOWN_OUT_IN])
+            continue
         o = p["o_proj"].reshape(-1, D)
-        if qwen3.FUSED_QKV in p:  # the sampler's fused layout (qwen3.fuse_projections): as its step reads it
-            qkv, n = x @ p[qwen3.FUSED_QKV], o.shape[0]
-            x = x + (qkv[:, :n] + qkv[:, n:].sum(-1, keepdims=True)) @ o
-            gu = x @ p[qwen3.FUSED_GATE_UP]
-            g, u = jnp.split(gu, 2, axis=1)
-        else:
-            q = x @ p["q_proj"].reshape(D, -1)
-            kv = x @ p["k_proj"].reshape(D, -1) + x @ p["v_proj"].reshape(D, -1)
-            x = x + (q + jnp.pad(kv, ((0, 0), (0, q.shape[1] - kv.shape[1])))) @ o
-            g, u = x @ p["gate_proj"], x @ p["up_proj"]
-        x = x + (g * u) @ p["down_proj"]
-    return x @ head if head.shape[0] == D else jnp.einsum("bd,vd->bv", x, head)
+        q = x @ p["q_proj"].reshape(D, -1)
+        kv = x @ p["k_proj"].reshape(D, -1) + x @ p["v_proj"].reshape(D, -1)
+        x = x + (q + jnp.pad(kv, ((0, 0), (0, q.shape[1] - kv.shape[1])))) @ o
+        x = x + (x @ p["gate_proj"] * (x @ p["up_proj"])) @ p["down_proj"]
+    return x @ weights.head if weights.head.shape[0] == D else qwen3._dot_out_in(x, weights.head)
 
 
 def weight_matmul_floor_s(sampler: Sampler, batch: int, reps: int = 5) -> float:
@@ -101,10 +102,11 @@ def weight_matmul_floor_s(sampler: Sampler, batch: int, reps: int = 5) -> float:
     prepared = sampler.prepared_weights
     if prepared is None:
         prepared = sampler.model.decode_weights()
-    head = prepared.head if prepared.head is not None else sampler.model.head_weight()[0]
+    if prepared.head is None:  # the step reads the model's own head: a tied embedding, [V, D]
+        prepared = qwen3.DecodeWeights(prepared.layers, sampler.model.head_weight()[0])
     x = jnp.full((batch, sampler.cfg.hidden_size), 0.01, jnp.float32)
-    _weight_matmuls(x, prepared.layers, head).block_until_ready()
-    return min(timed(lambda: _weight_matmuls(x, prepared.layers, head).block_until_ready()) for _ in range(reps))
+    _weight_matmuls(x, prepared).block_until_ready()
+    return min(timed(lambda: _weight_matmuls(x, prepared).block_until_ready()) for _ in range(reps))
 
 
 def split(t_long: float, t_short: float) -> tuple[float, float]:

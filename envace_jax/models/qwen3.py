@@ -378,22 +378,51 @@ def _self_attention(cfg: Qwen3Config, mesh, rules, q, k, v, mask):
     return vjp_ops.attention(q, k, v, mask, causal=True)
 
 
-# Keys of a layer's weights after ``fuse_projections``: [q | k | v] and [gate | up] as one matrix each.
-FUSED_QKV, FUSED_GATE_UP = "qkv_proj", "gate_up_proj"
+# Keys of a layer's weights after ``fuse_projections``, each ``[out, in]``: [q | k | v] and [gate | up] as one
+# matrix each, o_proj and down_proj transposed.
+FUSED_QKV, FUSED_GATE_UP, O_OUT_IN, DOWN_OUT_IN = "qkv_proj", "gate_up_proj", "o_proj_out_in", "down_proj_out_in"
+_FUSED_AWAY = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "o_proj", "down_proj")
 
 
 def fuse_projections(p: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """One layer's weights with q/k/v concatenated into ``[D, (N + 2K) * H]`` and gate/up into ``[D, 2F]``.
+    """One layer's weights for a decode loop, each matrix ``[out, in]`` (PyTorch's ``Linear`` layout): q/k/v
+    concatenated into ``[(N + 2K) * H, D]``, gate/up into ``[2F, D]``, o_proj as ``[D, N * H]`` and down_proj
+    as ``[D, F]``.
 
-    Why: a decode step multiplies a few rows by every weight matrix, and XLA CPU runs each product as a
-    call of its own that reads the activation again and splits its small ``M`` over threads again; two
-    wider products do the same arithmetic in fewer, larger calls. The concatenation copies the weights,
-    so it is made once per weights version (the sampler's prepared weights), never per call."""
-    out = {k: v for k, v in p.items() if k not in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")}
+    Why concatenated: a decode step multiplies a few rows by every weight matrix, and XLA CPU runs each
+    product as a call of its own that reads the activation again and splits its small ``M`` over threads
+    again; two wider products do the same arithmetic in fewer, larger calls. Why ``[out, in]``: XLA CPU's
+    product of a few rows with a matrix whose contracted axis is its minor (contiguous) one ran faster than
+    with the model's ``[in, out]`` layout at every shape of a 0.6B step we timed (``docs/performance.md``).
+    Both copy the weights, so the layout is made once per weights version (the sampler's prepared weights),
+    never per call."""
+    out = {k: v for k, v in p.items() if k not in _FUSED_AWAY}
     D = p["q_proj"].shape[0]
-    out[FUSED_QKV] = jnp.concatenate([p[n].reshape(D, -1) for n in ("q_proj", "k_proj", "v_proj")], axis=1)
-    out[FUSED_GATE_UP] = jnp.concatenate([p["gate_proj"], p["up_proj"]], axis=1)
+    out[FUSED_QKV] = jnp.concatenate([p[n].reshape(D, -1) for n in ("q_proj", "k_proj", "v_proj")], axis=1).T
+    out[FUSED_GATE_UP] = jnp.concatenate([p["gate_proj"], p["up_proj"]], axis=1).T
+    out[O_OUT_IN] = p["o_proj"].reshape(-1, D).T
+    out[DOWN_OUT_IN] = p["down_proj"].T
     return out
+
+
+# YNN, XLA CPU's matmul library, multiplied 4-15 rows by a weight matrix more slowly than 16 rows on the
+# 2-core Xeon we timed: the weight products of a 28-layer, 0.6B-wide decode step took 242-251 ms at 4 or 8
+# rows and 215 ms at the same rows padded to 16 (1-3 rows: 85-150 ms, faster unpadded). Products of the
+# sampler's decode loop pad such row counts to 16; the zero rows' outputs are dropped.
+_SLOW_ROWS = range(4, 16)
+
+
+def _dot_out_in(x2: jax.Array, w: jax.Array, **kw) -> jax.Array:
+    """``x2 @ w.T`` for x2 ``[M, in]`` and w ``[out, in]``, with ``M`` in ``_SLOW_ROWS`` padded to 16 rows."""
+    M = x2.shape[0]
+    xp = jnp.pad(x2, ((0, 16 - M), (0, 0))) if M in _SLOW_ROWS else x2
+    return jax.lax.dot_general(xp, w, (((1,), (1,)), ((), ())), **kw)[:M]
+
+
+def _project_out_in(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x @ w.T`` for x ``[B, T, *in]`` (its trailing axes flattened) and w ``[out, in]``: ``[B, T, out]``."""
+    y = _dot_out_in(x.reshape(x.shape[0] * x.shape[1], -1), w)
+    return y.reshape(x.shape[:2] + (w.shape[0],))
 
 
 def _split_heads(qkv: jax.Array, cfg: Qwen3Config):
@@ -416,8 +445,9 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv)
     eps = cfg.rms_norm_eps
     train = cache_kv is None
     h = rms_norm(x, w["input_norm"], eps)
-    if FUSED_QKV in w:  # fuse_projections(): one product for q, k and v, split after
-        q, k, v = _split_heads(_project(h, w[FUSED_QKV], "btd,dx->btx", 1, train), cfg)
+    fused = FUSED_QKV in w  # fuse_projections(): four [out, in] products, q/k/v and gate/up one each
+    if fused:
+        q, k, v = _split_heads(_project_out_in(h, w[FUSED_QKV]), cfg)
     else:
         q = _project(h, w["q_proj"], "btd,dnh->btnh", 1, train)
         k = _project(h, w["k_proj"], "btd,dkh->btkh", 1, train)
@@ -432,17 +462,17 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv)
         k_cache, v_cache, end = cache_kv
         new_kv = write_chunk(k_cache, v_cache, k, v, end)
         attn = cached_attention(q, new_kv[0].astype(dt), new_kv[1].astype(dt), mask)
-    x = x + _project(attn, w["o_proj"], "btnh,nhd->btd", 2, train)
+    x = x + (_project_out_in(attn, w[O_OUT_IN]) if fused else _project(attn, w["o_proj"], "btnh,nhd->btd", 2, train))
     x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
     h = rms_norm(x, w["post_norm"], eps)
-    if FUSED_GATE_UP in w:
-        gu = _project(h, w[FUSED_GATE_UP], "btd,dx->btx", 1, train)
+    if fused:
+        gu = _project_out_in(h, w[FUSED_GATE_UP])
         g, u = gu[..., : cfg.intermediate_size], gu[..., cfg.intermediate_size :]
     else:
         g = _project(h, w["gate_proj"], "btd,df->btf", 1, train)
         u = _project(h, w["up_proj"], "btd,df->btf", 1, train)
     act = shd.constrain(jax.nn.silu(g) * u, ("batch", "length", "act_mlp"), mesh, rules)
-    x = x + _project(act, w["down_proj"], "btf,fd->btd", 1, train)
+    x = x + (_project_out_in(act, w[DOWN_OUT_IN]) if fused else _project(act, w["down_proj"], "btf,fd->btd", 1, train))
     x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
     return x, new_kv
 
@@ -450,11 +480,17 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv)
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class DecodeWeights:
-    """``Qwen3.decode_weights()``: per-layer parameter dicts and an optional ``[D, V]`` head (a pytree,
-    so the sampler can prepare it once per weights version and pass it to its programs)."""
+    """``Qwen3.decode_weights()``: per-layer parameter dicts and an optional head (a pytree, so the sampler
+    can prepare it once per weights version and pass it to its programs). The head is ``[D, V]``, or with
+    ``out_in`` layers ``[V, D]`` (None: the model's own, e.g. a tied embedding read as it lies)."""
 
     layers: list[dict[str, jax.Array]]
     head: jax.Array | None = None
+
+    @property
+    def out_in(self) -> bool:
+        """The layers hold ``fuse_projections``' ``[out, in]`` matrices (then so does the head)."""
+        return bool(self.layers) and FUSED_QKV in self.layers[0]
 
 
 def _remat(fn, policy: str):
@@ -503,12 +539,20 @@ class Qwen3(nnx.Module):
     def _final_norm(self, x: jax.Array) -> jax.Array:
         return rms_norm(x, self.norm.scale[...], self.config.rms_norm_eps)
 
-    def _head(self, x: jax.Array, head: jax.Array | None = None) -> jax.Array:
-        """Logits of the final-normed ``x``; ``head``: a ``[D, V]`` matrix from ``decode_weights()``."""
+    def _head(self, x: jax.Array, weights: "DecodeWeights | None" = None) -> jax.Array:
+        """Logits of the final-normed ``x``, with the head of ``weights`` (``decode_weights()``) if it has one."""
         x = self._final_norm(x)
-        w, layout = (head, "dv") if head is not None else self.head_weight()
+        out_in = weights is not None and weights.out_in
+        if weights is not None and weights.head is not None:
+            w, layout = weights.head, ("vd" if out_in else "dv")
+        else:
+            w, layout = self.head_weight()
+        w = w.astype(as_dtype(self.config.dtype))
+        if out_in and layout == "vd":  # the decode loop's products: few rows, padded (see _SLOW_ROWS)
+            y = _dot_out_in(x.reshape(-1, x.shape[-1]), w, preferred_element_type=jnp.float32)
+            return y.reshape(x.shape[:-1] + (w.shape[0],))
         spec = "...d,vd->...v" if layout == "vd" else "...d,dv->...v"
-        return jnp.einsum(spec, x, w.astype(as_dtype(self.config.dtype)), preferred_element_type=jnp.float32)
+        return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
 
     def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
         x = jnp.take(self.embed.embedding[...], input_ids, axis=0).astype(as_dtype(self.config.dtype))
@@ -522,14 +566,18 @@ class Qwen3(nnx.Module):
     def decode_weights(self, transpose_head: bool = False, fuse: bool = False) -> "DecodeWeights":
         """The weights a decode loop reads, prepared once outside it (pass as ``decode_weights=``).
 
-        ``transpose_head``: also materialise a tied embedding as a ``[D, V]`` head. XLA CPU runs the
-        ``[V, D]``-transposed head product ~7% slower per decode step (batch 32, 40M model) than the
-        cost of one transpose per call; on accelerators the product reads the table as it is.
-        ``fuse``: each layer's projections concatenated (``fuse_projections``), for weights prepared
-        once per weights version.
+        ``transpose_head``: also materialise a tied embedding as a ``[D, V]`` head (was ~7% faster per
+        decode step on an AMD EPYC at batch 32 and a 32k vocabulary, than the cost of one transpose per call;
+        on accelerators the product reads the table as it is).
+        ``fuse``: each layer's matrices ``[out, in]``, q/k/v and gate/up concatenated (``fuse_projections``),
+        and the head ``[V, D]`` (a tied embedding as it lies; ``transpose_head`` is then ignored): for
+        weights prepared once per weights version.
         """
         w, layout = self.head_weight()
-        head = jnp.transpose(w) if transpose_head and layout == "vd" else None
+        if fuse:
+            head = jnp.transpose(w) if layout == "dv" else None
+        else:
+            head = jnp.transpose(w) if transpose_head and layout == "vd" else None
         layers = self.layer_params()
         return DecodeWeights([fuse_projections(p) for p in layers] if fuse else layers, head)
 
@@ -671,7 +719,7 @@ class Qwen3(nnx.Module):
             )
         if logits_at is not None:
             x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)[:, 0]
-        logits = self._head(x, decode_weights.head if decode_weights is not None else None)
+        logits = self._head(x, decode_weights)
         out: tuple = (logits,)
         if cache is not None:
             lengths = jnp.full((B,), T, jnp.int32) if chunk_lengths is None else chunk_lengths.astype(jnp.int32)

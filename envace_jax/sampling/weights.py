@@ -1,8 +1,9 @@
 """The weights the sampler's programs read, prepared once per weights version.
 
 The cached forward reads each layer's weights as a buffer of its own (``qwen3.DecodeWeights``), sliced
-out of the model's stacked arrays (and, on CPU, a tied head transposed to ``[D, V]``; without a mesh,
-each layer's q/k/v and gate/up concatenated, ``qwen3.fuse_projections``). Made in every program call,
+out of the model's stacked arrays (without a mesh, each layer's matrices ``[out, in]`` with q/k/v and
+gate/up concatenated, ``qwen3.fuse_projections``, and the head ``[V, D]``; on a CPU mesh, a tied head
+transposed to ``[D, V]``). Made in every program call,
 those copies cost seconds per call at Qwen3-0.6B on CPU (page faults of the 1.9-2.4 GB scratch), so on
 CPU the sampler makes them once per weights version and passes them to every program.
 
@@ -10,7 +11,7 @@ The version is the identity of the model's parameter arrays: jax arrays are immu
 (an optimizer update, ``nnx.update``, a checkpoint restore) are new array objects. ``PreparedWeights``
 keeps only weak references to them, so an old version is never held alive here; the stale copy is
 dropped before the new one is made, so at most one copy exists (one more copy of the layer weights,
-and on CPU of a tied head, in memory).
+and of an untied head or, on a CPU mesh, a tied one, in memory).
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ sample after an optimizer update comes from the new weights (checked against tra
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -88,21 +91,42 @@ def test_prepared_and_per_call_weights_sample_the_same(tmp_path):
     assert outs[0].tokens[0] == _hf_greedy(model, tmp_path, prompts[:1])[0]
 
 
-def test_fused_projections_sample_as_the_separate_ones_and_as_transformers(tmp_path):
-    model = qwen3.Qwen3(CFG, rngs=nnx.Rngs(4))
+@pytest.mark.parametrize("tied", [True, False])
+def test_fused_projections_sample_as_the_separate_ones_and_as_transformers(tmp_path, tied):
+    cfg = dataclasses.replace(CFG, tie_word_embeddings=tied)
+    model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(4))
     prompts = _prompts(3, [4, 10, 7])
     greedy = SamplingParams(temperature=0.0, max_new_tokens=NEW)
     sampled = SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=NEW, seed=2)
     fused = Sampler(model, prepare_weights=True, fuse_projections=True)
     plain = Sampler(model, prepare_weights=True, fuse_projections=False)
+    # 6 rows: the fused step pads its products' rows to 16 (qwen3._SLOW_ROWS)
     a = fused.generate(prompts + prompts, [greedy] * 3 + [sampled] * 3)
     b = plain.generate(prompts + prompts, [greedy] * 3 + [sampled] * 3)
-    # the two samplers really read different layouts
-    assert set(fused.prepared_weights.layers[0]) >= {qwen3.FUSED_QKV, qwen3.FUSED_GATE_UP}
+    # the two samplers really read different layouts: the fused one [out, in] matrices and a [V, D] head
+    D, N, K, H, F = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    shapes = {k: v.shape for k, v in fused.prepared_weights.layers[0].items() if v.ndim == 2}
+    assert shapes == {
+        qwen3.FUSED_QKV: ((N + 2 * K) * H, D),
+        qwen3.O_OUT_IN: (D, N * H),
+        qwen3.FUSED_GATE_UP: (2 * F, D),
+        qwen3.DOWN_OUT_IN: (D, F),
+    }
+    head = fused.prepared_weights.head
+    assert head is None if tied else head.shape == (V, D)  # a tied embedding is read as it lies
     assert "q_proj" not in fused.prepared_weights.layers[0] and "q_proj" in plain.prepared_weights.layers[0]
     assert a.tokens[:3] == _hf_greedy(model, tmp_path, prompts)
     assert a.tokens == b.tokens
     np.testing.assert_allclose(np.concatenate(a.logprobs), np.concatenate(b.logprobs), atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 8, 15, 16, 17])
+def test_out_in_product_with_padded_rows_is_the_plain_product(rows):
+    rng = np.random.default_rng(rows)
+    x, w = rng.standard_normal((rows, 24), np.float32), rng.standard_normal((40, 24), np.float32)
+    y = np.asarray(qwen3._dot_out_in(jnp.asarray(x), jnp.asarray(w)))
+    assert y.shape == (rows, 40)
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5, atol=1e-5)
 
 
 def test_fuse_projections_needs_prepared_weights():
