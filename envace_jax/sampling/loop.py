@@ -17,13 +17,14 @@ The device cache itself is sized per call to the bucket of what the batch needs,
 decode loop runs over the live window rather than the whole capacity.
 
 Weights: the cached forward reads each layer's weights as a buffer of its own (``qwen3.DecodeWeights``),
-sliced out of the model's stacked arrays (and, on CPU, a tied head transposed). On CPU the client has
-``prepare_weights`` do that once per weights version (``sampling.weights``), with each layer's matrices
-``[out, in]``, q/k/v and gate/up concatenated (``fuse``; the head is then the ``[V, D]`` table), and passes the result to every program, so no call copies the weights
-(at Qwen3-0.6B float32 the copies were 1.9 GB in the prefill and 2.4 GB in the decode, and their page
-faults cost seconds per call). Passed ``weights=None`` (the default on accelerators, where the copy is a
-fraction of a millisecond per GB of HBM and a persistent second copy would sit in the memory of the
-update), the programs slice the weights themselves, once per call, unfused.
+sliced out of the model's stacked arrays (and, unfused on CPU, a tied head transposed). On CPU the client
+has ``prepare_weights`` do that once per weights version (``sampling.weights``), with each layer's
+matrices ``[out, in]``, q/k/v and gate/up concatenated (``fuse``; the head is then the ``[V, D]`` table),
+and passes the result to every program, so no call copies the weights (at Qwen3-0.6B float32 the copies
+were 1.9 GB in the prefill and 2.4 GB in the decode, and their page faults cost seconds per call). Passed
+``weights=None`` (the default on accelerators, where the copy is a fraction of a millisecond per GB of HBM
+and a persistent second copy would sit in the memory of the update), the programs slice the weights
+themselves, once per call, unfused.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ class SamplerPrograms:
     mesh: single device); ``k_max``: candidate count of the fast sampling path (``sampling.ops``);
     ``cpu``: the devices are CPUs (the unfused decode loop then keeps the output head transposed, see
     ``qwen3.Qwen3.decode_weights``); ``fuse``: ``prepare_weights`` lays each layer's matrices out
-    ``[out, in]`` and concatenates q/k/v and gate/up (``qwen3.fuse_projections``); ``compiler_options``: XLA options of every program.
+    ``[out, in]`` and concatenates q/k/v and gate/up (``qwen3.fuse_projections``); ``compiler_options``:
+    XLA options of every program.
 
     The jitted callables: ``prepare_weights`` (the per-layer weights every other program reads),
     ``prefill`` (gather, resize, write one chunk), ``prepare`` (gather and resize only), ``prefill_rows``
