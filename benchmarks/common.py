@@ -86,10 +86,10 @@ def decode_matmul_floor_s(batch: int, reps: int = 7, clock=time.perf_counter) ->
     """Best-of-``reps`` seconds of only the weight matmuls of one decode step of CONFIG at ``batch``
     rows (q, k, v, o, gate, up, down per layer, then the LM head), float32, jitted, in the faster of two
     layouts: the model's ``[in, out]`` matrices, or ``[out, in]`` with rows padded as the sampler's
-    prepared weights run them (``qwen3._dot_out_in``; on a Xeon the faster one). Attention, norms and
+    prepared weights run them (``qwen3.dot_out_in``; on a Xeon the faster one). Attention, norms and
     sampling are left out, so no decoder (ours or transformers') can take a step faster than this on this
     machine: it bounds the reachable ratio of two decoders' step times."""
-    from envace_jax.models.qwen3 import _dot_out_in
+    from envace_jax.models.qwen3 import dot_out_in
 
     c = CONFIG
     d, f, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
@@ -97,12 +97,6 @@ def decode_matmul_floor_s(batch: int, reps: int = 7, clock=time.perf_counter) ->
     shapes = [(d, qd), (d, kd), (d, kd), (qd, d), (d, f), (d, f), (f, d)]
     layers = [[jnp.full(s, 1.0 / s[0], jnp.float32) for s in shapes] for _ in range(L)]
     head = jnp.full((d, c["vocab_size"]), 1.0 / d, jnp.float32)
-
-    def in_out(x, w):
-        return x @ w
-
-    def out_in(x, w_t):
-        return _dot_out_in(x, w_t)
 
     def chain(mul):
         @jax.jit
@@ -117,7 +111,7 @@ def decode_matmul_floor_s(batch: int, reps: int = 7, clock=time.perf_counter) ->
 
     x = jnp.ones((batch, d), jnp.float32)
     best = float("inf")
-    for mul, ws, hd in ((in_out, layers, head), (out_in, [[w.T for w in ly] for ly in layers], head.T)):
+    for mul, ws, hd in ((jnp.matmul, layers, head), (dot_out_in, [[w.T for w in ly] for ly in layers], head.T)):
         step = chain(mul)
         step(x, ws, hd).block_until_ready()
         best = min(best, *(timed(lambda: step(x, ws, hd).block_until_ready(), clock) for _ in range(reps)))

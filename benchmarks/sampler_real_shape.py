@@ -83,18 +83,18 @@ def _weight_matmuls(x, weights):
     D = x.shape[-1]
     for p in weights.layers:
         if weights.out_in:  # qwen3.fuse_projections: [out, in] matrices, rows padded as the step pads them
-            qkv = qwen3._dot_out_in(x, p[qwen3.FUSED_QKV])
+            qkv = qwen3.dot_out_in(x, p[qwen3.FUSED_QKV])
             n = p[qwen3.O_OUT_IN].shape[1]
-            x = x + qwen3._dot_out_in(qkv[:, :n] + qkv[:, n:].sum(-1, keepdims=True), p[qwen3.O_OUT_IN])
-            g, u = jnp.split(qwen3._dot_out_in(x, p[qwen3.FUSED_GATE_UP]), 2, axis=1)
-            x = x + qwen3._dot_out_in(g * u, p[qwen3.DOWN_OUT_IN])
+            x = x + qwen3.dot_out_in(qkv[:, :n] + qkv[:, n:].sum(-1, keepdims=True), p[qwen3.O_OUT_IN])
+            g, u = jnp.split(qwen3.dot_out_in(x, p[qwen3.FUSED_GATE_UP]), 2, axis=1)
+            x = x + qwen3.dot_out_in(g * u, p[qwen3.DOWN_OUT_IN])
             continue
         o = p["o_proj"].reshape(-1, D)
         q = x @ p["q_proj"].reshape(D, -1)
         kv = x @ p["k_proj"].reshape(D, -1) + x @ p["v_proj"].reshape(D, -1)
         x = x + (q + jnp.pad(kv, ((0, 0), (0, q.shape[1] - kv.shape[1])))) @ o
         x = x + (x @ p["gate_proj"] * (x @ p["up_proj"])) @ p["down_proj"]
-    return x @ weights.head if weights.head.shape[0] == D else qwen3._dot_out_in(x, weights.head)
+    return x @ weights.head if weights.head.shape[0] == D else qwen3.dot_out_in(x, weights.head)
 
 
 def weight_matmul_floor_s(sampler: Sampler, batch: int, reps: int = 5) -> float:

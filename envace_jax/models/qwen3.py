@@ -412,7 +412,7 @@ def fuse_projections(p: dict[str, jax.Array]) -> dict[str, jax.Array]:
 _SLOW_ROWS = range(4, 16)
 
 
-def _dot_out_in(x2: jax.Array, w: jax.Array, **kw) -> jax.Array:
+def dot_out_in(x2: jax.Array, w: jax.Array, **kw) -> jax.Array:
     """``x2 @ w.T`` for x2 ``[M, in]`` and w ``[out, in]``, with ``M`` in ``_SLOW_ROWS`` padded to 16 rows."""
     M = x2.shape[0]
     xp = jnp.pad(x2, ((0, 16 - M), (0, 0))) if M in _SLOW_ROWS else x2
@@ -421,7 +421,7 @@ def _dot_out_in(x2: jax.Array, w: jax.Array, **kw) -> jax.Array:
 
 def _project_out_in(x: jax.Array, w: jax.Array) -> jax.Array:
     """``x @ w.T`` for x ``[B, T, *in]`` (its trailing axes flattened) and w ``[out, in]``: ``[B, T, out]``."""
-    y = _dot_out_in(x.reshape(x.shape[0] * x.shape[1], -1), w)
+    y = dot_out_in(x.reshape(x.shape[0] * x.shape[1], -1), w)
     return y.reshape(x.shape[:2] + (w.shape[0],))
 
 
@@ -549,7 +549,7 @@ class Qwen3(nnx.Module):
             w, layout = self.head_weight()
         w = w.astype(as_dtype(self.config.dtype))
         if out_in and layout == "vd":  # the decode loop's products: few rows, padded (see _SLOW_ROWS)
-            y = _dot_out_in(x.reshape(-1, x.shape[-1]), w, preferred_element_type=jnp.float32)
+            y = dot_out_in(x.reshape(-1, x.shape[-1]), w, preferred_element_type=jnp.float32)
             return y.reshape(x.shape[:-1] + (w.shape[0],))
         spec = "...d,vd->...v" if layout == "vd" else "...d,dv->...v"
         return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)

@@ -124,7 +124,7 @@ def test_fused_projections_sample_as_the_separate_ones_and_as_transformers(tmp_p
 def test_out_in_product_with_padded_rows_is_the_plain_product(rows):
     rng = np.random.default_rng(rows)
     x, w = rng.standard_normal((rows, 24), np.float32), rng.standard_normal((40, 24), np.float32)
-    y = np.asarray(qwen3._dot_out_in(jnp.asarray(x), jnp.asarray(w)))
+    y = np.asarray(qwen3.dot_out_in(jnp.asarray(x), jnp.asarray(w)))
     assert y.shape == (rows, 40)
     np.testing.assert_allclose(y, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5, atol=1e-5)
 
