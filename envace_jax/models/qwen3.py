@@ -41,7 +41,7 @@ from jax.sharding import Mesh
 from envace_jax import sharding as shd
 from envace_jax.model_sizes import TINY
 from envace_jax.models import hf_config, shared_prefix, vjp_ops
-from envace_jax.models.kv_cache import KVCache, cached_attention, visible_slots, write_chunk
+from envace_jax.models.kv_cache import KVCache, cache_dtype, cached_attention, visible_slots, write_chunk  # noqa: F401
 
 # Re-exported: outside code reaches the cache's axes through ``qwen3``.
 from envace_jax.models.kv_cache import CACHE_K_AXES, CACHE_K_SLOT_AXIS, CACHE_V_AXES, CACHE_V_SLOT_AXIS  # noqa: F401
@@ -329,10 +329,15 @@ def _project(x, w, spec: str, n_in: int, train: bool):
     """``einsum(spec, x, w)`` for x ``[B, T, *in]`` and w ``[*in, *out]`` (``n_in`` contracted dims), on
     2-D views. On the cache-free path (training, scoring) it runs as ``vjp_ops.dense``, whose backward
     writes gradients in the arrays' own layouts; the sampler's cached path uses a plain product of the
-    same views (with two contracted axes, XLA CPU transposed o_proj's weights at every decode step)."""
+    same views (with two contracted axes, XLA CPU transposed o_proj's weights at every decode step).
+
+    Both accumulate in float32 and round to x's dtype once. Besides the precision, it is the fast path for
+    bfloat16 on CPU: a bfloat16 product asked for a bfloat16 result ran 5-10x slower on XLA CPU than the
+    same product with a float32 result (on a Xeon with AMX, 0.6B's decode step 780 ms against 80 ms;
+    ``docs/performance.md``)."""
     k_in = int(np.prod(w.shape[:n_in]))
     x2, w2 = x.reshape(-1, k_in), w.reshape(k_in, -1)
-    y = vjp_ops.dense(x2, w2) if train else jnp.dot(x2, w2)
+    y = vjp_ops.dense(x2, w2) if train else jnp.dot(x2, w2, preferred_element_type=jnp.float32).astype(x.dtype)
     return y.reshape(x.shape[:2] + w.shape[n_in:])
 
 
@@ -407,22 +412,28 @@ def fuse_projections(p: dict[str, jax.Array]) -> dict[str, jax.Array]:
 
 # YNN, XLA CPU's matmul library, multiplied 4-15 rows by a weight matrix more slowly than 16 rows on the
 # 2-core Xeon we timed: the weight products of a 28-layer, 0.6B-wide decode step took 242-251 ms at 4 or 8
-# rows and 215 ms at the same rows padded to 16 (1-3 rows: 85-150 ms, faster unpadded). Products of the
-# sampler's decode loop pad such row counts to 16; the zero rows' outputs are dropped.
+# rows and 215 ms at the same rows padded to 16 (1-3 rows: 85-150 ms, faster unpadded). In bfloat16 every
+# count below 16 is slow: 1 row took 628 ms against 78 ms padded to 16 (the padded bfloat16 products run on
+# the Xeon's AMX tiles). Products of the sampler's decode loop pad such row counts to 16; the zero rows'
+# outputs are dropped.
 _SLOW_ROWS = range(4, 16)
+_SLOW_ROWS_LOW_PRECISION = range(1, 16)
 
 
 def dot_out_in(x2: jax.Array, w: jax.Array, **kw) -> jax.Array:
-    """``x2 @ w.T`` for x2 ``[M, in]`` and w ``[out, in]``, with ``M`` in ``_SLOW_ROWS`` padded to 16 rows."""
+    """``x2 @ w.T`` for x2 ``[M, in]`` and w ``[out, in]``, with ``M`` in ``_SLOW_ROWS`` (float32) or
+    ``_SLOW_ROWS_LOW_PRECISION`` (other dtypes) padded to 16 rows."""
     M = x2.shape[0]
-    xp = jnp.pad(x2, ((0, 16 - M), (0, 0))) if M in _SLOW_ROWS else x2
+    slow = _SLOW_ROWS if x2.dtype == jnp.float32 else _SLOW_ROWS_LOW_PRECISION
+    xp = jnp.pad(x2, ((0, 16 - M), (0, 0))) if M in slow else x2
     return jax.lax.dot_general(xp, w, (((1,), (1,)), ((), ())), **kw)[:M]
 
 
 def _project_out_in(x: jax.Array, w: jax.Array) -> jax.Array:
-    """``x @ w.T`` for x ``[B, T, *in]`` (its trailing axes flattened) and w ``[out, in]``: ``[B, T, out]``."""
-    y = dot_out_in(x.reshape(x.shape[0] * x.shape[1], -1), w)
-    return y.reshape(x.shape[:2] + (w.shape[0],))
+    """``x @ w.T`` for x ``[B, T, *in]`` (its trailing axes flattened) and w ``[out, in]``: ``[B, T, out]`` in
+    x's dtype, accumulated in float32 (see ``_project``)."""
+    y = dot_out_in(x.reshape(x.shape[0] * x.shape[1], -1), w, preferred_element_type=jnp.float32)
+    return y.astype(x.dtype).reshape(x.shape[:2] + (w.shape[0],))
 
 
 def _split_heads(qkv: jax.Array, cfg: Qwen3Config):
@@ -461,7 +472,7 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv)
     else:
         k_cache, v_cache, end = cache_kv
         new_kv = write_chunk(k_cache, v_cache, k, v, end)
-        attn = cached_attention(q, new_kv[0].astype(dt), new_kv[1].astype(dt), mask)
+        attn = cached_attention(q, *new_kv, mask)  # a float32 cache is read as it lies (kv_cache.cache_dtype)
     x = x + (_project_out_in(attn, w[O_OUT_IN]) if fused else _project(attn, w["o_proj"], "btnh,nhd->btd", 2, train))
     x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
     h = rms_norm(x, w["post_norm"], eps)
@@ -486,6 +497,10 @@ class DecodeWeights:
 
     layers: list[dict[str, jax.Array]]
     head: jax.Array | None = None
+    # A 16-bit float embedding table's bit patterns (uint16), gathered in its place: XLA CPU has no bfloat16
+    # gather, and converted the whole table to float32 first in every program that embeds (Qwen3-0.6B: 106 ms
+    # per program, so twice per sampler call). Made with the fused layout (``fuse=True``), else None.
+    embed_bits: jax.Array | None = None
 
     @property
     def out_in(self) -> bool:
@@ -554,8 +569,14 @@ class Qwen3(nnx.Module):
         spec = "...d,vd->...v" if layout == "vd" else "...d,dv->...v"
         return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
 
-    def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
-        x = jnp.take(self.embed.embedding[...], input_ids, axis=0).astype(as_dtype(self.config.dtype))
+    def embed_tokens(self, input_ids: jax.Array, weights: "DecodeWeights | None" = None) -> jax.Array:
+        """The rows of the embedding table, or of ``weights.embed_bits`` (its bit patterns) when given."""
+        if weights is not None and weights.embed_bits is not None:
+            table = self.embed.embedding[...]
+            x = jax.lax.bitcast_convert_type(jnp.take(weights.embed_bits, input_ids, axis=0), table.dtype)
+        else:
+            x = jnp.take(self.embed.embedding[...], input_ids, axis=0)
+        x = x.astype(as_dtype(self.config.dtype))
         return shd.constrain(x, ("batch", "length", "act_embed"), self.mesh, self.rules)
 
     def layer_params(self) -> list[dict[str, jax.Array]]:
@@ -570,8 +591,9 @@ class Qwen3(nnx.Module):
         decode step on an AMD EPYC at batch 32 and a 32k vocabulary, than the cost of one transpose per call;
         on accelerators the product reads the table as it is).
         ``fuse``: each layer's matrices ``[out, in]``, q/k/v and gate/up concatenated (``fuse_projections``),
-        and the head ``[V, D]`` (a tied embedding as it lies; ``transpose_head`` is then ignored): for
-        weights prepared once per weights version.
+        and the head ``[V, D]`` (a tied embedding as it lies; ``transpose_head`` is then ignored), and a 16-bit
+        float embedding's bit patterns (``DecodeWeights.embed_bits``): for weights prepared once per weights
+        version.
         """
         w, layout = self.head_weight()
         if fuse:
@@ -579,7 +601,13 @@ class Qwen3(nnx.Module):
         else:
             head = jnp.transpose(w) if transpose_head and layout == "vd" else None
         layers = self.layer_params()
-        return DecodeWeights([fuse_projections(p) for p in layers] if fuse else layers, head)
+        if not fuse:
+            return DecodeWeights(layers, head)
+        table = self.embed.embedding[...]
+        bits = None
+        if table.dtype.itemsize == 2 and jnp.issubdtype(table.dtype, jnp.floating):
+            bits = jax.lax.bitcast_convert_type(table, jnp.uint16)
+        return DecodeWeights([fuse_projections(p) for p in layers], head, bits)
 
     def _run_layers_cached(self, x, positions, visible, cache: KVCache, layer_params):
         """The cache path: layers unrolled over the per-layer cache buffers (see ``kv_cache``)."""
@@ -708,7 +736,7 @@ class Qwen3(nnx.Module):
                 raise ValueError("return_hidden_states is not supported with a KV cache")
             if positions is None:
                 positions = cache.end[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-        x = self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids, decode_weights)
         if cache is None:
             x, hidden = self._run_layers(x, positions, mask, return_hidden_states)
         else:

@@ -123,6 +123,7 @@ class Sampler:
         elif fuse_projections and self.mesh is not None:
             raise ValueError("Sampler(fuse_projections=True) is for a sampler without a mesh")
         self.fuse_projections = bool(fuse_projections)
+        self.cache_dtype = qwen3.cache_dtype(self.cfg, cpu)
         self.compiler_options = dict(compiler_options) if compiler_options else None
         self._programs = SamplerPrograms(
             nnx.graphdef(shadow),
@@ -181,7 +182,7 @@ class Sampler:
             return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
 
         k_shape, v_shape = qwen3.KVCache.shapes(self.cfg, batch, window)
-        dt = qwen3.as_dtype(self.cfg.dtype)
+        dt = self.cache_dtype
         # Per-layer buffers, as _starting_cache allocates them.
         L = self.cfg.num_layers
         k = tuple(arg(k_shape, dt, qwen3.CACHE_K_AXES) for _ in range(L))
@@ -475,7 +476,7 @@ class Sampler:
             (k, v), gather = self._spare, False
         else:
             self._spare = None  # freed before the new cache is made
-            dt = qwen3.as_dtype(self.cfg.dtype)
+            dt = self.cache_dtype
             k = tuple(self._zeros(k_shape, dt, qwen3.CACHE_K_AXES) for _ in range(self.cfg.num_layers))
             v = tuple(self._zeros(v_shape, dt, qwen3.CACHE_V_AXES) for _ in range(self.cfg.num_layers))
             gather = False

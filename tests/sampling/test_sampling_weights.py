@@ -134,3 +134,47 @@ def test_fuse_projections_needs_prepared_weights():
     with pytest.raises(ValueError, match="needs prepare_weights"):
         Sampler(model, prepare_weights=False, fuse_projections=True)
     assert not Sampler(model, prepare_weights=False).fuse_projections
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 16])
+def test_out_in_product_in_bfloat16_accumulates_in_float32(rows):
+    # bfloat16 rows below 16 are padded (qwen3._SLOW_ROWS_LOW_PRECISION); the float32 result of bfloat16
+    # inputs equals the float64 product of the same rounded inputs up to float32 rounding
+    rng = np.random.default_rng(rows)
+    x = jnp.asarray(rng.standard_normal((rows, 24), np.float32), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((40, 24), np.float32), jnp.bfloat16)
+    y = qwen3.dot_out_in(x, w, preferred_element_type=jnp.float32)
+    assert y.shape == (rows, 40) and y.dtype == jnp.float32
+    ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+    np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-5, atol=1e-5)
+
+
+# A bfloat16 model (Qwen3's released dtype) samples on CPU, and its tokens are transformers' in bfloat16 up
+# to bfloat16 rounding. Teacher-forced on our tokens, transformers' bfloat16 log-probs differ from the
+# sampler's by up to ~0.02 on this tiny model (two frameworks' bfloat16 roundings); we allow 0.06, and our
+# greedy token must be transformers' argmax or within that of it.
+BF16_LOGPROB_ATOL = 0.06
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_bfloat16_sampler_agrees_with_transformers_in_bfloat16(tmp_path, fuse):
+    cfg = dataclasses.replace(CFG, dtype="bfloat16", param_dtype="bfloat16")
+    model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(5))
+    assert model.layers.q_proj[...].dtype == jnp.bfloat16
+    prompts = _prompts(4, [4, 10, 7, 5, 9, 6])  # prompts longer than one token: the cached prefill path
+    out = Sampler(model, prepare_weights=True, fuse_projections=fuse).generate(
+        prompts, SamplingParams(temperature=0.0, max_new_tokens=NEW)
+    )
+    hf_io.save_hf(model, str(tmp_path))
+    hf = Qwen3ForCausalLM.from_pretrained(str(tmp_path), dtype=torch.bfloat16).eval()
+    agree = total = 0
+    for prompt, toks, lps in zip(prompts, out.tokens, out.logprobs):
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + toks])).logits[0].double()
+        ref = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1].numpy()
+        mine = ref[np.arange(NEW), toks]
+        np.testing.assert_allclose(lps, mine, atol=BF16_LOGPROB_ATOL)
+        assert (mine >= ref.max(-1) - BF16_LOGPROB_ATOL).all(), "a greedy token far below transformers' argmax"
+        agree += int((ref.argmax(-1) == np.asarray(toks)).sum())
+        total += NEW
+    assert agree >= 0.9 * total, f"{agree} of {total} greedy tokens are transformers' argmax"
