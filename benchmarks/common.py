@@ -119,14 +119,19 @@ def decode_matmul_floor_s(batch: int, reps: int = 7, clock=time.perf_counter) ->
 
 
 def cache_read_floor_s(
-    batch: int, slots: int, reps: int = 7, clock=time.perf_counter, config: dict | None = None
+    batch: int,
+    slots: int,
+    reps: int = 7,
+    clock=time.perf_counter,
+    config: dict | None = None,
+    dtype: str = "float32",
 ) -> float:
-    """Best-of-``reps`` seconds of one read of a float32 k/v cache of ``config`` (default CONFIG; every
+    """Best-of-``reps`` seconds of one read of a ``dtype`` k/v cache of ``config`` (default CONFIG; every
     layer, ``batch`` rows, ``slots`` slots), as a jitted sum: what any decode step that attends to that
     cache must at least spend reading it."""
     c = CONFIG if config is None else config
     shape = (c["num_hidden_layers"], batch, c["num_key_value_heads"], c["head_dim"], slots)
-    k, v = jnp.ones(shape, jnp.float32), jnp.ones(shape, jnp.float32)
+    k, v = jnp.ones(shape, dtype), jnp.ones(shape, dtype)
     read = jax.jit(lambda k, v: k.sum() + v.sum())
     read(k, v).block_until_ready()
     return min(timed(lambda: read(k, v).block_until_ready(), clock) for _ in range(reps))

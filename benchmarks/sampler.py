@@ -171,6 +171,12 @@ def main():
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None, help="time a real Qwen3 shape (see above)")
     ap.add_argument("--preset-batches", default="1,8,32", help="batch sizes of the --preset run")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the --preset run")
+    ap.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="dtype of both models in the --preset run (bfloat16: Qwen3's released checkpoints' dtype)",
+    )
     args = ap.parse_args()
     reps = 1 if args.quick else 3
     if args.preset is not None:
@@ -178,7 +184,8 @@ def main():
 
         host_memory.retain_freed_memory()
         print(host_memory.describe(), flush=True)
-        sampler_real_shape.run(args.preset, [int(b) for b in args.preset_batches.split(",")], reps, args.threads)
+        batches = [int(b) for b in args.preset_batches.split(",")]
+        sampler_real_shape.run(args.preset, batches, reps, args.threads, args.dtype)
         return
     compare = parse_options(args.compare_options) if args.compare_options is not None else None
     batches = [int(b) for b in args.batches.split(",")]

@@ -1,7 +1,9 @@
 """Our sampler against transformers' ``generate`` at a real Qwen3 shape (``benchmarks/sampler.py --preset``).
 
-Random float32 weights, made by us and exported with ``hf_io.save_hf`` for transformers to load, so both
-decode the same model. Greedy, a 64-token prompt per row, no early stop. Per batch size, alternating ours
+Random weights, made by us and exported with ``hf_io.save_hf`` for transformers to load, so both decode
+the same model, in the same dtype (``--dtype``: float32, or bfloat16 as Qwen3's released checkpoints are
+stored; then both keep bfloat16 weights and activations and accumulate products in float32). Greedy, a
+64-token prompt per row, no early stop. Per batch size, alternating ours
 and HF in one process so both see the same machine load:
   - tokens/s at 32 new tokens (median of ``reps`` alternating calls) and how many rows' greedy tokens are
     equal;
@@ -40,16 +42,17 @@ PRESETS = {
 }
 
 
-def build(preset: str, threads: int):
-    """(our model, transformers' model) with the same random weights."""
+def build(preset: str, threads: int, dtype: str = "float32"):
+    """(our model, transformers' model) with the same random weights, both in ``dtype``."""
     from transformers import Qwen3ForCausalLM
 
-    cfg = qwen3.Qwen3Config.from_hf(PRESETS[preset])  # the same reader as for a real config.json
+    # the same reader as for a real config.json
+    cfg = qwen3.Qwen3Config.from_hf(PRESETS[preset], dtype=dtype, param_dtype=dtype)
     model = qwen3.init_model(cfg, seed=0)
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as d:
         hf_io.save_hf(model, d)
-        hf = Qwen3ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        hf = Qwen3ForCausalLM.from_pretrained(d, dtype=getattr(torch, dtype)).eval()
     hf.generation_config.eos_token_id = None  # every row generates exactly the tokens asked for
     hf.generation_config.pad_token_id = 0
     return model, hf
@@ -75,6 +78,14 @@ def hf_generate(hf, prompts, new: int) -> tuple[float, list[list[int]]]:
     return dt, out[:, PROMPT:].tolist()
 
 
+def _mm(x, w, out_in: bool):
+    """``x @ w`` (``x @ w.T`` for an ``[out, in]`` w, rows padded as the step pads them), accumulated in
+    float32 and rounded to x's dtype, as the sampler's products are."""
+    if out_in:
+        return qwen3.dot_out_in(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
 @jax.jit
 def _weight_matmuls(x, weights):
     """The weight matmuls of one decode step (q, k, v, o, gate, up, down per layer, then the head) on
@@ -82,19 +93,23 @@ def _weight_matmuls(x, weights):
     step can undercut; attention, norms and sampling left out."""
     D = x.shape[-1]
     for p in weights.layers:
-        if weights.out_in:  # qwen3.fuse_projections: [out, in] matrices, rows padded as the step pads them
-            qkv = qwen3.dot_out_in(x, p[qwen3.FUSED_QKV])
+        if weights.out_in:  # qwen3.fuse_projections: [out, in] matrices
+            qkv = _mm(x, p[qwen3.FUSED_QKV], True)
             n = p[qwen3.O_OUT_IN].shape[1]
-            x = x + qwen3.dot_out_in(qkv[:, :n] + qkv[:, n:].sum(-1, keepdims=True), p[qwen3.O_OUT_IN])
-            g, u = jnp.split(qwen3.dot_out_in(x, p[qwen3.FUSED_GATE_UP]), 2, axis=1)
-            x = x + qwen3.dot_out_in(g * u, p[qwen3.DOWN_OUT_IN])
+            x = x + _mm(qkv[:, :n] + qkv[:, n:].sum(-1, keepdims=True), p[qwen3.O_OUT_IN], True)
+            g, u = jnp.split(_mm(x, p[qwen3.FUSED_GATE_UP], True), 2, axis=1)
+            x = x + _mm(g * u, p[qwen3.DOWN_OUT_IN], True)
             continue
         o = p["o_proj"].reshape(-1, D)
-        q = x @ p["q_proj"].reshape(D, -1)
-        kv = x @ p["k_proj"].reshape(D, -1) + x @ p["v_proj"].reshape(D, -1)
-        x = x + (q + jnp.pad(kv, ((0, 0), (0, q.shape[1] - kv.shape[1])))) @ o
-        x = x + (x @ p["gate_proj"] * (x @ p["up_proj"])) @ p["down_proj"]
-    return x @ weights.head if weights.head.shape[0] == D else qwen3.dot_out_in(x, weights.head)
+        q = _mm(x, p["q_proj"].reshape(D, -1), False)
+        kv = _mm(x, p["k_proj"].reshape(D, -1), False) + _mm(x, p["v_proj"].reshape(D, -1), False)
+        x = x + _mm(q + jnp.pad(kv, ((0, 0), (0, q.shape[1] - kv.shape[1]))), o, False)
+        x = x + _mm(_mm(x, p["gate_proj"], False) * _mm(x, p["up_proj"], False), p["down_proj"], False)
+    head = weights.head
+    x = x.astype(head.dtype)
+    if head.shape[0] == D:
+        return jnp.matmul(x, head, preferred_element_type=jnp.float32)
+    return qwen3.dot_out_in(x, head, preferred_element_type=jnp.float32)
 
 
 def weight_matmul_floor_s(sampler: Sampler, batch: int, reps: int = 5) -> float:
@@ -104,7 +119,7 @@ def weight_matmul_floor_s(sampler: Sampler, batch: int, reps: int = 5) -> float:
         prepared = sampler.model.decode_weights()
     if prepared.head is None:  # the step reads the model's own head: a tied embedding, [V, D]
         prepared = qwen3.DecodeWeights(prepared.layers, sampler.model.head_weight()[0])
-    x = jnp.full((batch, sampler.cfg.hidden_size), 0.01, jnp.float32)
+    x = jnp.full((batch, sampler.cfg.hidden_size), 0.01, qwen3.as_dtype(sampler.cfg.dtype))
     _weight_matmuls(x, prepared).block_until_ready()
     return min(timed(lambda: _weight_matmuls(x, prepared).block_until_ready()) for _ in range(reps))
 
@@ -149,7 +164,7 @@ def one_batch(preset: str, model, hf, batch: int, reps: int, rng) -> dict:
     res["window"] = int(state.k[0].shape[qwen3.CACHE_K_SLOT_AXIS])
     del state
     res["floor_matmul_s"] = weight_matmul_floor_s(sampler, batch)
-    res["floor_cache_s"] = cache_read_floor_s(batch, res["window"], reps=5, config=cfg)
+    res["floor_cache_s"] = cache_read_floor_s(batch, res["window"], reps=5, config=cfg, dtype=model.config.dtype)
 
     # where a call goes: our prefill and decode (timed separately), HF's forward over the prompts
     sampler.timed = True
@@ -201,14 +216,14 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def run(preset: str, batches: list[int], reps: int, threads: int) -> None:
+def run(preset: str, batches: list[int], reps: int, threads: int, dtype: str = "float32") -> None:
     rng = np.random.RandomState(0)
     t = time.perf_counter()
-    model, hf = build(preset, threads)
+    model, hf = build(preset, threads, dtype)
     c = PRESETS[preset]
     print(
         f"preset {preset}: {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, vocab {c['vocab_size']}, "
-        f"float32, random weights ({model.config.num_params() / 1e6:.0f}M parameters; built in "
+        f"{dtype}, random weights ({model.config.num_params() / 1e6:.0f}M parameters; built in "
         f"{time.perf_counter() - t:.0f} s); prompt {PROMPT}, {NEW} new tokens, greedy, median of {reps}; "
         f"torch threads {torch.get_num_threads()}",
         flush=True,
