@@ -129,9 +129,14 @@ def cached_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, visib
     m = s.max(-1, keepdims=True)
     e = jnp.exp(s - m)
     den = e.sum(-1)  # [B,K,G,T]
-    dt = v_cache.dtype
     # Normalised after the value product (on [B,K,G,T,H] rather than on the S-long probabilities).
-    out = jnp.einsum("bkgts,bksh->bkgth", e.astype(dt), v_cache, preferred_element_type=jnp.float32)
+    if T == 1:
+        # The value product as multiply + reduce over S too, for the same reason as the scores (0.6B width,
+        # bfloat16, batch 32: 8 layers' step 87 -> 79 ms; float32 unchanged within noise).
+        out = jnp.sum(e[..., None] * v_cache[:, :, None, None].astype(jnp.float32), axis=-2)
+    else:
+        dt = v_cache.dtype
+        out = jnp.einsum("bkgts,bksh->bkgth", e.astype(dt), v_cache, preferred_element_type=jnp.float32)
     out = (out / den[..., None]).astype(q.dtype)
     if T == 1:
         # [B,K,G,1,H] is already [B,1,N,H] in memory; a transpose here (a no-op for T = 1) led XLA CPU
