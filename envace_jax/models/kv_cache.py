@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from envace_jax.models.numerics import MASK_VALUE, as_dtype
+from envace_jax.models.numerics import MASK_VALUE, as_dtype, is_16bit_float
 
 
 def cache_dtype(cfg: Any, cpu: bool) -> jnp.dtype:
@@ -36,10 +36,8 @@ def cache_dtype(cfg: Any, cpu: bool) -> jnp.dtype:
     (at Qwen3-0.6B shape, batch 32, bfloat16: a decode step of 472 ms against 155 ms of weight products and
     a cache read). The keys and values are rounded to the compute dtype before they are written, so a float32
     buffer holds exactly what a bfloat16 one would: the same numbers, twice the bytes."""
-    dt = as_dtype(cfg.dtype)
-    if cpu and jnp.dtype(dt).itemsize < 4:
-        return jnp.dtype(jnp.float32)
-    return jnp.dtype(dt)
+    dt = jnp.dtype(as_dtype(cfg.dtype))
+    return jnp.dtype(jnp.float32) if cpu and is_16bit_float(dt) else dt
 
 
 @jax.tree_util.register_dataclass

@@ -18,3 +18,9 @@ def as_dtype(name: str | Any) -> Any:
             raise ValueError(f"unsupported dtype {name!r}; choose one of {sorted(DTYPES)}")
         return DTYPES[name]
     return jnp.dtype(name).type
+
+
+def is_16bit_float(dtype: Any) -> bool:
+    """bfloat16 or float16: the dtypes XLA CPU cannot scatter or gather without converting to float32."""
+    d = jnp.dtype(dtype)
+    return d.itemsize == 2 and jnp.issubdtype(d, jnp.floating)

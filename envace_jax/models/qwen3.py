@@ -45,7 +45,7 @@ from envace_jax.models.kv_cache import KVCache, cache_dtype, cached_attention, v
 
 # Re-exported: outside code reaches the cache's axes through ``qwen3``.
 from envace_jax.models.kv_cache import CACHE_K_AXES, CACHE_K_SLOT_AXIS, CACHE_V_AXES, CACHE_V_SLOT_AXIS  # noqa: F401
-from envace_jax.models.numerics import as_dtype
+from envace_jax.models.numerics import as_dtype, is_16bit_float
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 # Deepest layer stack whose cache-free pass is unrolled when Qwen3Config.scan_layers is None.
@@ -325,19 +325,16 @@ class DecoderStack(nnx.Module):
         return {k: v[...] for k, v in vars(self).items() if isinstance(v, nnx.Param)}
 
 
-def _project(x, w, spec: str, n_in: int, train: bool):
-    """``einsum(spec, x, w)`` for x ``[B, T, *in]`` and w ``[*in, *out]`` (``n_in`` contracted dims), on
-    2-D views. On the cache-free path (training, scoring) it runs as ``vjp_ops.dense``, whose backward
-    writes gradients in the arrays' own layouts; the sampler's cached path uses a plain product of the
-    same views (with two contracted axes, XLA CPU transposed o_proj's weights at every decode step).
-
-    Both accumulate in float32 and round to x's dtype once. Besides the precision, it is the fast path for
-    bfloat16 on CPU: a bfloat16 product asked for a bfloat16 result ran 5-10x slower on XLA CPU than the
-    same product with a float32 result (on a Xeon with AMX, the weight products of a 28-layer 0.6B decode
-    step at 8 rows: 778 ms against 81 ms; ``docs/performance.md``)."""
+def _project(x, w, spec: str, n_in: int):
+    """``einsum(spec, x, w)`` for x ``[B, T, *in]`` and w ``[*in, *out]`` (``n_in`` contracted dims), as
+    ``vjp_ops.dense`` on 2-D views: accumulated in float32 and rounded to x's dtype once, and a backward that
+    writes gradients in the arrays' own layouts. The 2-D views serve the sampler's cached path too (with two
+    contracted axes, XLA CPU transposed o_proj's weights at every decode step). The float32 result is also
+    the fast path for bfloat16 on CPU: a bfloat16 product asked for a bfloat16 result ran 5-10x slower on XLA
+    CPU than the same product with a float32 result (on a Xeon with AMX, the weight products of a 28-layer
+    0.6B decode step at 8 rows: 778 ms against 81 ms; ``docs/performance.md``)."""
     k_in = int(np.prod(w.shape[:n_in]))
-    x2, w2 = x.reshape(-1, k_in), w.reshape(k_in, -1)
-    y = vjp_ops.dense(x2, w2) if train else jnp.dot(x2, w2, preferred_element_type=jnp.float32).astype(x.dtype)
+    y = vjp_ops.dense(x.reshape(-1, k_in), w.reshape(k_in, -1))
     return y.reshape(x.shape[:2] + w.shape[n_in:])
 
 
@@ -454,15 +451,14 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv)
     dt = as_dtype(cfg.dtype)
     w = {k: v.astype(dt) if k not in ("input_norm", "post_norm", "q_norm", "k_norm") else v for k, v in p.items()}
     eps = cfg.rms_norm_eps
-    train = cache_kv is None
     h = rms_norm(x, w["input_norm"], eps)
     fused = FUSED_QKV in w  # fuse_projections(): four [out, in] products, q/k/v and gate/up one each
     if fused:
         q, k, v = _split_heads(_project_out_in(h, w[FUSED_QKV]), cfg)
     else:
-        q = _project(h, w["q_proj"], "btd,dnh->btnh", 1, train)
-        k = _project(h, w["k_proj"], "btd,dkh->btkh", 1, train)
-        v = _project(h, w["v_proj"], "btd,dkh->btkh", 1, train)
+        q = _project(h, w["q_proj"], "btd,dnh->btnh", 1)
+        k = _project(h, w["k_proj"], "btd,dkh->btkh", 1)
+        v = _project(h, w["v_proj"], "btd,dkh->btkh", 1)
     q = rotary(rms_norm(q, w["q_norm"], eps), positions, cfg.rope_theta)
     k = rotary(rms_norm(k, w["k_norm"], eps), positions, cfg.rope_theta)
     q = shd.constrain(q, ("batch", "length", "act_heads", None), mesh, rules)
@@ -473,17 +469,17 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, positions, mask, cache_kv)
         k_cache, v_cache, end = cache_kv
         new_kv = write_chunk(k_cache, v_cache, k, v, end)
         attn = cached_attention(q, *new_kv, mask)  # a float32 cache is read as it lies (kv_cache.cache_dtype)
-    x = x + (_project_out_in(attn, w[O_OUT_IN]) if fused else _project(attn, w["o_proj"], "btnh,nhd->btd", 2, train))
+    x = x + (_project_out_in(attn, w[O_OUT_IN]) if fused else _project(attn, w["o_proj"], "btnh,nhd->btd", 2))
     x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
     h = rms_norm(x, w["post_norm"], eps)
     if fused:
         gu = _project_out_in(h, w[FUSED_GATE_UP])
         g, u = gu[..., : cfg.intermediate_size], gu[..., cfg.intermediate_size :]
     else:
-        g = _project(h, w["gate_proj"], "btd,df->btf", 1, train)
-        u = _project(h, w["up_proj"], "btd,df->btf", 1, train)
+        g = _project(h, w["gate_proj"], "btd,df->btf", 1)
+        u = _project(h, w["up_proj"], "btd,df->btf", 1)
     act = shd.constrain(jax.nn.silu(g) * u, ("batch", "length", "act_mlp"), mesh, rules)
-    x = x + (_project_out_in(act, w[DOWN_OUT_IN]) if fused else _project(act, w["down_proj"], "btf,fd->btd", 1, train))
+    x = x + (_project_out_in(act, w[DOWN_OUT_IN]) if fused else _project(act, w["down_proj"], "btf,fd->btd", 1))
     x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
     return x, new_kv
 
@@ -605,7 +601,7 @@ class Qwen3(nnx.Module):
             return DecodeWeights(layers, head)
         table = self.embed.embedding[...]
         bits = None
-        if table.dtype.itemsize == 2 and jnp.issubdtype(table.dtype, jnp.floating):
+        if is_16bit_float(table.dtype):
             bits = jax.lax.bitcast_convert_type(table, jnp.uint16)
         return DecodeWeights([fuse_projections(p) for p in layers], head, bits)
 
