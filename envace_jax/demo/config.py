@@ -112,8 +112,10 @@ class DemoConfig:
     rehearsal_max_memory_chars: int = 600
     # "on_mistake": the memory reaches the real attempt only when a rehearsal wrote a call the tool schema
     # rejects (eval.rehearsal); "on_error": only when a rehearsal met a failure, an imagined refusal included;
-    # "always": every time, as EnvACE does
+    # "on_tools": only when a rehearsal called one of rehearsal_memory_tools; "always": every time, as EnvACE does
     rehearsal_place_memory: str = "on_mistake"
+    # comma-separated tools of rehearsal_place_memory="on_tools" (e.g. "close_account")
+    rehearsal_memory_tools: str = ""
     # comma-separated tools that change nothing (e.g. "get_balance"): a rehearsal's calls of them, before its
     # first call of another tool, run on its own copy of the real world (eval.rehearsal, "Real reads");
     # "": every response imagined, as EnvACE does
@@ -140,6 +142,11 @@ class DemoConfig:
         if self.rehearsal_place_memory not in MEMORY_GATES:
             raise ValueError(
                 f"demo rehearsal_place_memory must be one of {MEMORY_GATES}, got {self.rehearsal_place_memory!r}"
+            )
+        if (self.rehearsal_place_memory == "on_tools") != bool(self.rehearsal_memory_tools.strip(" ,")):
+            raise ValueError(
+                "demo rehearsal_memory_tools names the tools of rehearsal_place_memory='on_tools', and only of it: "
+                f"got {self.rehearsal_place_memory!r} with {self.rehearsal_memory_tools!r}"
             )
         if self.rl_replay_roles not in REPLAY_ROLES:
             raise ValueError(

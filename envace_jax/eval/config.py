@@ -29,8 +29,9 @@ MEMORY_KINDS = ("template", "model")
 PLACEMENTS = ("system", "note")
 # When the committed run gets the memory: "always" (EnvACE); "on_mistake": only when a rehearsal wrote a
 # call the tool schema rejects or a malformed call; "on_error": only when a rehearsal met any failure, an
-# imagined error or refusal included (eval.rehearsal explains why).
-MEMORY_GATES = ("always", "on_mistake", "on_error")
+# imagined error or refusal included; "on_tools": only when a rehearsal called one of ``memory_tools`` (eval.rehearsal
+# explains why).
+MEMORY_GATES = ("always", "on_mistake", "on_error", "on_tools")
 
 
 def _at_least(cfg: Any, section: str, names: tuple[str, ...], low: int) -> None:
@@ -110,7 +111,7 @@ class RehearsalConfig:
     memory: str = "template"
     max_memory_chars: int = 1500
     placement: str = "system"
-    place_memory: str = "always"  # or "on_mistake", "on_error" (MEMORY_GATES)
+    place_memory: str = "always"  # or "on_mistake", "on_error", "on_tools" (MEMORY_GATES)
     grounding: str = "none"  # "reference" keeps the few-shot logged results (privileged)
     user_turns: str = "first"  # "all" rehearses every scripted user turn
     summary: RoleSampling = RoleSampling(temperature=0.0, max_new_tokens=256)
@@ -121,11 +122,21 @@ class RehearsalConfig:
     # tools that change nothing, whose calls a rehearsal runs against its own copy of the real environment
     # until it first calls another tool (eval.rehearsal, "Real reads"); empty: purely imagined
     real_reads: tuple[str, ...] = ()
+    # place_memory="on_tools": the memory is placed only when a rehearsal called one of these tools (those whose
+    # effect cannot be undone and does not hang on a number REHEARSE must guess, e.g. closing an account)
+    memory_tools: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if isinstance(self.real_reads, str) or not all(isinstance(t, str) and t for t in self.real_reads):
-            raise ValueError(f"rehearsal.real_reads must be a tuple of tool names, got {self.real_reads!r}")
-        object.__setattr__(self, "real_reads", tuple(self.real_reads))
+        for name in ("real_reads", "memory_tools"):
+            tools = getattr(self, name)
+            if isinstance(tools, str) or not all(isinstance(t, str) and t for t in tools):
+                raise ValueError(f"rehearsal.{name} must be a tuple of tool names, got {tools!r}")
+            object.__setattr__(self, name, tuple(tools))
+        if (self.place_memory == "on_tools") != bool(self.memory_tools):
+            raise ValueError(
+                "rehearsal.memory_tools names the tools of place_memory='on_tools', and only of it: got "
+                f"place_memory={self.place_memory!r}, memory_tools={self.memory_tools!r}"
+            )
         choices = {
             "mode": REHEARSAL_MODES,
             "memory": MEMORY_KINDS,

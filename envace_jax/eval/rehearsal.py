@@ -45,6 +45,12 @@ noise included, so where every rehearsal ran clean (nothing to avoid) its one re
 as at N = 0, while an imagined refusal is exactly what a policy that has learned the rule from memories can
 act on (docs/results.md, "A policy that can act on a memory").
 
+``"on_tools"``: only when a rehearsal called one of ``memory_tools``, and then the whole memory. Why: an imagined
+outcome that hangs on a number REHEARSE must guess (a balance, a limit compared with an amount) is a coin flip
+the memory passes on, while a call whose effect is categorical and cannot be undone (closing an account: the
+account and its money are gone) has consequences an imagined episode shows without knowing any number
+(docs/results.md, "A third seed, and a gate on the irreversible call").
+
 ``memory="model"``: the policy itself condenses the template
 text of all rehearsals so far with a summarisation prompt (``summary_messages``); an empty summary
 falls back to the template. The memory is placed once, in the committed episode's initial messages
@@ -209,6 +215,11 @@ def caught_mistake(traces: Sequence[RehearsalTrace]) -> bool:
 def caught_error(traces: Sequence[RehearsalTrace]) -> bool:
     """Did a rehearsal meet any failure: an imagined error or refusal, or a mistake ``caught_mistake`` sees?"""
     return caught_mistake(traces) or any(s.error for t in traces for s in t.steps)
+
+
+def called_any(traces: Sequence[RehearsalTrace], tools: Sequence[str]) -> bool:
+    """Did a rehearsal call one of ``tools`` (whatever the imagined response)?"""
+    return any(s.name in tools for t in traces for s in t.steps)
 
 
 def build_template_memory(traces: Sequence[RehearsalTrace], max_chars: int, *, mistakes_only: bool = False) -> str:
@@ -399,7 +410,11 @@ class TestTimeRehearsal:
     def _memory(self, record: Mapping[str, Any], traces: list[RehearsalTrace], out: TaskRehearsal) -> str:
         gate = self.cfg.place_memory
         gated = gate == "on_mistake"
-        if (gated and not caught_mistake(traces)) or (gate == "on_error" and not caught_error(traces)):
+        if (
+            (gated and not caught_mistake(traces))
+            or (gate == "on_error" and not caught_error(traces))
+            or (gate == "on_tools" and not called_any(traces, self.cfg.memory_tools))
+        ):
             return ""
         template = build_template_memory(traces, self.cfg.max_memory_chars, mistakes_only=gated)
         if self.cfg.memory == "template":

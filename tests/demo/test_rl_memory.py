@@ -183,3 +183,12 @@ def test_train_len_sets_the_rl_row_limit():
     assert step.cfg.max_row_length == 640
     with pytest.raises(ValueError, match="train_len"):
         DemoConfig(train_len=10)
+
+
+def test_the_demo_passes_its_memory_tools_to_the_rehearsal_config():
+    cfg = DemoConfig(rehearsal_place_memory="on_tools", rehearsal_memory_tools="close_account, transfer")
+    reh = demo_rehearsal_config(cfg, n=2)
+    assert (reh.place_memory, reh.memory_tools) == ("on_tools", ("close_account", "transfer"))
+    for kw in ({"rehearsal_place_memory": "on_tools"}, {"rehearsal_memory_tools": "close_account"}):
+        with pytest.raises(ValueError, match="rehearsal_memory_tools"):
+            DemoConfig(**kw)

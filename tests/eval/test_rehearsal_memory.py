@@ -485,6 +485,40 @@ def test_on_error_places_the_whole_memory_after_an_imagined_refusal_and_none_aft
     assert R.caught_error([]) is False
 
 
+# ----------------------------------------------------------------------------- place_memory="on_tools"
+
+
+@pytest.mark.parametrize("mode", R.MODES)
+def test_on_tools_places_the_memory_only_when_a_rehearsal_called_a_named_tool(mode):
+    tasks = balance_tasks(2)
+    # policy_script's rehearsals call get_balance and are refused ("unknown account 'Ana'"); the memory makes the
+    # committed run use the lowercase name, which the real tool accepts (score 1); without it the run fails (0)
+    cases = ((("get_balance",), True, [1.0, 1.0]), (("transfer", "close_account"), False, [0.0, 0.0]))
+    for tools, placed, scores in cases:
+        RecordingEnv.log.clear()
+        _, reh, eps, _ = _run(R.RehearsalConfig(n=2, mode=mode, place_memory="on_tools", memory_tools=tools), tasks)
+        # (sequential: a second rehearsal that read the first one's memory may use the lowercase name)
+        assert all(s.name == "get_balance" for o in reh for t in o.traces for s in t.steps)
+        assert all(o.traces[0].steps[0].error for o in reh)
+        assert [bool(o.memory) for o in reh] == [placed, placed]
+        if placed:  # the whole memory, as "always" builds it
+            assert all(o.memory == R.build_template_memory(o.traces, 1500) for o in reh)
+        assert [e.score for e in eps] == scores
+    assert R.called_any([], ("get_balance",)) is False
+
+
+def test_on_tools_needs_its_tools_and_only_it_takes_them():
+    for kw in (
+        {"place_memory": "on_tools"},
+        {"place_memory": "always", "memory_tools": ("close_account",)},
+        {"place_memory": "on_tools", "memory_tools": "close_account"},
+        {"place_memory": "on_tools", "memory_tools": ("",)},
+    ):
+        with pytest.raises(ValueError, match="rehearsal.memory_tools"):
+            R.RehearsalConfig(**kw)
+    assert R.RehearsalConfig(place_memory="on_tools", memory_tools=["close_account"]).memory_tools == ("close_account",)
+
+
 # ----------------------------------------------------------------------------- sweep
 
 
