@@ -26,6 +26,11 @@ SILENT_ODDS = ("share", "natural")  # rl_silent_odds (demo.data.draw_rl_tasks)
 REPLAY_ROLES = {"act+rehearse": ("act", "rehearse"), "rehearse": ("rehearse",)}
 
 
+def tool_names(spec: str) -> tuple[str, ...]:
+    """The tool names of a comma-separated field (``rehearsal_real_reads``, ``rehearsal_memory_tools``)."""
+    return tuple(t.strip() for t in spec.split(",") if t.strip())
+
+
 @dataclasses.dataclass(frozen=True)
 class DemoConfig:
     seed: int = 0
@@ -143,7 +148,7 @@ class DemoConfig:
             raise ValueError(
                 f"demo rehearsal_place_memory must be one of {MEMORY_GATES}, got {self.rehearsal_place_memory!r}"
             )
-        if (self.rehearsal_place_memory == "on_tools") != bool(self.rehearsal_memory_tools.strip(" ,")):
+        if (self.rehearsal_place_memory == "on_tools") != bool(tool_names(self.rehearsal_memory_tools)):
             raise ValueError(
                 "demo rehearsal_memory_tools names the tools of rehearsal_place_memory='on_tools', and only of it: "
                 f"got {self.rehearsal_place_memory!r} with {self.rehearsal_memory_tools!r}"

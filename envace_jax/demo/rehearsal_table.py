@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 from envace_jax.demo import arms
 from envace_jax.demo import data as demo_data
 from envace_jax.demo import pretrain, stages
-from envace_jax.demo.config import DemoConfig
+from envace_jax.demo.config import DemoConfig, tool_names
 from envace_jax.eval import imagined_fidelity, paired
 
 MODEL_DIR = "model"
@@ -55,10 +55,6 @@ def sweep_settings(ns: Sequence[str], modes: Sequence[str]) -> tuple[tuple[int, 
     return n_values, tuple(modes)
 
 
-def _tool_names(spec: str) -> tuple[str, ...]:
-    return tuple(t.strip() for t in spec.split(",") if t.strip())
-
-
 def demo_rehearsal_config(cfg: DemoConfig, n: int):
     """The demo's test-time rehearsal settings (``rehearsal_*`` fields) with ``n`` imagined episodes: the one
     source of the memory's settings, at test time and in RL prompts (``demo.rl_memory``)."""
@@ -71,8 +67,8 @@ def demo_rehearsal_config(cfg: DemoConfig, n: int):
         temperature=cfg.rehearsal_temperature,
         place_memory=cfg.rehearsal_place_memory,
         seed=cfg.seed,
-        real_reads=_tool_names(cfg.rehearsal_real_reads),
-        memory_tools=_tool_names(cfg.rehearsal_memory_tools),
+        real_reads=tool_names(cfg.rehearsal_real_reads),
+        memory_tools=tool_names(cfg.rehearsal_memory_tools),
     )
 
 
