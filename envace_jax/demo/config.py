@@ -17,7 +17,7 @@ import dataclasses
 import typing
 
 from envace_jax.data.demo_tasks import FAMILIES, SPLITS
-from envace_jax.eval.config import MEMORY_GATES
+from envace_jax.eval.config import MEMORY_GATES, check_memory_tools
 from envace_jax.model_sizes import DEMO, MICRO
 
 DEFAULT_BASE_DIR = "assets/demo_base"
@@ -148,11 +148,12 @@ class DemoConfig:
             raise ValueError(
                 f"demo rehearsal_place_memory must be one of {MEMORY_GATES}, got {self.rehearsal_place_memory!r}"
             )
-        if (self.rehearsal_place_memory == "on_tools") != bool(tool_names(self.rehearsal_memory_tools)):
-            raise ValueError(
-                "demo rehearsal_memory_tools names the tools of rehearsal_place_memory='on_tools', and only of it: "
-                f"got {self.rehearsal_place_memory!r} with {self.rehearsal_memory_tools!r}"
-            )
+        check_memory_tools(
+            self.rehearsal_place_memory,
+            tool_names(self.rehearsal_memory_tools),
+            "demo rehearsal_place_memory",
+            "rehearsal_memory_tools",
+        )
         if self.rl_replay_roles not in REPLAY_ROLES:
             raise ValueError(
                 f"demo rl_replay_roles must be one of {sorted(REPLAY_ROLES)}, got {self.rl_replay_roles!r}"

@@ -34,6 +34,16 @@ PLACEMENTS = ("system", "note")
 MEMORY_GATES = ("always", "on_mistake", "on_error", "on_tools")
 
 
+def check_memory_tools(place_memory: str, memory_tools: tuple[str, ...], gate_field: str, tools_field: str) -> None:
+    """``memory_tools`` names the tools of ``place_memory="on_tools"``, and only of it (the field names are those
+    of the caller's config, so the error names what the user wrote)."""
+    if (place_memory == "on_tools") != bool(memory_tools):
+        raise ValueError(
+            f"{tools_field} names the tools of {gate_field}='on_tools', and only of it: got "
+            f"{gate_field}={place_memory!r}, {tools_field}={memory_tools!r}"
+        )
+
+
 def _at_least(cfg: Any, section: str, names: tuple[str, ...], low: int) -> None:
     for name in names:
         v = getattr(cfg, name)
@@ -132,11 +142,7 @@ class RehearsalConfig:
             if isinstance(tools, str) or not all(isinstance(t, str) and t for t in tools):
                 raise ValueError(f"rehearsal.{name} must be a tuple of tool names, got {tools!r}")
             object.__setattr__(self, name, tuple(tools))
-        if (self.place_memory == "on_tools") != bool(self.memory_tools):
-            raise ValueError(
-                "rehearsal.memory_tools names the tools of place_memory='on_tools', and only of it: got "
-                f"place_memory={self.place_memory!r}, memory_tools={self.memory_tools!r}"
-            )
+        check_memory_tools(self.place_memory, self.memory_tools, "place_memory", "rehearsal.memory_tools")
         choices = {
             "mode": REHEARSAL_MODES,
             "memory": MEMORY_KINDS,

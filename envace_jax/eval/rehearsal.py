@@ -222,6 +222,17 @@ def called_any(traces: Sequence[RehearsalTrace], tools: Sequence[str]) -> bool:
     return any(s.name in tools for t in traces for s in t.steps)
 
 
+def memory_wanted(gate: str, traces: Sequence[RehearsalTrace], memory_tools: Sequence[str] = ()) -> bool:
+    """Does the memory reach the committed run under ``place_memory=gate`` (the module doc says why each)?"""
+    if gate == "on_mistake":
+        return caught_mistake(traces)
+    if gate == "on_error":
+        return caught_error(traces)
+    if gate == "on_tools":
+        return called_any(traces, memory_tools)
+    return True  # "always"
+
+
 def build_template_memory(traces: Sequence[RehearsalTrace], max_chars: int, *, mistakes_only: bool = False) -> str:
     """The deterministic rehearsal memory (format in the module doc), at most ``max_chars`` long.
     ``mistakes_only``: "Avoid" lists the calls the tool schema rejects, not every imagined failure."""
@@ -408,15 +419,10 @@ class TestTimeRehearsal:
             return episodes
 
     def _memory(self, record: Mapping[str, Any], traces: list[RehearsalTrace], out: TaskRehearsal) -> str:
-        gate = self.cfg.place_memory
-        gated = gate == "on_mistake"
-        if (
-            (gated and not caught_mistake(traces))
-            or (gate == "on_error" and not caught_error(traces))
-            or (gate == "on_tools" and not called_any(traces, self.cfg.memory_tools))
-        ):
+        if not memory_wanted(self.cfg.place_memory, traces, self.cfg.memory_tools):
             return ""
-        template = build_template_memory(traces, self.cfg.max_memory_chars, mistakes_only=gated)
+        mistakes_only = self.cfg.place_memory == "on_mistake"
+        template = build_template_memory(traces, self.cfg.max_memory_chars, mistakes_only=mistakes_only)
         if self.cfg.memory == "template":
             return template
         prompt = self.codec.caller_prompt(summary_messages(record, traces, self.cfg.max_memory_chars), [])
