@@ -66,7 +66,16 @@ def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.
     q rotation of a 2,048-token, 16-head chunk took 15 ms with them inside, 4.6 ms reading tables)."""
     inv = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     ang = positions.astype(jnp.float32)[..., None] * inv  # [B, T, H/2]
-    return jnp.cos(ang)[:, :, None, :], jnp.sin(ang)[:, :, None, :]
+    tables = lambda a: (jnp.cos(a)[:, :, None, :], jnp.sin(a)[:, :, None, :])
+    if jax.default_backend() != "cpu":
+        return tables(ang)
+    # Made here is not enough on XLA CPU: it copies a cheap-looking producer into each consumer's fusion, so
+    # the cos and sin were still evaluated again for every element of every layer's q and k (and it drops an
+    # ``optimization_barrier`` before fusing). A conditional is a fusion boundary, so its results are made
+    # once. Its predicate depends on the data, so XLA cannot fold it; both branches are the same function, so
+    # which one runs never matters. (Qwen3-0.6B width, bfloat16, 32 prompts of 64 tokens: a layer's q rotation
+    # 5.8 -> 1.1 ms, and the 4-layer prefill program 467-532 -> 425-431 ms in three profiles.)
+    return jax.lax.cond(jnp.all(positions >= 0), tables, tables, ang)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
