@@ -72,9 +72,11 @@ def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.
     # Made here is not enough on XLA CPU: it copies a cheap-looking producer into each consumer's fusion, so
     # the cos and sin were still evaluated again for every element of every layer's q and k (and it drops an
     # ``optimization_barrier`` before fusing). A conditional is a fusion boundary, so its results are made
-    # once. Its predicate depends on the data, so XLA cannot fold it; both branches are the same function, so
-    # which one runs never matters. (Qwen3-0.6B width, bfloat16, 32 prompts of 64 tokens: a layer's q rotation
-    # 5.8 -> 1.1 ms, and the 4-layer prefill program 467-532 -> 425-431 ms in three profiles.)
+    # once. Both branches are the same function, so which one runs never matters. The predicate reads the
+    # positions: where they are data (the sampler's, the trainer's) XLA cannot fold it; the default positions
+    # of a plain ``model(ids)`` are a constant, and there XLA folds the conditional away as before. (Qwen3-0.6B
+    # width, bfloat16, 32 prompts of 64 tokens: a layer's q rotation 5.8 -> 1.1 ms, and the 4-layer prefill
+    # program 467-532 -> 425-431 ms in three profiles; tests/models/test_models_rope_tables.py.)
     return jax.lax.cond(jnp.all(positions >= 0), tables, tables, ang)
 
 
