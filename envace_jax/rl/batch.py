@@ -30,13 +30,21 @@ class TrainBatch:
     group_ids: np.ndarray  # int32 [B]
     temperature: np.ndarray  # float32 [B]; log-probs are computed at the row's sampling temperature
     truncated_rows: int = 0  # rows whose prompt was left-truncated to fit
+    # float32 [B, L]: the sampler's log-probs (the behaviour policy mu), kept beside old_logprobs once those are
+    # the proximal policy's (rl.behaviour_is: the update weighs each token by pi_prox / mu); None: not used
+    behaviour_logprobs: np.ndarray | None = None
 
     @property
     def size(self) -> int:
         return int(self.tokens.shape[0])
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "truncated_rows"}
+        """The batch's arrays by name (the trainer's micro-batch keys); ``behaviour_logprobs`` only when set."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "truncated_rows" and getattr(self, f.name) is not None
+        }
 
     @classmethod
     def padding(cls, rows: int, width: int) -> "TrainBatch":

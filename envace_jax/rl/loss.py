@@ -10,6 +10,12 @@ The loss follows the reference (spec section 5.3), per token::
 
 plus ``kl_coef * KL`` and ``- entropy_coef * entropy``, then aggregated over tokens.
 
+Off-policy correction (decoupled PPO; ``behaviour_weights``): when the rows were sampled by an older policy mu
+(an asynchronous run, ``rl.max_staleness >= 1``), ``old_logp`` is the proximal policy's (the weights at the
+update) and ``L`` above is multiplied by ``w = sg(min(pi_prox / mu, cap))`` per token (``"token"``) or per row
+(``"sequence"``: the ratio of the row's probabilities). The clip keeps each update near pi_prox; ``w`` turns
+the expectation under mu into one under pi_prox, truncated so a token mu found unlikely cannot dominate.
+
 Aggregation modes (``agg``), with ``w`` the per-token loss weights (0 on prompt, environment and padding):
 
 * ``"token_mean"``: ``sum_{i,t} w x / sum_{i,t} w``; every token weighs the same.
@@ -265,6 +271,39 @@ def _token_mean(x: jax.Array, w: jax.Array) -> Pair:
     return jnp.sum(jnp.where(w > 0, x * w, 0.0)), jnp.sum(w)
 
 
+BEHAVIOUR_MODES = ("token", "sequence")
+
+
+def behaviour_weights(
+    prox_logp: jax.Array,
+    behaviour_logp: jax.Array,
+    loss_weights: jax.Array,
+    mode: str = "token",
+    cap: float = 2.0,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[jax.Array, jax.Array]:
+    """Truncated importance weights of the proximal policy against the behaviour policy (decoupled PPO).
+
+    prox_logp, behaviour_logp, loss_weights float ``[B, T]`` -> (weights ``[B, T]``, truncated ``[B, T]`` bool).
+    ``"token"``: ``w_t = min(exp(prox_t - mu_t), cap)``; ``"sequence"``: every trained token of a row gets
+    ``min(exp(sum_t (prox_t - mu_t)), cap)`` over the row's trained tokens. Log-ratios are clamped to
+    ``log_ratio_clamp`` before the exp (as the PPO ratio is). Constants: no gradient flows through them.
+    Positions with zero loss weight get weight 1 and are never truncated.
+    """
+    if mode not in BEHAVIOUR_MODES:
+        raise ValueError(f"behaviour weight mode {mode!r} is not one of {BEHAVIOUR_MODES}")
+    if not cap >= 1:
+        raise ValueError(f"behaviour weight cap must be >= 1, got {cap}")
+    on = loss_weights > 0
+    d = jnp.where(on, prox_logp.astype(jnp.float32) - behaviour_logp.astype(jnp.float32), 0.0)
+    if mode == "sequence":
+        d = jnp.broadcast_to(jnp.sum(d, axis=-1, keepdims=True), d.shape)
+    raw = jnp.exp(jnp.clip(d, -log_ratio_clamp, log_ratio_clamp))
+    truncated = on & (raw > cap)
+    w = jnp.where(on, jnp.minimum(raw, cap), 1.0)
+    return jax.lax.stop_gradient(w), truncated
+
+
 def policy_loss(
     logp: jax.Array,
     old_logp: jax.Array,
@@ -285,6 +324,9 @@ def policy_loss(
     role_balanced: bool = False,
     role_counts: jax.Array | None = None,
     num_roles: int = 2,
+    behaviour_logp: jax.Array | None = None,
+    behaviour_mode: str = "token",
+    behaviour_cap: float = 2.0,
 ) -> dict[str, Pair]:
     """Clipped policy-gradient loss and metrics as ``(sum, count)`` pairs.
 
@@ -299,6 +341,11 @@ def policy_loss(
         ``- entropy_coef * entropy`` is added to the loss.
       role_ids: int ``[B]``; needed for ``role_balanced``.
       role_counts: float ``[num_roles]`` units per role in the whole optimizer batch (``role_unit_counts``).
+      behaviour_logp: float ``[B, T]`` log-probs of the policy that sampled the rows (mu); with it
+        ``old_logp`` is the proximal policy's and each token's policy-gradient term is weighted by
+        ``behaviour_weights(old_logp, behaviour_logp, ..., behaviour_mode, behaviour_cap)``; the metrics gain
+        ``"is_weight"``, ``"is_weight_sq"`` (for the spread), ``"is_truncated"`` (share of tokens whose weight
+        was capped) and ``"is_log_ratio_abs"`` (mean ``|log pi_prox - log mu|``), weighted token means.
 
     Returns:
       ``{"loss", "pg_loss", "kl", "entropy"}`` aggregated with ``agg`` (and role weights), so
@@ -318,6 +365,7 @@ def policy_loss(
         ("loss_weights", loss_weights),
         ("ref_logp", ref_logp),
         ("entropy", entropy),
+        ("behaviour_logp", behaviour_logp),
     ):
         if a is not None and a.shape != logp.shape:
             raise ValueError(f"{name} has shape {tuple(a.shape)}, expected {tuple(logp.shape)} like logp")
@@ -359,6 +407,18 @@ def policy_loss(
         pg = clipped
         lower = jnp.zeros_like(on)
 
+    is_metrics: dict[str, Pair] = {}
+    if behaviour_logp is not None:
+        mu = jnp.where(on, jax.lax.stop_gradient(behaviour_logp).astype(jnp.float32), old)
+        is_w, truncated = behaviour_weights(old, mu, w, behaviour_mode, behaviour_cap, log_ratio_clamp)
+        pg = pg * is_w
+        is_metrics = {
+            "is_weight": _token_mean(is_w, w),
+            "is_weight_sq": _token_mean(is_w * is_w, w),
+            "is_truncated": _token_mean(truncated.astype(jnp.float32), w),
+            "is_log_ratio_abs": _token_mean(jnp.abs(old - mu), w),
+        }
+
     unit_scale = _unit_scale(w, agg, role_ids, role_balanced, role_counts, num_roles)
     total = pg
     out: dict[str, Pair] = {"pg_loss": _aggregate(pg, w, agg, unit_scale)}
@@ -381,6 +441,7 @@ def policy_loss(
     out["pg_clipfrac_lower"] = _token_mean(sg(lower.astype(jnp.float32)), w)
     out["ratio"] = _token_mean(sg(ratio), w)
     out["ppo_kl"] = _token_mean(sg(old - logp), w)
+    out.update(is_metrics)
     return out
 
 

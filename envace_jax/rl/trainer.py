@@ -185,13 +185,20 @@ class Trainer:
             compute_dtype=model.config.dtype,
         )
 
-    def _rl_sums(self, params, mb, ref_params, old_from_update: bool = False):
+    def _rl_sums(self, params, mb, ref_params, old_from_update: bool = False, behaviour: tuple | None = None):
         c = self.loss_cfg
         logp = self._forward_logp(params, mb)
         ref_logp = None if ref_params is None else jax.lax.stop_gradient(self._forward_logp(ref_params, mb))
         # old_from_update: pi_old is the policy at these very weights (one optimizer step per batch), so
         # its log-probs are this pass's, held constant; mb["old_logprobs"] stays the sampler's for the metric
         old = jax.lax.stop_gradient(logp) if old_from_update else mb["old_logprobs"]
+        # behaviour = (mode, cap): decoupled PPO, old is the proximal policy and mb["behaviour_logprobs"] the
+        # sampler's (loss.behaviour_weights)
+        is_kw = {}
+        if behaviour is not None:
+            is_kw = dict(
+                behaviour_logp=mb["behaviour_logprobs"], behaviour_mode=behaviour[0], behaviour_cap=behaviour[1]
+            )
         out = loss_lib.policy_loss(
             logp,
             old,
@@ -208,6 +215,7 @@ class Trainer:
             role_ids=mb["role_ids"],
             role_balanced=c.role_balanced,
             role_counts=mb.get("role_counts"),
+            **is_kw,
         )
         w = mb["loss_weights"]
         diff = jnp.abs(jax.lax.stop_gradient(logp) - mb["old_logprobs"]) * w
@@ -226,11 +234,11 @@ class Trainer:
             out[f"nll/{name}"] = (-jnp.sum(jax.lax.stop_gradient(logp) * rw), jnp.sum(rw))
         return out["loss"][0], out
 
-    def _grad_fn(self, kind: str, old_from_update: bool = False):
-        key = kind + ("/old_from_update" if old_from_update else "")
+    def _grad_fn(self, kind: str, old_from_update: bool = False, behaviour: tuple | None = None):
+        key = kind + ("/old_from_update" if old_from_update else "") + (f"/is_{behaviour}" if behaviour else "")
         if key not in self._grad_fns:
             if kind == "rl":
-                fn = functools.partial(self._rl_sums, old_from_update=old_from_update)
+                fn = functools.partial(self._rl_sums, old_from_update=old_from_update, behaviour=behaviour)
             else:
                 fn = self._sft_sums
             self._grad_fns[key] = jax.jit(jax.grad(fn, has_aux=True))
@@ -306,17 +314,25 @@ class Trainer:
         *,
         old_from_update: bool = False,
         role_counts: np.ndarray | None = None,
+        behaviour: tuple[str, float] | None = None,
     ):
         """Gradient sums and metric (sum, count) pairs over all micro-batches of ``batch``.
 
         ``old_from_update``: the RL loss takes pi_old's log-probs from this pass (see ``update``).
+        ``behaviour``: ``(mode, cap)`` of the off-policy correction (see ``update``).
         ``role_counts``: role-balanced unit counts of the whole optimizer batch, when ``batch`` holds only
         some of its rows (``loss.role_unit_counts``; summed over processes by the caller)."""
         if kind not in ("rl", "sft"):
             raise ValueError(f"update kind {kind!r}; choose 'rl' or 'sft'")
         if old_from_update and kind != "rl":
             raise ValueError("old_from_update applies to the RL loss only")
-        grad_fn = self._grad_fn(kind, old_from_update)
+        if behaviour is not None:
+            if kind != "rl":
+                raise ValueError("behaviour weights apply to the RL loss only")
+            if batch.behaviour_logprobs is None:
+                raise ValueError("behaviour weights need the batch's behaviour_logprobs (the sampler's log-probs)")
+            behaviour = (str(behaviour[0]), float(behaviour[1]))
+        grad_fn = self._grad_fn(kind, old_from_update, behaviour)
         params = self.params
         grads, sums = None, None
         extra = {}
@@ -356,16 +372,22 @@ class Trainer:
         old_from_update: bool = False,
         loss_count: float | None = None,
         role_counts: np.ndarray | None = None,
+        behaviour: tuple[str, float] | None = None,
     ) -> dict[str, float]:
         """One optimizer step over ``batch`` (accumulating micro-batches). Returns metrics.
 
+        ``behaviour=(mode, cap)`` (RL): decoupled PPO for rows an older policy sampled: ``batch.old_logprobs``
+        (or, with ``old_from_update``, this pass's) are the proximal policy's and every token's loss is
+        weighted by ``loss.behaviour_weights(pi_prox, batch.behaviour_logprobs, mode, cap)``.
         ``old_from_update`` (RL): pi_old's log-probs are this pass's own, held constant (ratio 1), which
         is what recomputing them before a single optimizer step gives, without the second pass.
         ``loss_count``: the loss count of the whole optimizer batch when ``batch`` holds only some of its
         rows (rows left out must add nothing to the gradient: ``rl.skip_zero_advantage_rows``); the
         gradient and the ``loss`` metric are divided by it (summed over processes by the caller), with
         ``role_counts`` of that whole batch for role-balanced losses. Other metrics are over ``batch``."""
-        grads, sums = self.accumulate(batch, kind, old_from_update=old_from_update, role_counts=role_counts)
+        grads, sums = self.accumulate(
+            batch, kind, old_from_update=old_from_update, role_counts=role_counts, behaviour=behaviour
+        )
         count = sums["loss"][1] if loss_count is None else jnp.asarray(loss_count, jnp.float32)
         if loss_count is not None:
             sums = dict(sums, loss=(sums["loss"][0], count))
@@ -374,6 +396,9 @@ class Trainer:
         nnx.update(self.model, new_params)
         self.step += 1
         metrics = {k: float(s) / max(float(n), 1e-12) for k, (s, n) in sums.items() if float(n) > 0}
+        if "is_weight_sq" in metrics:  # the spread of the importance weights, from their first two moments
+            sq = metrics.pop("is_weight_sq")
+            metrics["is_weight_std"] = float(np.sqrt(max(sq - metrics.get("is_weight", 0.0) ** 2, 0.0)))
         metrics["grad_norm"] = float(gnorm)
         metrics["skipped_nonfinite"] = float(self.nonfinite_steps - before)
         metrics["lr"] = float(make_schedule(self.optim_cfg)(self.step - 1))
