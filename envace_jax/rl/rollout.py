@@ -38,17 +38,29 @@ ends the episode as ``length_budget`` and records no row, instead of reading an 
 Multiple calls of one assistant turn are simulated one per micro-step (``sequential_simulation``,
 faithful) or all in one step; either way each REHEARSE prompt sees the history without its siblings'
 results, and the tool messages are appended only when every call of the turn is answered.
+
+Judging streams with ``rollout.judge_streaming="on"`` (``rl.judge_stream``): a turn that ends goes to the judge
+at once and its verdict is applied after the next sampler call, while the other episodes generate; an episode
+then counts its own micro-steps (seeds and the step cap), as the rolling batch does. Off, every ended turn is
+judged before the next call, as in the reference.
+
+``cancel`` (a ``threading.Event``): a rollout running on a thread of its own (``rl.async_pipeline``) stops at
+its next micro-step once it is set, raising ``RolloutCancelled``. ``timing`` holds the seconds the last ``run``
+spent generating and waiting for verdicts; ``on_interval(kind, t0, t1)``, when set, sees each such span.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import threading
+import time
 from typing import Any, Callable, Protocol, Sequence
 
 from envace_jax.chat.simulator import is_error_result
 from envace_jax.chat.tool_parser import make_assistant_message
 from envace_jax.config import MODES, RoleSampling, RolloutConfig  # noqa: F401  (defined with every other knob)
+from envace_jax.rl.judge_stream import JudgeStream
 from envace_jax.rl.policy_client import GenOutput, GenRequest, PolicyClient  # re-exported
 from envace_jax.rl.types import ACT, REHEARSE, ROLES, Episode, Generation, State
 
@@ -60,6 +72,10 @@ TRAINED_ROLES: dict[str, dict[str, str]] = {
     "noshare": {ACT: "policy", REHEARSE: "simulator"},
     "real": {ACT: "policy"},
 }
+
+
+class RolloutCancelled(RuntimeError):
+    """A rollout stopped by its engine's ``cancel`` event (its episodes are incomplete and must not train)."""
 
 
 class ChatCodec(Protocol):
@@ -142,6 +158,33 @@ class RolloutEngine:
         self.simulator, self.make_env, self.on_step = simulator, make_env, on_step
         # one entry per client call: {"client": "policy"|"simulator", ACT: rows, REHEARSE: rows}
         self.sampler_calls: list[dict[str, Any]] = []
+        self.cancel: threading.Event | None = None
+        self.on_interval: Callable[[str, float, float], None] | None = None
+        self.timing: dict[str, float] = {}
+        self._stream: JudgeStream | None = None
+
+    # ------------------------------------------------------------------ timing, cancelling, streaming
+    def _span(self, kind: str, t0: float) -> None:
+        t1 = time.perf_counter()
+        self.timing[kind] = self.timing.get(kind, 0.0) + t1 - t0
+        if self.on_interval is not None:
+            self.on_interval(kind, t0, t1)
+
+    def _check_cancel(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise RolloutCancelled("rollout cancelled")
+
+    def _open_stream(self) -> JudgeStream | None:
+        """A ``JudgeStream`` for this run when ``judge_streaming="on"`` (closed by ``run``)."""
+        self.timing = {"generate_s": 0.0, "judge_wait_s": 0.0}
+        if self.cfg.judge_streaming != "on":
+            return None
+        return JudgeStream(self.judge, self.cfg.judge_workers, on_wait=lambda t0, t1: self._wait_span(t0, t1))
+
+    def _wait_span(self, t0: float, t1: float) -> None:
+        self.timing["judge_wait_s"] = self.timing.get("judge_wait_s", 0.0) + t1 - t0
+        if self.on_interval is not None:
+            self.on_interval("judge_wait_s", t0, t1)
 
     # ------------------------------------------------------------------ episode set-up
     def start(self, records: Sequence[dict], uids: Sequence[str] | None = None) -> list[Episode]:
@@ -170,8 +213,17 @@ class RolloutEngine:
         return episodes
 
     def run(self, records: Sequence[dict], uids: Sequence[str] | None = None) -> list[Episode]:
-        if self.rolling:
-            return self._run_rolling(records, uids)
+        self._stream = self._open_stream()
+        try:
+            if self.rolling:
+                return self._run_rolling(records, uids)
+            return self._run_lockstep(records, uids)
+        finally:
+            if self._stream is not None:
+                self._stream.close()
+            self._stream = None
+
+    def _run_lockstep(self, records: Sequence[dict], uids: Sequence[str] | None) -> list[Episode]:
         episodes = self.start(records, uids)
         bar = None
         if self.cfg.progress_bar:
@@ -181,7 +233,9 @@ class RolloutEngine:
         step = 0
         try:
             while not all(e.done for e in episodes):
-                if step >= self.cfg.max_steps:
+                self._check_cancel()
+                # streaming: each episode counts its own micro-steps (``step`` caps them there)
+                if step >= self.cfg.max_steps and self._stream is None:
                     for e in episodes:
                         if not e.done:
                             self._terminate(e, "step_cap")
@@ -205,15 +259,20 @@ class RolloutEngine:
     def step(self, episodes: list[Episode], step: int) -> None:
         cfg = self.cfg
         live_before = [e for e in episodes if not e.done]
+        if self._stream is not None:  # episodes step on their own count (those with the judge sit out)
+            for e in live_before:
+                if e.state in (State.AWAIT_CALLER, State.AWAIT_SIMULATOR) and e.steps >= cfg.max_steps:
+                    self._terminate(e, "step_cap")
         act_eps = [e for e in episodes if e.state == State.AWAIT_CALLER]
         sim_eps = [e for e in episodes if e.state == State.AWAIT_SIMULATOR]
         for e in act_eps + sim_eps:
             e.steps += 1
+        at = (lambda e: e.steps - 1) if self._stream is not None else (lambda e: step)
 
-        act_reqs = [r for e in act_eps for r in self._requests(e, step)]
+        act_reqs = [r for e in act_eps for r in self._requests(e, at(e))]
         sim_reqs, sim_slots = [], []
         for e in sim_eps:
-            reqs = self._requests(e, step)
+            reqs = self._requests(e, at(e))
             sim_reqs += reqs
             sim_slots += [e] * len(reqs)
 
@@ -234,7 +293,7 @@ class RolloutEngine:
             if e.state == State.AWAIT_SIMULATOR and len(e.pending_results) == len(e.pending_calls):
                 self._close_tool_turn(e)
 
-        self._judge_interacting(episodes)
+        self._judge_tick(episodes, step)
 
         ended = [self._key(e) for e in live_before if e.done]
         if ended:  # free their cached rows now rather than at the end of the batch
@@ -268,85 +327,9 @@ class RolloutEngine:
         return self.cfg.rolling and all(hasattr(c, "submit") and hasattr(c, "step") for c in clients)
 
     def _run_rolling(self, records: Sequence[dict], uids: Sequence[str] | None) -> list[Episode]:
-        """Episodes advance independently: an episode's next micro-step is queued as soon as all of
-        its current generations are back, so the clients' slots never wait for other episodes.
+        from envace_jax.rl.rollout_rolling import run_rolling
 
-        Each episode goes through the same transitions, seeds and caps as in ``step`` (its micro-step
-        count ``e.steps`` is the lockstep step number); only the order across episodes changes.
-        """
-        cfg = self.cfg
-        episodes = self.start(records, uids)
-        shared = cfg.mode in ("rehearsal", "caller_frozen")
-        sim_client = self.policy if shared or cfg.mode == "real" else self.simulator
-        open_: dict[tuple[str, int], tuple[Episode, int]] = {}  # (client, ticket) -> (episode, index)
-        rounds: dict[int, list] = {}  # episode id -> [(request, output|None)]
-        clients = {"policy": self.policy, "simulator": sim_client}
-        try:
-            while True:
-                for e in episodes:
-                    if e.done or e.episode_id in rounds:
-                        continue
-                    if e.steps >= cfg.max_steps:
-                        self._terminate(e, "step_cap")
-                        self.policy.release([self._key(e)])
-                        continue
-                    e.steps += 1
-                    reqs = self._requests(e, e.steps - 1)
-                    rounds[e.episode_id] = [[r, None] for r in reqs]
-                    for i, r in enumerate(reqs):
-                        name = "policy" if r.role == ACT or shared else "simulator"
-                        (t,) = clients[name].submit([r])
-                        open_[(name, t)] = (e, i)
-                if not open_:
-                    break
-                for name in ("policy", "simulator"):
-                    client = clients[name]
-                    if name == "simulator" and client is self.policy:
-                        continue
-                    if not any(k[0] == name for k in open_):
-                        continue
-                    n_calls = len(getattr(client, "calls", ()))
-                    finished = client.step()
-                    for c in getattr(client, "calls", [])[n_calls:]:
-                        self.sampler_calls.append(
-                            {"client": name, ACT: c.rows.get(ACT, 0), REHEARSE: c.rows.get(REHEARSE, 0)}
-                        )
-                    for t, _, out in finished:
-                        e, i = open_.pop((name, t))
-                        rounds[e.episode_id][i][1] = out
-                ended = []
-                for e in episodes:
-                    got = rounds.get(e.episode_id)
-                    if got is None or any(out is None for _, out in got):
-                        continue
-                    del rounds[e.episode_id]
-                    was_live = not e.done
-                    self._apply_round(e, got)
-                    if was_live and e.done:
-                        ended.append(self._key(e))
-                ended.extend(self._key(e) for e in self._judge_interacting(episodes) if e.done)
-                if ended:
-                    self.policy.release(ended)
-        finally:
-            self.policy.release([self._key(e) for e in episodes])
-        for e in episodes:
-            self._finalize(e)
-        return episodes
-
-    def _apply_round(self, e: Episode, got: list) -> None:
-        """Routes one micro-step's outputs of ``e`` back, in request order, as ``step`` does."""
-        for req, out in got:
-            if req.role == ACT:
-                self._on_act(e, req, out)
-                self._after_act(e)
-            elif e.state == State.AWAIT_SIMULATOR:  # an earlier sibling's cache_full may have ended it
-                self._on_rehearse(e, req, out)
-        if (
-            e.state == State.AWAIT_SIMULATOR
-            and got[0][0].role == REHEARSE
-            and len(e.pending_results) == len(e.pending_calls)
-        ):
-            self._close_tool_turn(e)
+        return run_rolling(self, records, uids)
 
     # ------------------------------------------------------------------ transitions
     def _on_act(self, e: Episode, req: GenRequest, out: GenOutput) -> None:
@@ -456,11 +439,27 @@ class RolloutEngine:
         e.state = State.AWAIT_CALLER
         self._check_length(e)
 
+    def _judge_tick(self, episodes: Sequence[Episode], tick: int) -> list[Episode]:
+        """The judging of one engine tick; returns the episodes whose verdict was applied. Synchronous: every
+        ended turn, now. Streaming: the verdicts submitted at earlier ticks (waiting for them), then the turns
+        that ended at this one go to the judge."""
+        if self._stream is None:
+            return self._judge_interacting(episodes)
+        judged = []
+        for e, verdict in self._stream.due(tick):
+            self._after_judge(e, verdict)
+            judged.append(e)
+        ended = [e for e in episodes if e.state == State.INTERACTING and not self._stream.waiting(e.episode_id)]
+        self._stream.submit(ended, tick)
+        return judged
+
     def _judge_interacting(self, episodes: Sequence[Episode]) -> list[Episode]:
         """Judges every episode waiting for its turn's verdict, in one judge call; returns them."""
         judging = [e for e in episodes if e.state == State.INTERACTING]
         if judging:
+            t0 = time.perf_counter()
             verdicts = self.judge(judging)
+            self._span("judge_wait_s", t0)
             if len(verdicts) != len(judging):
                 raise RuntimeError(f"judge returned {len(verdicts)} verdicts for {len(judging)} episodes")
             for e, verdict in zip(judging, verdicts):
@@ -520,7 +519,9 @@ class RolloutEngine:
         self.sampler_calls.append(
             {"client": name, ACT: sum(r.role == ACT for r in reqs), REHEARSE: sum(r.role == REHEARSE for r in reqs)}
         )
+        t0 = time.perf_counter()
         outs = client.generate(reqs)
+        self._span("generate_s", t0)
         if len(outs) != len(reqs):
             raise RuntimeError(f"{name} client returned {len(outs)} outputs for {len(reqs)} requests")
         return outs
