@@ -56,6 +56,10 @@ class Sampler:
         step, each faster on XLA CPU in that layout, same tokens. Default: with
         ``prepare_weights`` and no mesh (on a mesh, heads split over devices would not line up with
         the concatenation); needs ``prepare_weights`` (else every call would copy the weights).
+      programs_of: another ``Sampler`` of a model with the same architecture (and the same options):
+        this one runs that sampler's compiled programs instead of compiling its own (the programs take the
+        weights as an argument). Several samplers over several weights versions of one model (the
+        asynchronous pipeline's rollouts, ``rl.async_pipeline``) then compile each shape once.
       share_prompts: a ``generate`` call whose rows repeat a prompt (a GRPO group: ``n`` completions of
         each prompt) writes each distinct prompt into the cache once, then copies its cache rows and
         next-token logits to the rows that repeat it; every row still samples with its own seed.
@@ -81,6 +85,7 @@ class Sampler:
         prepare_weights: bool | None = None,
         fuse_projections: bool | None = None,
         share_prompts: bool = False,
+        programs_of: "Sampler | None" = None,
     ):
         if not isinstance(model, qwen3.Qwen3):
             raise TypeError(f"Sampler(model): expected a qwen3.Qwen3, got {type(model).__name__}")
@@ -125,7 +130,17 @@ class Sampler:
         self.fuse_projections = bool(fuse_projections)
         self.cache_dtype = qwen3.cache_dtype(self.cfg, cpu)
         self.compiler_options = dict(compiler_options) if compiler_options else None
-        self._programs = SamplerPrograms(
+        if programs_of is not None:
+            self._programs = self._shared_programs(programs_of, nnx.graphdef(shadow))
+        else:
+            self._programs = self._new_programs(shadow, model, cpu)
+        self._prepared = PreparedWeights(model, self._programs.prepare_weights)
+        # The calls `_run` makes (attributes, so a test can wrap them and see the arguments of a real call).
+        self._prefill, self._prepare = self._programs.prefill, self._programs.prepare
+        self._prefill_rows, self._decode = self._programs.prefill_rows, self._programs.decode
+
+    def _new_programs(self, shadow, model, cpu: bool) -> SamplerPrograms:
+        return SamplerPrograms(
             nnx.graphdef(shadow),
             mesh=self.mesh,
             rules=self.rules,
@@ -137,10 +152,23 @@ class Sampler:
             if self.prepare_weights
             else None,
         )
-        self._prepared = PreparedWeights(model, self._programs.prepare_weights)
-        # The calls `_run` makes (attributes, so a test can wrap them and see the arguments of a real call).
-        self._prefill, self._prepare = self._programs.prefill, self._programs.prepare
-        self._prefill_rows, self._decode = self._programs.prefill_rows, self._programs.decode
+
+    def _shared_programs(self, other: "Sampler", graphdef) -> SamplerPrograms:
+        """``other``'s programs, after checking they compute what this sampler's own would."""
+        mine = (graphdef, self.mesh, self.rules, self.k_max, self.fuse_projections, self.compiler_options)
+        theirs = (
+            other._programs._graphdef,
+            other.mesh,
+            other.rules,
+            other.k_max,
+            other.fuse_projections,
+            other.compiler_options,
+        )
+        names = ("model graph", "mesh", "rules", "k_max", "fuse_projections", "compiler_options")
+        differ = [n for n, a, b in zip(names, mine, theirs) if a != b]
+        if differ or self.prepare_weights != other.prepare_weights:
+            raise ValueError(f"Sampler(programs_of=...): the other sampler differs in {differ or ['prepare_weights']}")
+        return other._programs
 
     @property
     def num_compilations(self) -> int:
@@ -150,77 +178,10 @@ class Sampler:
 
     # ---------------------------------------------------------------- ahead-of-time compilation
     def program_specs(self, batch: int, chunk: int, window: int, budget: int, stop_width: int = 4):
-        """The two compiled programs at one shape bucket, with abstract arguments (``envace_jax.aot``).
+        """The compiled programs at one shape bucket, with abstract arguments (``sampling.specs``)."""
+        from envace_jax.sampling.specs import program_specs
 
-        ``"prefill"``: ``batch`` rows gathered from an earlier ``window``-slot cache (as ``continue_``
-        does) and a ``chunk``-token chunk written into it; ``"decode"``: the on-device loop of
-        ``budget`` steps over that cache; ``"decode_setup"``: decode's work before its loop, for
-        costing (see ``SamplerPrograms.decode_setup``). With ``prepare_weights`` both read the weights
-        prepared once per weights version (an argument, not costed per call). Returns ``{name: (jitted
-        fn, args, static kwargs)}``; the arguments are ShapeDtypeStructs laid out as ``_run`` places them
-        (parameters in ``rules``).
-        """
-        flat, treedef = jax.tree_util.tree_flatten_with_path(nnx.state(self.model))
-        targets = [None] * len(flat) if self._param_shardings is None else jax.tree.leaves(self._param_shardings)
-        # as _params places them: with prepared weights the stacked layer arrays stay where they are
-        targets = [
-            getattr(x, "sharding", None) if self._read_in_place(p) and t is not None else t
-            for (p, x), t in zip(flat, targets)
-        ]
-        params = treedef.unflatten(
-            [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for (_, x), s in zip(flat, targets)]
-        )
-        weights = None
-        if self.prepare_weights:
-            weights = jax.eval_shape(self._programs._prepare_weights_impl, params)
-            placed = self._programs.weight_shardings
-            if placed is not None:
-                weights = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), weights, placed)
-
-        def arg(shape, dtype, logical):
-            sharding = None if self.mesh is None else shd.named_sharding(self.mesh, logical, self.rules, shape)
-            return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
-
-        k_shape, v_shape = qwen3.KVCache.shapes(self.cfg, batch, window)
-        dt = self.cache_dtype
-        # Per-layer buffers, as _starting_cache allocates them.
-        L = self.cfg.num_layers
-        k = tuple(arg(k_shape, dt, qwen3.CACHE_K_AXES) for _ in range(L))
-        v = tuple(arg(v_shape, dt, qwen3.CACHE_V_AXES) for _ in range(L))
-        row = lambda dtype: arg((batch,), dtype, ("batch",))
-        prefill = (
-            params,
-            weights,
-            k,
-            v,
-            row(np.int32),
-            row(np.int32),
-            arg((batch, chunk), np.int32, ("batch", None)),
-            row(np.int32),
-        )
-        decode = (
-            params,
-            weights,
-            k,
-            v,
-            row(np.int32),
-            arg((batch, self.cfg.vocab_size), np.float32, ("batch", None)),
-            arg((batch, 2), np.uint32, ("batch", None)),
-            row(np.int32),
-            row(np.float32),
-            row(np.float32),
-            row(np.int32),
-            row(np.int32),
-            row(np.int32),
-            arg((batch, stop_width), np.int32, ("batch", None)),
-            arg((), np.int32, ()),
-        )
-        return {
-            "prefill": (self._prefill, prefill, {"size": window, "gather": True}),
-            "decode": (self._decode, decode, {"budget": budget}),
-            # with prepared weights the decode does no setup of its own: an empty program costs nothing
-            "decode_setup": (jax.jit(self._programs.decode_setup if weights is None else lambda p: ()), (params,), {}),
-        }
+        return program_specs(self, batch, chunk, window, budget, stop_width)
 
     # ---------------------------------------------------------------- host side
     def _params(self):
