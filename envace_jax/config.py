@@ -75,6 +75,10 @@ TOOL_CALL_SYNTAXES = ("qwen3", "reference")  # rollout.tool_call_syntax (chat/to
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 # model.preset: "tiny" (sizes from the model section) or a Qwen3Config preset of the same name
+# rl.behaviour_is: the off-policy correction of the update (rl/loss.py behaviour_weights); "auto" resolves by
+# RLSection.behaviour_correction
+BEHAVIOUR_IS = ("auto", "none", "token", "sequence")
+JUDGE_STREAMING = ("auto", "on", "off")  # rollout.judge_streaming (rl/judge_stream.py)
 MODEL_PRESETS = ("tiny", "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_4b_2507", "qwen3_8b", "qwen3_14b", "qwen3_32b")
 
 
@@ -187,6 +191,8 @@ class RolloutConfig(Checked):
         ("max_model_len", _POS, "> 0"),
         ("rolling_slots", _POS, "> 0"),
         ("tool_call_syntax", *one_of(TOOL_CALL_SYNTAXES)),
+        ("judge_streaming", *one_of(JUDGE_STREAMING)),
+        ("judge_workers", _POS, "> 0"),
     )
 
     mode: str = "rehearsal"
@@ -213,6 +219,14 @@ class RolloutConfig(Checked):
     # episodes' next requests join (RollingSamplerClient.eager_refill). Measured on the CPU demo only
     # (benchmarks/rl_step.py --compare refill), hence off here.
     rolling_eager_refill: bool = False
+    # Judging streams (rl/judge_stream.py): a turn that ends goes to the judge at once, from a bounded pool,
+    # and the other episodes keep generating; its verdict is applied after the next sampler call, a point
+    # fixed by the schedule and not by when the verdict arrives, so a run repeats whatever the judge's
+    # latency. "off" judges every ended turn before the next call (the reference's order); "auto" is "on"
+    # for an asynchronous run (rl.max_staleness >= 1) whose judge answers over HTTP, else "off"
+    # (rl.train.resolve_judge_streaming); the episode engine itself streams only on "on".
+    judge_streaming: str = "auto"
+    judge_workers: int = 8  # judge calls (each one batch of ended turns) in flight at once when streaming
     seed: int = 0
 
 
@@ -284,6 +298,9 @@ class RLSection(Checked):
         ("length_multiple", _POS, "> 0"),
         ("adjust_batch_multiple", _NONNEG, ">= 0"),
         ("overlong_rows", *one_of(("drop", "truncate"))),
+        ("max_staleness", _NONNEG, ">= 0"),
+        ("behaviour_is", *one_of(BEHAVIOUR_IS)),
+        ("behaviour_is_cap", lambda v: v >= 1, ">= 1"),
     )
 
     n_rollouts: int = 4  # env.rollout.n
@@ -323,9 +340,34 @@ class RLSection(Checked):
     # lost episodes and keeps fewer than 2 judged ones contributes nothing. Faithful: False, the reference
     # terminates them and trains on them with the failed items counted False (spec 4.2 and 8.10).
     mask_judge_failures: bool = True
+    # Asynchronous RL (rl/async_pipeline.py): the rollouts of step k are sampled from the weights after update
+    # max(0, k - max_staleness), so they run while up to max_staleness earlier steps are judged and trained.
+    # The lag is fixed by the step index (a run repeats bit for bit for a seed and a lag); 0 is the
+    # synchronous loop, unchanged.
+    max_staleness: int = 0
+    # Off-policy correction (decoupled PPO, rl/loss.py behaviour_weights): the clip is taken around the
+    # proximal policy (the weights at the update: the recomputed old log-probs) and each token's loss is
+    # weighted by the truncated importance weight sg(min(pi_prox / mu, behaviour_is_cap)), mu the policy that
+    # sampled the row (the sampler's log-probs). "token": a weight per token; "sequence": one per row
+    # (exp of the row's summed log-ratio); "none": the ratio and clip around pi_prox only. "auto": "token"
+    # when max_staleness >= 1 (and old log-probs are recomputed), else "none" (docs/async_rl.md)
+    behaviour_is: str = "auto"
+    behaviour_is_cap: float = 2.0
+
+    def behaviour_correction(self) -> str:
+        """``behaviour_is`` with "auto" resolved: "token" for an asynchronous run whose update recomputes the
+        proximal policy's log-probs, else "none"."""
+        if self.behaviour_is != "auto":
+            return self.behaviour_is
+        return "token" if self.max_staleness >= 1 and self.recompute_old_logprobs else "none"
 
     def __post_init__(self):
         super().__post_init__()
+        if self.behaviour_is in ("token", "sequence") and not self.recompute_old_logprobs:
+            raise ValueError(
+                f"rl.behaviour_is={self.behaviour_is!r} needs rl.recompute_old_logprobs: without the proximal "
+                "policy's log-probs the old log-probs are the sampler's and every weight would be 1"
+            )
         if self.old_logprobs_from_update and (
             self.ppo_epochs != 1 or self.mini_batches != 1 or not self.recompute_old_logprobs
         ):
@@ -407,10 +449,21 @@ class LossConfig(Checked):
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshSection:
+class MeshSection(Checked):
+    """The training mesh ``(data, fsdp, tensor)`` (-1: the rest of the chips) and where rollouts sample.
+
+    ``rollout_chips_per_host``: 0 (colocated) samples on the chips that train (one host: the training mesh;
+    several: each host's own chips). ``c >= 1`` (disaggregated) keeps the last ``c`` chips of every host for
+    rollouts, each host sampling its own prompts on them, and trains on the other chips of the slice; the
+    weights go to the rollout chips after every update (rl.train.build_run, docs/async_rl.md)."""
+
+    LABEL: ClassVar[str] = "mesh"
+    RULES: ClassVar[tuple[Rule, ...]] = (("rollout_chips_per_host", _NONNEG, ">= 0"),)
+
     data: int = 1
     fsdp: int = -1
     tensor: int = 1
+    rollout_chips_per_host: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -338,18 +338,28 @@ class RLStep:
             kw["role_counts"] = np.asarray(_sum_all_processes(role_counts), np.float32)
         return keep, kw
 
-    def rollout(self, records: Sequence[Mapping[str, Any]], iteration: int) -> list[Episode]:
-        """The step's episodes; rollout seeds depend on (seed, iteration) only."""
-        self.engine.cfg = dataclasses.replace(
-            self._base_rollout, seed=(self.seed * 1_000_003 + iteration) % (2**31 - 1)
-        )
+    def rollout(
+        self, records: Sequence[Mapping[str, Any]], iteration: int, engine: RolloutEngine | None = None
+    ) -> list[Episode]:
+        """The step's episodes, played by ``engine`` (default: this step's own); rollout seeds depend on
+        (seed, iteration) only."""
+        engine = self.engine if engine is None else engine
+        engine.cfg = dataclasses.replace(self._base_rollout, seed=(self.seed * 1_000_003 + iteration) % (2**31 - 1))
         recs, uids = repeat_prompts(records, self.cfg.n_rollouts)
-        return self.engine.run(recs, uids)
+        return engine.run(recs, uids)
 
     def __call__(self, records: Sequence[Mapping[str, Any]], iteration: int) -> StepResult:
-        cfg = self.cfg
         episodes = self.rollout(records, iteration)
         self._release_sampler_weights()
+        return self.update(episodes, iteration)
+
+    def update(self, episodes: list[Episode], iteration: int, *, notify: bool = True) -> StepResult:
+        """Everything of one iteration after its rollouts: scores, baselines, advantages and the update of each
+        Trainer on ``episodes`` (the synchronous step runs it on its own rollouts; ``rl.async_pipeline`` on
+        rollouts an earlier weights version sampled). ``notify``: then ``weights_changed`` (the pipeline, which
+        refreshes its own rollout weights, passes False)."""
+        cfg = self.cfg
+        behaviour = cfg.behaviour_correction()
         gens = [g for e in episodes for g in e.generations]
         rng = np.random.default_rng([self.seed, iteration, 17])
         gens = adjust_batch_copy(gens, cfg.adjust_batch_multiple, rng)
@@ -441,6 +451,10 @@ class RLStep:
             metrics[f"{tag}/rows"] = float(len(idx))
             metrics[f"{tag}/truncated_prompt_rows"] = float(batch.truncated_rows)
             metrics[f"{tag}/seq_len"] = float(batch.tokens.shape[1])
+            if behaviour != "none":
+                # the sampler's log-probs are the behaviour policy's: kept beside the proximal ones below
+                batch.behaviour_logprobs = batch.old_logprobs.copy()
+                update_kw["behaviour"] = (behaviour, cfg.behaviour_is_cap)
             if cfg.recompute_old_logprobs and not cfg.old_logprobs_from_update:
                 # The reference scores the batch with the pre-update policy and uses that as pi_old, so
                 # the first PPO step starts at ratio 1 whatever the sampler's numerics were.
@@ -452,7 +466,8 @@ class RLStep:
                 vals = [o[k] for o in outs if k in o]
                 metrics[f"{tag}/{k}"] = float(np.mean(vals))
             metrics[f"{tag}/optimizer_steps"] = float(len(outs))
-        self.weights_changed()
+        if notify:
+            self.weights_changed()
         return StepResult(metrics, episodes, rows)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -21,9 +21,11 @@ from envace_jax import sharding as shd
 from envace_jax.checkpoint import Checkpointer, RestoreResult
 from envace_jax.metrics import MetricsWriter
 from envace_jax.models import hf_io, qwen3
-from envace_jax.rl import judge_outage
+from envace_jax.rl import judge_outage, rollout_weights
+from envace_jax.rl.async_pipeline import AsyncPipeline
 from envace_jax.rl.plots import plot_run
 from envace_jax.rl.rollout import TRAINED_ROLES
+from envace_jax.rl.rollout_weights import rollout_config, rollout_copy, rollout_mesh  # noqa: F401  (re-exported)
 from envace_jax.rl.step import RLStep, StepResult, build_rl_step
 from envace_jax.rl.trainer import Trainer
 from envace_jax.rl.training_loop import Hook, Progress, run_loop
@@ -143,7 +145,15 @@ def build_model(m: config_lib.ModelSection, vocab: int, mesh, path: str | None =
 # ----------------------------------------------------------------------------- sampler client
 
 
-def make_client(model, codec, mesh, rollout: config_lib.RolloutConfig | None = None, *, share_prompts: bool = False):
+def make_client(
+    model,
+    codec,
+    mesh,
+    rollout: config_lib.RolloutConfig | None = None,
+    *,
+    share_prompts: bool = False,
+    programs_of=None,
+):
     """``SamplerClient`` (one sampler call per engine step, KV-cache continuation across turns), or with
     ``rollout.rolling`` a ``RollingSamplerClient`` of ``rollout.rolling_slots`` rows.
 
@@ -151,6 +161,7 @@ def make_client(model, codec, mesh, rollout: config_lib.RolloutConfig | None = N
     fresh prefill of the whole call, never to a truncated prompt. The rolling state lives across calls,
     so its capacity is fixed: the caller's context limit plus the longest generation. ``RLStep`` resets
     the client after every update, since cached keys/values were computed with the old weights.
+    ``programs_of``: a ``Sampler`` whose compiled programs this client's sampler runs (``Sampler(programs_of=)``).
     """
     from envace_jax.rl.policy_client import SamplerClient
     from envace_jax.rl.rolling_client import RollingSamplerClient
@@ -159,59 +170,14 @@ def make_client(model, codec, mesh, rollout: config_lib.RolloutConfig | None = N
     if rollout is not None and rollout.rolling:
         size = rollout.max_model_len + max(rollout.act.max_new_tokens, rollout.rehearse.max_new_tokens)
         return RollingSamplerClient(
-            Sampler(model, mesh=mesh, cache_size=size, share_prompts=share_prompts),
+            Sampler(model, mesh=mesh, cache_size=size, share_prompts=share_prompts, programs_of=programs_of),
             codec.stop_token_ids,
             slots=rollout.rolling_slots,
             eager_refill=rollout.rolling_eager_refill,
         )
-    return SamplerClient(Sampler(model, mesh=mesh, share_prompts=share_prompts), codec.stop_token_ids)
-
-
-def rollout_mesh(cfg: qwen3.Qwen3Config, devices: Sequence[Any]) -> Any:
-    """The mesh one process samples on: its own chips, split over the ``tensor`` axis.
-
-    A decode step reads every weight and the whole live KV cache once per token, so the host's
-    chips should each hold a share of both. The sampling rules (``sharding.SAMPLE_RULES``) replicate
-    weights over ``fsdp`` (to avoid an all-gather per layer per token), so a host mesh on ``fsdp``
-    put a whole copy of the weights on every chip (8B in float32: 33 GB per chip, read at every
-    token). On ``tensor`` the weights split by heads, MLP columns and vocabulary and the cache by
-    KV heads. The tensor size is the largest divisor of the chip count that divides the KV heads;
-    the rest of the chips (if any) go to ``fsdp``."""
-    n = len(devices)
-    tensor = max(t for t in range(1, n + 1) if n % t == 0 and cfg.num_kv_heads % t == 0)
-    return shd.make_mesh(1, n // tensor, tensor, devices=devices)
-
-
-def rollout_config(cfg: qwen3.Qwen3Config) -> qwen3.Qwen3Config:
-    """The rollout copy's architecture: parameters stored in the compute dtype. Every layer casts its
-    weights to the compute dtype anyway, so a bfloat16 copy of float32 master weights computes exactly
-    the same numbers, at half the memory and half the bytes read per decode step."""
-    return cfg.replace(param_dtype=cfg.dtype)
-
-
-def rollout_copy(model: qwen3.Qwen3, local_mesh) -> tuple[qwen3.Qwen3, Any]:
-    """(model the sampler reads, refresh function) for a multi-process run.
-
-    Training parameters are global arrays sharded over every process's devices, but each process
-    samples ITS OWN prompts, which a program over the global mesh cannot do (all processes would
-    have to run the same batch). So each process samples from a full copy of the weights on its own
-    devices (``rollout_mesh``, in the compute dtype: ``rollout_config``), refreshed from the global
-    parameters after every update (a collective).
-    """
-    from flax import nnx
-    from jax.experimental import multihost_utils
-
-    local = qwen3.init_model(rollout_config(model.config), seed=0, mesh=local_mesh)
-
-    def refresh() -> None:
-        host = multihost_utils.process_allgather(nnx.state(model, nnx.Param), tiled=True)
-        cur = nnx.state(local, nnx.Param)
-        nnx.update(
-            local, jax.tree.map(lambda h, c: jax.device_put(np.asarray(h).astype(c.dtype), c.sharding), host, cur)
-        )
-
-    refresh()
-    return local, refresh
+    return SamplerClient(
+        Sampler(model, mesh=mesh, share_prompts=share_prompts, programs_of=programs_of), codec.stop_token_ids
+    )
 
 
 # ----------------------------------------------------------------------------- data and judge
@@ -272,6 +238,16 @@ def build_judge(cfg: config_lib.ExperimentConfig):
     return ChecklistTurnJudge(judge)
 
 
+def resolve_judge_streaming(cfg: config_lib.ExperimentConfig) -> str:
+    """``rollout.judge_streaming`` with "auto" resolved: "on" for an asynchronous run whose judge answers over
+    HTTP (a served model takes seconds per verdict), "off" otherwise (the synchronous loop stays the
+    reference's; the rule judge answers at once, so streaming would only delay its verdicts)."""
+    mode = cfg.rollout.judge_streaming
+    if mode != "auto":
+        return mode
+    return "on" if cfg.rl.max_staleness >= 1 and cfg.judge.kind != "rule" else "off"
+
+
 def build_make_env(cfg: config_lib.ExperimentConfig):
     if cfg.rollout.mode != "real":
         return None
@@ -292,6 +268,7 @@ class Run:
     ckpt: Checkpointer
     writer: MetricsWriter
     iteration: int = 0
+    pipeline: AsyncPipeline | None = None  # rl.max_staleness >= 1
 
     def distinct_trainers(self) -> dict[str, Trainer]:
         out: dict[str, Trainer] = {}
@@ -301,15 +278,20 @@ class Run:
         return out
 
     def state(self) -> dict[str, Any]:
-        return {
+        out = {
             "iteration": self.iteration,
             "trainers": {r: t.state_dict() for r, t in self.distinct_trainers().items()},
         }
+        if self.pipeline is not None:  # the weights versions of the rollouts in flight
+            out["async"] = self.pipeline.state()
+        return out
 
     def load(self, state: dict[str, Any]) -> None:
         self.iteration = int(state["iteration"])
         for r, t in self.distinct_trainers().items():
             t.load_state_dict(state["trainers"][r])
+        if self.pipeline is not None:
+            self.pipeline.load(state["async"], self.iteration)
 
     def params(self) -> dict[str, np.ndarray]:
         """Flat host copies of every trainer's parameters (``<role>/<path>``); a collective with
@@ -357,38 +339,72 @@ def build_policies(cfg: config_lib.ExperimentConfig, mesh):
     return tok, codec, trainers, policy, sim_model
 
 
+def meshes(cfg: config_lib.ExperimentConfig, model_cfg: qwen3.Qwen3Config | None = None) -> tuple[Any, Any]:
+    """(training mesh, this process's rollout mesh or None). The rollout mesh is None where rollouts sample
+    from the trained weights themselves (one process, colocated); otherwise the copies they sample from live
+    on it: each host's own chips (several processes), or the chips ``mesh.rollout_chips_per_host`` keeps for
+    rollouts (disaggregated). ``model_cfg`` (the policy's architecture) places the rollout mesh's tensor
+    axis; without it the mesh is one ``fsdp`` axis over the rollout chips."""
+    m = cfg.mesh
+    if m.rollout_chips_per_host:
+        train_devices, local = rollout_weights.split_devices(jax.devices(), m.rollout_chips_per_host)
+        mesh = shd.make_mesh(m.data, m.fsdp, m.tensor, devices=train_devices)
+    else:
+        mesh, local = shd.make_mesh(m.data, m.fsdp, m.tensor), jax.local_devices()
+        if jax.process_count() == 1:
+            return mesh, None
+    if model_cfg is None:
+        return mesh, shd.make_mesh(1, len(local), 1, devices=local)
+    return mesh, rollout_mesh(model_cfg, local)
+
+
 def build_run(cfg: config_lib.ExperimentConfig) -> Run:
     config_lib.check_runnable(cfg)
-    mesh = shd.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    mesh, _ = meshes(cfg)
     tok, codec, trainers, policy, sim_model = build_policies(cfg, mesh)
+    _, rollout_on = meshes(cfg, policy.config)
     sample_mesh, refreshers = mesh, []
-    if jax.process_count() > 1:
-        sample_mesh = rollout_mesh(policy.config, jax.local_devices())
-        policy, refresh = rollout_copy(policy, sample_mesh)
-        refreshers.append(refresh)
-        if sim_model is not None:
-            sim_model, refresh = rollout_copy(sim_model, sample_mesh)
+    asynchronous = cfg.rl.max_staleness >= 1
+    if rollout_on is not None:
+        sample_mesh = rollout_on
+        if not asynchronous:  # one copy, refreshed after every update (the pipeline keeps one per rollout)
+            policy, refresh = rollout_copy(policy, sample_mesh)
             refreshers.append(refresh)
+            if sim_model is not None:
+                sim_model, refresh = rollout_copy(sim_model, sample_mesh)
+                refreshers.append(refresh)
     # rl.share_prompt_prefixes: each group's prompt runs once in the rollouts' prefill too (one device only).
     share = cfg.rl.share_prompt_prefixes
-    simulator_client = (
-        None if sim_model is None else make_client(sim_model, codec, sample_mesh, cfg.rollout, share_prompts=share)
+    rollout = dataclasses.replace(cfg.rollout, judge_streaming=resolve_judge_streaming(cfg))
+    client = lambda model, programs_of=None: make_client(
+        model, codec, sample_mesh, rollout, share_prompts=share, programs_of=programs_of
     )
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     step_fn = build_rl_step(
         cfg.rl,
-        cfg.rollout,
+        rollout,
         codec,
-        make_client(policy, codec, sample_mesh, cfg.rollout, share_prompts=share),
+        client(policy),
         build_judge(cfg),
         trainers,
-        simulator=simulator_client,
+        simulator=None if sim_model is None else client(sim_model),
         make_env=build_make_env(cfg),
         pad_id=int(pad),
         seed=cfg.seed,
         after_update=(lambda: [f() for f in refreshers]) if refreshers else None,
     )
     data = build_data(cfg, codec)
+    pipeline = None
+    if asynchronous:
+        pipeline = AsyncPipeline(
+            step_fn,
+            max_staleness=cfg.rl.max_staleness,
+            next_records=lambda: next(data),
+            make_client=client,
+            sample_mesh=rollout_on,
+            total_steps=cfg.total_steps,
+            data_state=data.get_state,
+        )
     ckpt = Checkpointer(
         os.path.join(cfg.run_dir, "checkpoints"),
         max_to_keep=cfg.checkpoint.keep,
@@ -397,7 +413,7 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
         hash_files=cfg.checkpoint.hash_files,
     )
     writer = MetricsWriter(cfg.run_dir, tensorboard=cfg.log.tensorboard, enabled=jax.process_index() == 0)
-    return Run(cfg, trainers, step_fn, data, ckpt, writer)
+    return Run(cfg, trainers, step_fn, data, ckpt, writer, pipeline=pipeline)
 
 
 def gather_json(obj: Any) -> list[Any]:
@@ -417,9 +433,10 @@ def gather_json(obj: Any) -> list[Any]:
 def data_state(run: "Run") -> Any:
     """The data position to checkpoint. Several processes read disjoint shards, each with its own
     position, and the checkpoint's JSON is written by process 0: it holds all of them."""
+    own = run.pipeline.data_state() if run.pipeline is not None else run.data.get_state()
     if jax.process_count() == 1:
-        return run.data.get_state()
-    return {"per_process": gather_json(run.data.get_state())}
+        return own
+    return {"per_process": gather_json(own)}
 
 
 def _own_data_state(state: Any) -> Any:
@@ -494,9 +511,13 @@ def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -
     monitor = judge_monitor(cfg, run)
 
     def step(k: int) -> StepResult:
-        records = next(run.data)
         t0 = time.time()
-        result = run.step_fn(records, k)
+        if run.pipeline is not None:  # rollouts of the next steps already run; this waits for step k's
+            result = run.pipeline(k)
+        else:
+            records = next(run.data)
+            t0 = time.time()
+            result = run.step_fn(records, k)
         run.iteration = k + 1
         metrics = global_metrics(dict(result.metrics, **{"time/step_s": time.time() - t0}))
         return dataclasses.replace(result, metrics=metrics)
@@ -527,6 +548,8 @@ def train(cfg: config_lib.ExperimentConfig, *, dump_params: str | None = None) -
         )
     finally:
         run.writer.close()
+        if run.pipeline is not None:
+            run.pipeline.close()
     preempted = done.preempted
     if not preempted and cfg.log.plot and jax.process_index() == 0 and os.path.exists(run.writer.path):
         plot_run(cfg.run_dir, title=cfg.name)  # training.png (reward, success, loss, KL) and rewards.png
