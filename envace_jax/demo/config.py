@@ -95,6 +95,12 @@ class DemoConfig:
     # report.md, success_curve.png); its time is kept off the RL stage's clock, so the more-SFT baseline's
     # budget is unchanged. 0 = no curve.
     rl_eval_every: int = 0
+    # asynchronous RL (rl.max_staleness, rl/async_pipeline.py): step k's rollouts sample from the weights after
+    # update max(0, k - rl_max_staleness) while earlier steps train; 0 = the synchronous loop (the default)
+    rl_max_staleness: int = 0
+    # its off-policy correction (rl.behaviour_is: auto | none | token | sequence) and weight cap
+    rl_behaviour_is: str = "auto"
+    rl_behaviour_is_cap: float = 2.0
     act_max_new_tokens: int = 64
     rehearse_max_new_tokens: int = 64
     temperature: float = 0.6  # both roles' training rollouts (evaluation is greedy)
@@ -174,6 +180,11 @@ class DemoConfig:
             isinstance(self.rl_seed, bool) or not isinstance(self.rl_seed, int) or self.rl_seed < 0
         ):
             raise ValueError(f"demo rl_seed must be None or an int >= 0, got {self.rl_seed!r}")
+        if self.rl_max_staleness and self.rl_memory_fraction:
+            raise ValueError(
+                "demo rl_memory_fraction > 0 needs rl_max_staleness = 0: the memories are built with the current "
+                "policy at each step, which an asynchronous step's rollouts do not sample from"
+            )
         if self.rl_mode not in ("rehearsal", "real", "simulator"):
             raise ValueError(f"demo rl_mode must be rehearsal, real or simulator, got {self.rl_mode!r}")
         for name in (
@@ -197,6 +208,7 @@ class DemoConfig:
             "world_model_rows",
             "fidelity_tasks",
             "rl_eval_every",
+            "rl_max_staleness",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"demo {name} must be >= 0, got {getattr(self, name)}")

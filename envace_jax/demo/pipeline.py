@@ -180,28 +180,57 @@ class Demo:
         rl_cfg = cfg.replace(seed=cfg.rl_stream_seed)
         memory = rl_memory.from_demo(cfg, self.codec, client, stages.rollout_config(rl_cfg, mode, greedy=False))
         replay = self.replay_stream()
+
+        def replay_after(_k: int) -> dict[str, float]:
+            out: dict[str, float] = {}
+            for _ in range(cfg.rl_replay_batches):
+                out.update(self._replay(next(replay), trainers))
+            return out
+
+        # rl_max_staleness >= 1: later steps' rollouts run while this one trains (rl.async_pipeline); the replay
+        # batches go in before the new weights are copied out, as they would between synchronous steps
+        pipe = None
+        if cfg.rl_max_staleness:
+            from envace_jax.rl.async_pipeline import AsyncPipeline
+
+            pipe = AsyncPipeline(
+                step,
+                max_staleness=cfg.rl_max_staleness,
+                next_records=lambda: next(prompts),
+                make_client=lambda model, programs_of: stages.make_client(
+                    model, self.codec, rl_cfg, programs_of=programs_of
+                ),
+                total_steps=cfg.rl_steps,
+                after_update=replay_after,
+            )
         log = []
         self.curves[tag] = []
         clock = self.clock(tag)
-        with _bar(cfg.rl_steps, f"RL [{mode}]", self.progress) as bar:
-            for it in range(cfg.rl_steps):
-                with clock:
-                    batch, memory_metrics = next(prompts), {}
-                    if memory is not None:
-                        batch, memory_metrics = memory(batch, it)
-                        client.reset()  # the imagined episodes' cached rows are of no use to the rollouts
-                    res = step(batch, it)
-                    client.reset()
-                    m = {"step": it + 1, **res.metrics, **memory_metrics}
-                    for _ in range(cfg.rl_replay_batches):
-                        m.update(self._replay(next(replay), trainers))
-                log.append(m)
-                bar.update(1)
-                post = dict(act=f"{m.get('act/reward_mean', 0):.3f}", reh=f"{m.get('rehearse/reward_mean', 0):.3f}")
-                if cfg.rl_eval_every and (it + 1) % cfg.rl_eval_every == 0 and it + 1 < cfg.rl_steps:
-                    point = self.curve_point(it + 1, tag)
-                    post["success"] = f"{point['success']:.3f}"
-                bar.set_postfix(**post)
+        try:
+            with _bar(cfg.rl_steps, f"RL [{mode}]", self.progress) as bar:
+                for it in range(cfg.rl_steps):
+                    with clock:
+                        if pipe is not None:
+                            m = {"step": it + 1, **pipe(it).metrics}
+                        else:
+                            batch, memory_metrics = next(prompts), {}
+                            if memory is not None:
+                                batch, memory_metrics = memory(batch, it)
+                                client.reset()  # the imagined episodes' cached rows are of no use to the rollouts
+                            res = step(batch, it)
+                            client.reset()
+                            m = {"step": it + 1, **res.metrics, **memory_metrics}
+                            m.update(replay_after(it))
+                    log.append(m)
+                    bar.update(1)
+                    post = dict(act=f"{m.get('act/reward_mean', 0):.3f}", reh=f"{m.get('rehearse/reward_mean', 0):.3f}")
+                    if cfg.rl_eval_every and (it + 1) % cfg.rl_eval_every == 0 and it + 1 < cfg.rl_steps:
+                        point = self.curve_point(it + 1, tag)
+                        post["success"] = f"{point['success']:.3f}"
+                    bar.set_postfix(**post)
+        finally:
+            if pipe is not None:
+                pipe.close()
         with open(os.path.join(self.run_dir, f"metrics_{tag}.jsonl"), "w") as f:
             for m in log:
                 f.write(json.dumps({k: (v if v == v else None) for k, v in m.items()}) + "\n")

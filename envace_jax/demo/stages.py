@@ -173,21 +173,24 @@ def rollout_config(cfg: DemoConfig, mode: str, greedy: bool) -> RolloutConfig:
     )
 
 
-def make_client(model, codec, cfg: DemoConfig | None = None, slots: int | None = None):
+def make_client(model, codec, cfg: DemoConfig | None = None, slots: int | None = None, programs_of=None):
     """The sampler client of the demo's rollouts: a rolling batch of ``slots`` rows (default
-    ``cfg.rolling_slots``) when ``cfg.rolling``, else one lockstep call per micro-step."""
+    ``cfg.rolling_slots``) when ``cfg.rolling``, else one lockstep call per micro-step. ``programs_of``: a
+    ``Sampler`` whose compiled programs this one runs (``Sampler(programs_of=)``)."""
     if cfg is not None and cfg.rolling:
         # The rolling state lives across calls, so its capacity is fixed: the caller's context limit
         # plus a generation (REHEARSE prompts stay below it); windows are still sized per call.
         sampler = Sampler(
             model,
             cache_size=cfg.max_model_len + max(cfg.act_max_new_tokens, cfg.rehearse_max_new_tokens),
+            programs_of=programs_of,
             **SAMPLER_BUCKETS,
         )
         return RollingSamplerClient(
             sampler, codec.stop_token_ids, slots=slots or cfg.rolling_slots, eager_refill=cfg.rolling_eager_refill
         )
-    return SamplerClient(Sampler(model, **SAMPLER_BUCKETS), stop_token_ids=codec.stop_token_ids)
+    sampler = Sampler(model, programs_of=programs_of, **SAMPLER_BUCKETS)
+    return SamplerClient(sampler, stop_token_ids=codec.stop_token_ids)
 
 
 def make_engine(cfg: DemoConfig, mode: str, codec, client, *, greedy: bool, simulator=None) -> RolloutEngine:
@@ -317,6 +320,9 @@ def make_rl_step(
         length_multiple=LENGTH_MULTIPLE,
         old_logprobs_from_update=cfg.rl_update_shortcuts,
         skip_zero_advantage_rows=cfg.rl_update_shortcuts,
+        max_staleness=cfg.rl_max_staleness,
+        behaviour_is=cfg.rl_behaviour_is,
+        behaviour_is_cap=cfg.rl_behaviour_is_cap,
     )
     step = build_rl_step(
         rl,

@@ -39,6 +39,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+import jax
 from flax import nnx
 
 from envace_jax.rl import rollout_weights
@@ -139,6 +140,14 @@ class AsyncPipeline:
         self.version = 0  # updates done (= steps done)
         self._next = 0  # the next step to launch
         self._prepared = {j: 0 for j in range(self.s + 1)}  # step -> the version its slot holds for it
+        # With several processes a slot's copies are this process's own arrays, which a checkpoint cannot save:
+        # the versions of the steps in flight are also kept as global arrays in the trained layout (a shard of
+        # each per chip), for the checkpoint.
+        self._global = jax.process_count() > 1
+        self._snapshots: dict[int, dict[str, Any]] = {}  # step -> {client name: snapshot of its version}
+        if self._global:
+            for j in range(self.s + 1):
+                self._snapshots[j] = {n: rollout_weights.snapshot(m) for n, m in self.trained.items()}
         self._data_before: dict[int, Any] = {}  # step -> the data position before its records were drawn
         self._launches: dict[int, _Launch] = {}
 
@@ -161,6 +170,8 @@ class AsyncPipeline:
             raise RuntimeError(f"slot {slot.index} is still sampling step {busy[0]}")
         for name, copy in slot.copies.items():
             rollout_weights.load_weights(copy, self.trained[name])
+        if self._global:
+            self._snapshots[k] = {n: rollout_weights.snapshot(m) for n, m in self.trained.items()}
         slot.version = self.version
         self._prepared[k] = self.version
 
@@ -236,6 +247,7 @@ class AsyncPipeline:
         self._prepare(self.version + self.s)
         self._launch_ready()
         self._data_before.pop(k, None)
+        self._snapshots.pop(k, None)
         stale = k - launch.version
         result.metrics.update(extra)
         result.metrics.update(
@@ -259,8 +271,10 @@ class AsyncPipeline:
         ``version ... version + s - 1``, one entry each (their models' parameters by client name)."""
         out = []
         for k in range(self.version, self.version + self.s):
-            slot = self.slot_of(k)
-            out.append({name: nnx.state(copy, nnx.Param) for name, copy in slot.copies.items()})
+            if self._global:
+                out.append(self._snapshots[k])
+            else:
+                out.append({name: nnx.state(copy, nnx.Param) for name, copy in self.slot_of(k).copies.items()})
         return {"versions": out}
 
     def data_state(self) -> Any:
@@ -281,10 +295,16 @@ class AsyncPipeline:
             )
         self.version = self._next = int(steps_done)
         self._prepared, self._data_before = {}, {}
+        self._snapshots = {}
         for i, k in enumerate(range(self.version, self.version + self.s)):
             slot = self.slot_of(k)
             for name, copy in slot.copies.items():
-                nnx.update(copy, versions[i][name])
+                if self._global:  # global arrays: each process takes its own copy (a collective)
+                    rollout_weights.load_weights(copy, versions[i][name])
+                else:
+                    nnx.update(copy, versions[i][name])
+            if self._global:
+                self._snapshots[k] = dict(versions[i])
             slot.version = self.weights_version(k)
             self._prepared[k] = slot.version
         self._prepare(self.version + self.s)

@@ -65,11 +65,18 @@ def _fresh(x: jax.Array, dtype) -> jax.Array:
     return x.astype(dtype) if x.dtype != dtype else jnp.copy(x)
 
 
-def load_weights(copy: qwen3.Qwen3, source: qwen3.Qwen3) -> None:
-    """Puts ``source``'s current parameters into ``copy`` (cast to its dtypes, placed as its arrays are).
-    With several processes a collective: every process calls it at the same point."""
+def snapshot(model: qwen3.Qwen3) -> Any:
+    """A copy of ``model``'s parameters in its compute dtype, laid out as they are (with several processes, global
+    arrays sharded like the trained ones: a checkpoint can save them, which a process's own copy is not)."""
+    dtype = jnp.dtype(qwen3.as_dtype(model.config.dtype))
+    return jax.tree.map(lambda a: _fresh(a, dtype), nnx.state(model, nnx.Param))
+
+
+def load_weights(copy: qwen3.Qwen3, source: Any) -> None:
+    """Puts ``source``'s parameters (a model, or a ``snapshot``) into ``copy`` (cast to its dtypes, placed as its
+    arrays are). With several processes a collective: every process calls it at the same point."""
     cur = nnx.state(copy, nnx.Param)
-    src = nnx.state(source, nnx.Param)
+    src = nnx.state(source, nnx.Param) if isinstance(source, nnx.Module) else source
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 

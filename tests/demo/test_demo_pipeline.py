@@ -514,3 +514,28 @@ def test_learning_curve_points_leave_rl_unchanged(tmp_path):
     rows, header = report.curve_rows(curve)
     assert header[:3] == ["RL step", "real success", "95% CI"] and "push-back, silent" in header
     assert rows[0][:3] == ["0", "0.500", "[0.200, 0.800]"] and len(rows) == 4
+
+
+def test_lagged_demo_rl_repeats_and_replays_before_the_weights_go_out(tmp_path):
+    """The demo's RL stage with ``rl_max_staleness=1`` (reduced preset, from its own SFT start): the rows of step
+    k >= 1 are one update old, the replay batches still run after every update, and running the stage again
+    from the same start gives the same weights, bit for bit."""
+    import jax
+
+    from envace_jax.demo import stages
+    from envace_jax.demo.config import reduced
+    from envace_jax.demo.pipeline import Demo
+
+    cfg = reduced().replace(rl_max_staleness=1, rl_steps=3, more_sft=False)
+    d = Demo(cfg, str(tmp_path), progress=False)
+    d.prepare()
+    d.sft()
+    log = d.rl("rehearsal")
+    first = stages.snapshot(d.model)
+    assert [m["async/staleness_max"] for m in log] == [0.0, 1.0, 1.0]
+    assert all("replay/nll/act" in m for m in log)
+    d.rl("rehearsal")
+    second = stages.snapshot(d.model)
+    assert all(bool((a == b).all()) for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second)))
+    with pytest.raises(ValueError, match="rl_memory_fraction"):
+        cfg.replace(rl_memory_fraction=0.5)

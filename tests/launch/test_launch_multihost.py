@@ -28,7 +28,7 @@ def _params(path: str) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files}
 
 
-def _launch(run_dir: str, steps: int, dump: str) -> list[str]:
+def _launch(run_dir: str, steps: int, dump: str, **overrides) -> list[str]:
     """Starts launch/train.py as processes 0 and 1 of one JAX job; returns their stderr once both exit 0."""
     port = _free_port()
     env = dict(h.env(), XLA_FLAGS="--xla_force_host_platform_device_count=2")
@@ -41,6 +41,7 @@ def _launch(run_dir: str, steps: int, dump: str) -> list[str]:
             "--num_processes=2",
             f"--process_id={pid}",
             f"--dump_params={dump}",
+            **overrides,
         )
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     errs = []
@@ -96,3 +97,25 @@ def test_two_process_train_same_params_one_checkpoint(tmp_path):
     assert any(not np.array_equal(first[k], second[k]) for k in first)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         assert [json.loads(x)["step"] for x in f if x.strip()] == list(range(1, STEPS + 2))
+
+
+@pytest.mark.slow
+def test_two_process_lagged_run_resumes_bit_identical(tmp_path):
+    """rl.max_staleness = 1 on two processes: each samples its own prompts from its own copy of the lagged
+    weights (refreshed by a collective after every update), and a run stopped after 2 steps and resumed ends
+    where an uninterrupted 3-step run ends."""
+    lag = {"rl.max_staleness": 1}
+    _launch(str(tmp_path / "ref"), STEPS + 1, f"{tmp_path}/ref_{{process}}.npz", **lag)
+    ref = _same_params(f"{tmp_path}/ref")
+    run_dir = str(tmp_path / "run")
+    _launch(run_dir, STEPS, f"{tmp_path}/a_{{process}}.npz", **lag)
+    errs = _launch(run_dir, STEPS + 1, f"{tmp_path}/b_{{process}}.npz", **lag)
+    assert all(f"resumed from checkpoint step {STEPS}" in e for e in errs), errs[0][-2000:]
+    got = _same_params(f"{tmp_path}/b")
+    assert sorted(ref) == sorted(got)
+    for k in ref:
+        assert np.array_equal(ref[k], got[k]), f"parameter {k} differs after the resume"
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        lines = [json.loads(x) for x in f if x.strip()]
+    assert [x["async/staleness_max"] for x in lines] == [0.0, 1.0, 1.0]
+    assert all(x["episode/count"] == 16 for x in lines)
