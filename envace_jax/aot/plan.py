@@ -14,7 +14,9 @@ numbers can be checked without libtpu. Each size follows the code that produces 
   sampler's ``max_chunk``; the decode budget the bucket of the largest ``max_new_tokens``.
 - **meshes**: training runs on the config's ``mesh`` over all chips. With several processes (hosts)
   each process samples its own prompts on its own chips (``envace_jax.rl.train.build_run``), so the
-  sampler's mesh is one host's chips; with one process it is the training mesh.
+  sampler's mesh is one host's chips; with one process it is the training mesh. The disaggregated layout
+  (``mesh.rollout_chips_per_host = c``) trains on all but the last ``c`` chips of every host and samples on
+  those ``c``.
 """
 
 from __future__ import annotations
@@ -62,6 +64,20 @@ class RunShapes:
     decode_budget: int
     rows_per_episode: int = 2  # sampler rows an episode holds: its request, plus its parked ACT row when
     # the policy also plays REHEARSE (BOTH_ROLES_MODES)
+    rollout_chips_per_host: int = 0  # mesh.rollout_chips_per_host: 0 colocated, else disaggregated
+    max_staleness: int = 0  # rl.max_staleness: s + 1 rollouts (and weight copies) in flight when >= 1
+
+    @property
+    def layout(self) -> str:
+        """The layout in words, with the split of the slice and the rollouts in flight."""
+        lag = f"; rl.max_staleness={self.max_staleness}" if self.max_staleness else ""
+        if not self.rollout_chips_per_host:
+            return f"colocated: rollouts and training share every chip{lag}"
+        c = self.rollout_chips_per_host
+        return (
+            f"disaggregated: {self.processes * self.chips_per_process} training chips "
+            f"({self.chips_per_process} per host), {self.processes * c} rollout chips ({c} per host){lag}"
+        )
 
 
 def hosts(devices: Sequence[Any]) -> list[list[Any]]:
@@ -72,7 +88,20 @@ def hosts(devices: Sequence[Any]) -> list[list[Any]]:
     return [by[k] for k in sorted(by)]
 
 
+def training_devices(cfg: ExperimentConfig, devices: Sequence[Any]) -> list[Any]:
+    """The chips that train: all of them, or with ``mesh.rollout_chips_per_host = c`` all but the last ``c``
+    of every host (``rl.rollout_weights.split_devices``, as a run splits its slice)."""
+    c = cfg.mesh.rollout_chips_per_host
+    if not c:
+        return list(devices)
+    groups = hosts(devices)
+    if any(len(g) <= c for g in groups):
+        raise ValueError(f"mesh.rollout_chips_per_host={c} leaves no chip to train on hosts of {len(groups[0])} chips")
+    return [d for g in groups for d in sorted(g, key=lambda d: getattr(d, "id", 0))[: len(g) - c]]
+
+
 def run_shapes(cfg: ExperimentConfig, devices: Sequence[Any]) -> RunShapes:
+    devices = training_devices(cfg, devices)
     groups = hosts(devices)
     processes, local = len(groups), len(groups[0])
     if any(len(g) != local for g in groups):
@@ -101,4 +130,6 @@ def run_shapes(cfg: ExperimentConfig, devices: Sequence[Any]) -> RunShapes:
         cache_window=window,
         decode_budget=pow2_bucket(max_new, 8),
         rows_per_episode=per_episode,
+        rollout_chips_per_host=cfg.mesh.rollout_chips_per_host,
+        max_staleness=cfg.rl.max_staleness,
     )

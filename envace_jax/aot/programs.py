@@ -24,7 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from envace_jax import sharding as shd
-from envace_jax.aot.plan import RunShapes, hosts, model_config, run_shapes
+from envace_jax.aot.plan import RunShapes, hosts, model_config, run_shapes, training_devices
 from envace_jax.config import ExperimentConfig
 from envace_jax.models import qwen3
 from envace_jax.rl.batch import TrainBatch
@@ -131,26 +131,40 @@ def build_programs(
     mcfg = model_config(cfg)
     if unrolled_layers is not None:
         mcfg = mcfg.replace(num_layers=unrolled_layers, scan_layers=False)
-    mesh = mesh_over(cfg, devices, num_slices)
+    c = cfg.mesh.rollout_chips_per_host
+    mesh = mesh_over(cfg, training_devices(cfg, devices), num_slices)
     model = abstract_model(mcfg, mesh, shd.TRAIN_RULES)
     trainer = Trainer(model, cfg.run_optim(), cfg.loss, micro_batch_size=cfg.rl.micro_batch_size, mesh=mesh)
     params = trainer.params
     ref = trainer.ref_params
     mb = micro_batch_spec(shapes.train_rows, shapes.train_width, mesh, cfg.loss.role_balanced)
 
-    # Sampling mesh and model: the training model itself with one process; with several, each process
-    # samples from its own full copy on its own chips (rl.train.rollout_copy).
-    if shapes.processes > 1:
-        local_mesh = rollout_mesh(mcfg, list(sampler_devices) if sampler_devices else hosts(devices)[0])
+    # Sampling mesh and model: the training model itself with one process, colocated and synchronous; else
+    # each process samples from a copy on its own chips (rl.rollout_weights): a host's chips (several
+    # processes), the chips kept for rollouts (disaggregated), and one copy per rollout in flight (async).
+    s = cfg.rl.max_staleness
+    copies = s + 1 if s else (1 if shapes.processes > 1 or c else 0)
+    if copies:
+        if sampler_devices is not None:
+            local = list(sampler_devices)
+        else:
+            first = sorted(hosts(devices)[0], key=lambda d: getattr(d, "id", 0))
+            local = first[len(first) - c :] if c else first
+        local_mesh = rollout_mesh(mcfg, local)
         sample_model = abstract_model(rollout_config(mcfg), local_mesh, shd.TRAIN_RULES)
         rollout_copy = per_chip_bytes(nnx.state(sample_model, nnx.Param))
     else:
         local_mesh, sample_model, rollout_copy = mesh, model, 0
+    # Several processes, asynchronous: the s versions in flight also as global arrays over the training chips,
+    # in the compute dtype (what a checkpoint saves: rl.async_pipeline)
+    snapshots = 0
+    if s and shapes.processes > 1:
+        snapshots = s * per_chip_bytes(
+            nnx.state(abstract_model(rollout_config(mcfg), mesh, shd.TRAIN_RULES), nnx.Param)
+        )
     sampler = Sampler(sample_model, mesh=local_mesh)
     specs = sampler.program_specs(shapes.sample_batch, shapes.prefill_chunk, shapes.cache_window, shapes.decode_budget)
     sample_params = specs["decode"][1][0]
-    source = nnx.state(sample_model)
-    copies = any(a.sharding != b.sharding for a, b in zip(jax.tree.leaves(sample_params), jax.tree.leaves(source)))
 
     grad, apply = trainer.program("grad"), trainer.program("apply")
 
@@ -164,11 +178,26 @@ def build_programs(
     params_b, opt_b, ref_b = per_chip_bytes(params), per_chip_bytes(trainer.opt_state), per_chip_bytes(ref)
     rows = f"{shapes.train_rows} rows x {shapes.train_width} tokens"
     train_state = f"params {_gb(params_b)} + optimizer {_gb(opt_b)}" + (f" + reference {_gb(ref_b)}" if ref_b else "")
-    copy_note = f"rollout weight copy {_gb(rollout_copy)}" if rollout_copy else ""
-    sample_resident = params_b + opt_b + ref_b + rollout_copy
-    if not copies:  # the sampler reads its source weights in place: they are its argument
-        sample_resident -= rollout_copy if shapes.processes > 1 else params_b
-    sample_note = ", ".join(x for x in (train_state, copy_note) if x)
+    copy_note = ""
+    if rollout_copy:
+        copy_note = f"rollout weight copy {_gb(rollout_copy)}" + (
+            f" x {copies} (one per rollout in flight)" if copies > 1 else ""
+        )
+    snap_note = f"{s} in-flight versions (global, for checkpoints) {_gb(snapshots)}" if snapshots else ""
+    if c:  # disaggregated: the training chips hold no rollout copy, the rollout chips no training state
+        train_extra, train_note = snapshots, snap_note
+        sample_resident, sample_note = copies * rollout_copy, copy_note
+    else:
+        train_extra = copies * rollout_copy + snapshots
+        train_note = ", ".join(x for x in (copy_note, snap_note) if x)
+        sample_resident = params_b + opt_b + ref_b + train_extra
+        sample_note = ", ".join(x for x in (train_state, copy_note, snap_note) if x)
+    reads_source = not any(
+        a.sharding != b.sharding
+        for a, b in zip(jax.tree.leaves(sample_params), jax.tree.leaves(nnx.state(sample_model)))
+    )
+    if reads_source:  # the sampler reads its source weights in place: they are its argument
+        sample_resident -= rollout_copy if copies else params_b
     cache = f"window {shapes.cache_window}"
     programs = [
         Program(
@@ -178,8 +207,8 @@ def build_programs(
             {},
             mesh,
             rows,
-            rollout_copy,
-            copy_note,
+            train_extra,
+            train_note,
         ),
         Program(
             "logprobs",
@@ -188,8 +217,8 @@ def build_programs(
             {},
             mesh,
             rows,
-            opt_b + ref_b + rollout_copy,
-            ", ".join(x for x in (f"optimizer {_gb(opt_b)}", copy_note) if x),
+            opt_b + ref_b + train_extra,
+            ", ".join(x for x in (f"optimizer {_gb(opt_b)}", train_note) if x),
         ),
         Program(
             "prefill",

@@ -2,7 +2,7 @@
 
 ``compile_report`` is what ``launch/aot_compile.py`` runs. ``aot.json`` holds exactly::
 
-    {"topology", "chips", "chip", "hbm_bytes_per_chip",
+    {"topology", "chips", "chip", "hbm_bytes_per_chip", "layout",
      "programs": [{"name", "per_chip_bytes": {"arguments", "outputs", "temps", "code", "total"},
                    "fits", "flops", "bytes_accessed", "collectives": {op: count}, "roofline_s"}]}
 
@@ -49,6 +49,7 @@ class Report:
             "chips": self.chips,
             "chip": self.chip.name,
             "hbm_bytes_per_chip": self.chip.hbm_bytes,
+            "layout": self.shapes.layout,
             "programs": [p.to_json() for p in self.programs],
         }
 
@@ -59,9 +60,10 @@ class Report:
             json.dump(self.to_json(), f, indent=1)
 
 
-def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
+def topology_devices(topology: str, num_slices: int = 1, *, one_host: bool = False) -> list[Any]:
     """Compile-only TPU devices of ``topology`` (libtpu, no TPU needed), with the chip's real host
-    layout where libtpu's default differs (v5e / v6e hosts hold 8 chips)."""
+    layout where libtpu's default differs (v5e / v6e hosts hold 8 chips). ``one_host``: the topology is
+    one host's share of chips (``part_topology``), whatever the chip's host size."""
     try:
         from jax.experimental import topologies
     except ImportError as e:  # pragma: no cover - jax always has it
@@ -69,7 +71,10 @@ def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
     chip = chip_for_topology(topology)
     n = topology_chips(topology)
     kw: dict[str, Any] = {}
-    if chip.host_bounds is not None and n >= chip.host_bounds[0] * chip.host_bounds[1] * chip.host_bounds[2]:
+    if one_host:
+        dims = [int(x) for x in topology.split(":", 1)[1].lower().split("x")]
+        kw["chips_per_host_bounds"] = tuple(dims + [1] * (3 - len(dims)))
+    elif chip.host_bounds is not None and n >= chip.host_bounds[0] * chip.host_bounds[1] * chip.host_bounds[2]:
         kw["chips_per_host_bounds"] = chip.host_bounds
     if num_slices > 1:
         kw["num_slices"] = num_slices
@@ -104,6 +109,22 @@ def host_topology(topology: str, devices: Sequence[Any]) -> str | None:
     return f"{gen}:{'x'.join(str(d) for d in dims)}"
 
 
+def part_topology(topology: str, chips: int) -> str:
+    """A topology of ``chips`` chips of ``topology``'s generation (the rollout chips of one host in the
+    disaggregated layout), as near square as ``chips`` allows: ``v5p:2x1x1`` for 2 chips of a v5p slice."""
+    gen, shape = topology.split(":", 1)
+    axes = len(shape.lower().split("x"))
+    dims, n = [], chips
+    for d in (4, 2):  # largest factors first
+        while n % d == 0 and n > 1 and len(dims) < axes:
+            dims.append(d)
+            n //= d
+    if n > 1 or chips < 1:
+        raise ValueError(f"mesh.rollout_chips_per_host={chips}: use 1, 2, 4, 8 or 16 chips per host")
+    dims += [1] * (axes - len(dims))
+    return f"{gen}:{'x'.join(str(d) for d in dims)}"
+
+
 @contextlib.contextmanager
 def _timed(say: Callable[[str], None], what: str) -> Iterator[None]:
     """A line before ``what`` and one after it with the seconds it took: one compile of a large model
@@ -129,11 +150,15 @@ def compile_report(
     chip = chip_for_topology(topology)
     devices = topology_devices(topology, num_slices)
     one_host = host_topology(topology, devices)
-    sampler_devices = topology_devices(one_host) if one_host else None
-    if sampler_devices is not None and len(sampler_devices) != len(hosts(devices)[0]):
-        raise RuntimeError(
-            f"{one_host}: {len(sampler_devices)} chips, but a host of {topology} drives {len(hosts(devices)[0])}"
-        )
+    c = cfg.mesh.rollout_chips_per_host
+    if c:  # disaggregated: the sampler runs on the c chips a host keeps for rollouts
+        sampler_devices = topology_devices(part_topology(topology, c), one_host=True)
+        want = c
+    else:
+        sampler_devices = topology_devices(one_host) if one_host else None
+        want = len(hosts(devices)[0])
+    if sampler_devices is not None and len(sampler_devices) != want:
+        raise RuntimeError(f"{one_host}: {len(sampler_devices)} chips, but the sampler of {topology} drives {want}")
     build = lambda **kw: build_programs(cfg, devices, num_slices, sampler_devices=sampler_devices, **kw)
     shapes, programs = build()
     programs = [p for p in programs if p.name != DECODE_SETUP]
@@ -212,6 +237,7 @@ def format_table(rep: Report) -> str:
         f"{rep.topology}: {rep.chips} x TPU {rep.chip.name}, HBM {_gb(rep.chip.hbm_bytes)} GB/chip, "
         f"{rep.shapes.processes} host(s) x {rep.shapes.chips_per_process} chips "
         f"(peak {rep.chip.bf16_flops_per_s / 1e12:.0f} TFLOP/s bf16, {rep.chip.hbm_bytes_per_s / 1e9:.0f} GB/s)"
+        f"\nlayout: {rep.shapes.layout}"
     )
     cols = [
         "program",

@@ -51,6 +51,12 @@ def test_run_shapes_of_the_8b_config_on_a_v5p_64_layout():
     assert run_shapes(real, devices).rows_per_episode == 1 and run_shapes(real, devices).sample_rows == episodes
     assert s.cache_window == 20480  # 20000 in quarter-octave buckets (step 4096)
     assert s.decode_budget == 8192 and s.prefill_chunk == 512
+    assert s.layout.startswith("colocated")
+    # disaggregated: one chip of every host samples, the other three train (one row each)
+    split = dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, rollout_chips_per_host=1))
+    d = run_shapes(split, devices)
+    assert (d.processes, d.chips_per_process, d.train_rows) == (16, 3, 48)
+    assert d.layout.startswith("disaggregated: 48 training chips (3 per host), 16 rollout chips (1 per host)")
 
 
 def test_collective_counts_and_roofline_arithmetic():
@@ -118,7 +124,7 @@ def _aot(tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, dict | Non
 def test_tiny_config_on_v5e_2x2_argument_bytes_match_a_hand_count(tmp_path):
     proc, rep = _aot(tmp_path, "--programs=train_step,decode")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert set(rep) == {"topology", "chips", "chip", "hbm_bytes_per_chip", "programs"}
+    assert set(rep) == {"topology", "chips", "chip", "hbm_bytes_per_chip", "layout", "programs"}
     assert (rep["topology"], rep["chips"], rep["chip"], rep["hbm_bytes_per_chip"]) == ("v5e:2x2", 4, "v5e", 16 * 10**9)
     progs = {p["name"]: p for p in rep["programs"]}
     assert set(progs) == {"train_step", "decode"}
@@ -249,3 +255,40 @@ def test_sampler_of_a_multi_host_v5e_slice_compiles_on_one_host(tmp_path):
         if cells and cells[0] in progs:
             meshes[cells[0]] = math.prod(int(x) for x in next(c for c in cells if c.count(",") == 2).split(","))
     assert meshes == {"train_step": 16, "prefill": 8, "decode": 8}, proc.stdout
+
+
+def test_part_topology_of_a_host():
+    from envace_jax.aot.report import part_topology
+
+    assert part_topology("v5p:4x4x4", 1) == "v5p:1x1x1"
+    assert part_topology("v5p:4x4x4", 2) == "v5p:2x1x1"
+    assert part_topology("v5p:4x4x4", 4) == "v5p:4x1x1"
+    assert part_topology("v5e:16x16", 8) == "v5e:4x2"
+    with pytest.raises(ValueError, match="rollout_chips_per_host=3"):
+        part_topology("v5p:4x4x4", 3)
+
+
+@needs_libtpu
+def test_both_layouts_of_an_asynchronous_run_on_a_v5p_slice(tmp_path):
+    """rl.max_staleness = 1 on v5p:2x2x2 (2 hosts x 4 chips): colocated, every program on the chips that
+    also hold two rollout weight copies; disaggregated, training on 2 chips of each host (a 4-chip mesh) and
+    the sampler on the other 2, which hold the copies."""
+    common = ("--topology=v5p:2x2x2", "--programs=train_step,decode", "--config.rl.max_staleness=1")
+    proc, rep = _aot(tmp_path, *common)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert rep["layout"] == "colocated: rollouts and training share every chip; rl.max_staleness=1"
+    colo = {p["name"]: p for p in rep["programs"]}
+    assert "rollout weight copy" in proc.stdout and "x 2 (one per rollout in flight)" in proc.stdout, proc.stdout
+    proc, rep = _aot(tmp_path, *common, "--config.mesh.rollout_chips_per_host=2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert rep["layout"].startswith("disaggregated: 4 training chips (2 per host), 4 rollout chips (2 per host)")
+    dis = {p["name"]: p for p in rep["programs"]}
+    assert all(p["fits"] for p in list(colo.values()) + list(dis.values()))
+    meshes = {}
+    for line in proc.stdout.splitlines():
+        cells = line.split()
+        if cells and cells[0] in dis:
+            meshes[cells[0]] = math.prod(int(x) for x in next(c for c in cells if c.count(",") == 2).split(","))
+    assert meshes == {"train_step": 4, "decode": 2}, proc.stdout
+    # the training state is split over half the chips: twice the parameter bytes per chip
+    assert dis["train_step"]["per_chip_bytes"]["arguments"] > 1.5 * colo["train_step"]["per_chip_bytes"]["arguments"]
