@@ -61,6 +61,7 @@ from envace_jax.chat.simulator import is_error_result
 from envace_jax.chat.tool_parser import make_assistant_message
 from envace_jax.config import MODES, RoleSampling, RolloutConfig  # noqa: F401  (defined with every other knob)
 from envace_jax.rl.judge_stream import JudgeStream
+from envace_jax.rl.rollout_rolling import run_rolling
 from envace_jax.rl.policy_client import GenOutput, GenRequest, PolicyClient  # re-exported
 from envace_jax.rl.types import ACT, REHEARSE, ROLES, Episode, Generation, State
 
@@ -327,8 +328,6 @@ class RolloutEngine:
         return self.cfg.rolling and all(hasattr(c, "submit") and hasattr(c, "step") for c in clients)
 
     def _run_rolling(self, records: Sequence[dict], uids: Sequence[str] | None) -> list[Episode]:
-        from envace_jax.rl.rollout_rolling import run_rolling
-
         return run_rolling(self, records, uids)
 
     # ------------------------------------------------------------------ transitions

@@ -1,21 +1,18 @@
-"""The rolling-batch schedule of ``rl.rollout.RolloutEngine`` (``rollout.rolling``): each episode moves on as
-soon as its own generations are back, through clients that stream (``submit``/``step``, e.g.
-``rl.rolling_client.RollingSamplerClient``), so a finished row's sampler slot goes to the next waiting request
-instead of idling until the slowest row of a lockstep call ends.
+"""The rolling-batch schedule of ``rl.rollout.RolloutEngine`` (``rollout.rolling``; ``engine`` below is the
+engine): each episode moves on as soon as its own generations are back, through clients that stream
+(``submit``/``step``, e.g. ``rl.rolling_client.RollingSamplerClient``), so a finished row's sampler slot goes to
+the next waiting request instead of idling until the slowest row of a lockstep call ends.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
 from envace_jax.rl.types import ACT, REHEARSE, Episode, State
 
-if TYPE_CHECKING:
-    from envace_jax.rl.rollout import RolloutEngine
 
-
-def run_rolling(engine: "RolloutEngine", records: Sequence[dict], uids: Sequence[str] | None) -> list[Episode]:
+def run_rolling(engine: Any, records: Sequence[dict], uids: Sequence[str] | None) -> list[Episode]:
     """Episodes advance independently: an episode's next micro-step is queued as soon as all of
     its current generations are back, so the clients' slots never wait for other episodes.
 
@@ -88,7 +85,7 @@ def run_rolling(engine: "RolloutEngine", records: Sequence[dict], uids: Sequence
     return episodes
 
 
-def apply_round(engine: "RolloutEngine", e: Episode, got: list) -> None:
+def apply_round(engine: Any, e: Episode, got: list) -> None:
     """Routes one micro-step's outputs of ``e`` back, in request order, as ``step`` does."""
     for req, out in got:
         if req.role == ACT:

@@ -1,9 +1,9 @@
 """A sampler's compiled programs at one shape bucket with abstract arguments, for lowering ahead of time
-(``envace_jax.aot``): no weights are read and nothing is allocated."""
+(``envace_jax.aot``): no weights are read and nothing is allocated. ``sampler`` is a ``sampling.Sampler``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -13,11 +13,8 @@ from flax import nnx
 from envace_jax import sharding as shd
 from envace_jax.models import qwen3
 
-if TYPE_CHECKING:
-    from envace_jax.sampling.client import Sampler
 
-
-def program_specs(sampler: "Sampler", batch: int, chunk: int, window: int, budget: int, stop_width: int = 4):
+def program_specs(sampler: Any, batch: int, chunk: int, window: int, budget: int, stop_width: int = 4):
     """The two compiled programs at one shape bucket, with abstract arguments (``envace_jax.aot``).
 
     ``"prefill"``: ``batch`` rows gathered from an earlier ``window``-slot cache (as ``continue_``
