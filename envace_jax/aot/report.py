@@ -219,10 +219,13 @@ def knobs(cfg: ExperimentConfig, program: str, shapes: RunShapes) -> list[str]:
         f"--config.rl.n_rollouts (now {r.n_rollouts}): {shapes.sample_rows} rows per sampler call",
         f"--config.rollout.max_model_len (now {cfg.rollout.max_model_len}): cache window {shapes.cache_window}",
         (
-            f"--config.mesh.tensor (now {m.tensor}): splits kv heads and weights of the sampler"
+            f"--config.mesh.rollout_chips_per_host (now {m.rollout_chips_per_host}): the chips each host samples "
+            f"on, weights and kv heads split over them (rl.rollout_weights.rollout_mesh)"
+            if m.rollout_chips_per_host
+            else f"--config.mesh.tensor (now {m.tensor}): splits kv heads and weights of the sampler"
             if shapes.processes == 1
             else f"chips per host (now {shapes.chips_per_process}): each host samples on its own chips, weights "
-            f"and kv heads split over them (rl.train.rollout_mesh)"
+            f"and kv heads split over them (rl.rollout_weights.rollout_mesh)"
         ),
         dtype,
     ]
