@@ -150,3 +150,13 @@ def env() -> dict:
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
         PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
+
+
+def metrics_lines(run_dir: str) -> list[dict]:
+    """Every whole line of ``<run_dir>/metrics.jsonl`` in order, repeats included; a last line still being
+    written (no newline yet) by a run the test watches is left out."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(x) for x in f if x.endswith("\n") and x.strip()]

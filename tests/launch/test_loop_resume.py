@@ -4,7 +4,6 @@ one uninterrupted run."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -20,12 +19,7 @@ from envace_jax.checkpoint import check_manifest
 STEPS = 5
 
 
-def _lines(run_dir: str) -> list[dict]:
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(x) for x in f if x.strip()]
+_lines = h.metrics_lines  # read while a run appends: a torn last line is left out
 
 
 def _run(run_dir: str, *flags: str) -> subprocess.CompletedProcess:

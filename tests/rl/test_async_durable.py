@@ -4,8 +4,6 @@ per-step metrics of one uninterrupted run, bit for bit; so does one stopped by S
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
 import subprocess
@@ -21,12 +19,7 @@ STEPS = 24
 KILLS = 10
 
 
-def _lines(run_dir: str) -> list[dict]:
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(x) for x in f if x.strip()]
+_lines = h.metrics_lines  # read while a run appends: a torn last line is left out
 
 
 def _cmd(run_dir: str, judge_url: str, s: int, *flags: str) -> list[str]:
@@ -75,7 +68,7 @@ def test_sigkill_at_random_moments_and_sigterm_resume_bit_identical(tmp_path, s)
         # Kills: each lands a random time after the restarted run has logged a new step, so rollouts of the
         # next steps are in flight; a restart that finishes before its kill is due just ends the loop early.
         kills = []
-        for _ in range(KILLS if s == 1 else KILLS // 2):
+        for _ in range(KILLS if s == 1 else 3):  # lag 2 once more, with fewer kills (CI time)
             before = _steps_done(run_dir)
             if before >= STEPS - 1:
                 break
