@@ -15,11 +15,15 @@ Arms:
 Every run is the training loop's own path (``rl.train.build_run``: the synchronous ``RLStep`` at 0, the
 ``rl.async_pipeline`` with its default correction and judge streaming otherwise) without checkpoints, metrics
 files or hooks; the same seed and data in every arm. A step's time is the wall time between the ends of
-consecutive steps; the first ``--warmup`` steps (compilation) are left out, and the table gives the median of
-the ``--steps`` after them, the speed-up against ``s = 0`` at the same latency, and the mean per step of: the
-rollouts' seconds in sampler calls (summed over the rollouts that step trained on), their seconds waiting for
-verdicts, the update, and the trainer idle (waiting for rollouts). Writes ``OUT/async_rl.md``, ``.json`` and
-``timeline.png`` (the last steps of each ``s`` at the largest latency of the first arm).
+consecutive steps; the first ``--warmup`` steps are left out. Each (arm, s) first runs once untimed at latency 0
+(``--prime``): a run's row shapes repeat for a seed and a lag, so the timed runs compile nothing. The table gives
+steps per second over the ``--steps`` measured (their mean step; also the median), the speed-up against ``s = 0``
+at the same latency, and the mean per step of: the rollouts' seconds in sampler calls, their seconds waiting for
+verdicts (both for the rollouts that step trained on), the update, the trainer idle (waiting for rollouts), and
+the seconds spent making programs during the measured steps (tracing and lowering for a row shape new to the
+process, even when the compiled program comes from the cache: the reason for a long ``--warmup``).
+Writes ``OUT/async_rl.md``, ``.json`` and ``timeline.png`` (the last steps of each ``s`` at the largest latency
+of the first arm).
 """
 
 from __future__ import annotations
@@ -84,9 +88,26 @@ class RunResult:
     phases: dict[str, float]  # mean seconds per measured step
     timeline: list[dict]
     verdicts: int
+    compile_s: float = 0.0  # seconds tracing, lowering and compiling (or fetching from the cache) while measured
 
 
-def run_one(arm: str, latency: float, s: int, warmup: int, steps: int) -> RunResult:
+# Seconds JAX spends making programs (tracing, lowering, compiling or fetching a compiled one from the persistent
+# cache), summed from its monitoring events; a step that meets a new row shape pays them, in every process.
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+    "/jax/compilation_cache/cache_retrieval_time_sec",
+)
+_compile_s = [0.0]
+
+
+def _on_duration(name: str, secs: float, **_) -> None:
+    if name in _COMPILE_EVENTS:
+        _compile_s[0] += secs
+
+
+def run_one(arm: str, latency: float, s: int, warmup: int, steps: int, *, quiet: bool = False) -> RunResult:
     from envace_jax.rl import train as rl_train
     from envace_jax.rl.loopback_judge import LoopbackJudge
 
@@ -96,6 +117,7 @@ def run_one(arm: str, latency: float, s: int, warmup: int, steps: int) -> RunRes
         t_origin = time.perf_counter()
         timeline: list[dict] = []
         ends, phases = [], []
+        compile_at_warmup = 0.0
         try:
             if run.pipeline is not None:
                 run.pipeline.timeline, run.pipeline._t0 = timeline, t_origin
@@ -136,10 +158,13 @@ def run_one(arm: str, latency: float, s: int, warmup: int, steps: int) -> RunRes
                         "idle_s": t1 - t0,
                     }
                 t = time.perf_counter()
+                if k == warmup - 1:
+                    compile_at_warmup = _compile_s[0]
                 ends.append(t - t_prev)
                 t_prev = t
                 phases.append(ph)
-                print(f"  {arm} latency {latency:g} s={s} step {k}: {ends[-1]:.2f} s", file=sys.stderr, flush=True)
+                if not quiet:
+                    print(f"  {arm} latency {latency:g} s={s} step {k}: {ends[-1]:.2f} s", file=sys.stderr, flush=True)
         finally:
             if run.pipeline is not None:
                 run.pipeline.close()
@@ -147,24 +172,29 @@ def run_one(arm: str, latency: float, s: int, warmup: int, steps: int) -> RunRes
             run.writer.close()
         measured = phases[warmup:]
         mean = {key: statistics.fmean(p[key] for p in measured) for key in measured[0]}
-        return RunResult(arm, latency, s, ends[warmup:], mean, timeline, judge.requests)
+        compiled = _compile_s[0] - (compile_at_warmup if warmup else 0.0)
+        return RunResult(arm, latency, s, ends[warmup:], mean, timeline, judge.requests, compiled)
 
 
 def table(results: list[RunResult]) -> str:
     rows = [
-        "| arm | judge latency (s) | s | median step (s) | steps/s | vs s = 0 | generate (s) | judge wait (s) "
-        "| update (s) | trainer idle (s) | verdicts |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | judge latency (s) | s | steps/s | vs s = 0 | mean step (s) | median step (s) | median vs s = 0 "
+        "| generate (s) | judge wait (s) | update (s) | trainer idle (s) | verdicts | compiling (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    base = {(r.arm, r.latency): statistics.median(r.step_s) for r in results if r.s == 0}
+    # Throughput is steps over wall time (the mean step): a lagged run's steps alternate short and long (a step
+    # whose rollouts were done early trains at once), so a median would flatter or sink it by parity.
+    base = {(r.arm, r.latency): r for r in results if r.s == 0}
     for r in results:
-        med = statistics.median(r.step_s)
+        mean, med = statistics.fmean(r.step_s), statistics.median(r.step_s)
         ref = base.get((r.arm, r.latency))
-        ratio = f"{ref / med:.2f}x" if ref else "-"
+        ratio = f"{statistics.fmean(ref.step_s) / mean:.2f}x" if ref else "-"
+        ratio_med = f"{statistics.median(ref.step_s) / med:.2f}x" if ref else "-"
         p = r.phases
         rows.append(
-            f"| {r.arm} | {r.latency:g} | {r.s} | {med:.2f} | {1 / med:.2f} | {ratio} | {p['generate_s']:.2f} | "
-            f"{p['judge_wait_s']:.2f} | {p['update_s']:.2f} | {p['idle_s']:.2f} | {r.verdicts} |"
+            f"| {r.arm} | {r.latency:g} | {r.s} | {1 / mean:.2f} | {ratio} | {mean:.2f} | {med:.2f} | {ratio_med} | "
+            f"{p['generate_s']:.2f} | {p['judge_wait_s']:.2f} | {p['update_s']:.2f} | {p['idle_s']:.2f} | "
+            f"{r.verdicts} | {r.compile_s:.1f} |"
         )
     return "\n".join(rows)
 
@@ -199,8 +229,8 @@ def plot_timeline(results: list[RunResult], path: str, last: int = 4) -> None:
                     ax.broken_barh([(x0, w)], (y - 0.3, 0.6), facecolors=COLORS.get(e["kind"], "#999999"))
         ax.set_yticks(range(len(lanes)))
         ax.set_yticklabels([("trainer" if lane == "update" else lane) for lane in lanes])
-        med = statistics.median(r.step_s)
-        ax.set_title(f"{r.arm}, judge latency {r.latency:g} s, max_staleness = {r.s}: median step {med:.2f} s")
+        mean = statistics.fmean(r.step_s)
+        ax.set_title(f"{r.arm}, judge latency {r.latency:g} s, max_staleness = {r.s}: mean step {mean:.2f} s")
         ax.set_xlabel("seconds")
     handles = [
         Patch(color=COLORS["generate_s"], label="sampler calls"),
@@ -221,22 +251,41 @@ def main(argv=None) -> None:
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--latencies", default="0,0.25,1")
     p.add_argument("--staleness", default="0,1,2")
-    p.add_argument("--steps", type=int, default=10, help="measured steps per run")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=16, help="measured steps per run")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=12,
+        help="steps left out: a new process traces a program for each new row shape, a second or two each",
+    )
+    p.add_argument(
+        "--prime",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run each (arm, s) once untimed first, so that no timed step compiles",
+    )
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     import jax
+    import jax.monitoring
 
     jax.config.update("jax_compilation_cache_dir", os.path.join(a.out, "jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
     arms = [x for x in a.arms.split(",") if x]
     lats = [float(x) for x in a.latencies.split(",")]
     stale = [int(x) for x in a.staleness.split(",")]
     results = []
     for arm in arms:
-        for lat in lats:
-            for s in stale:
+        for s in stale:
+            if a.prime:
+                # The row shapes of a step repeat for a seed and a lag whatever the judge's latency, so one run at
+                # latency 0 compiles every program the timed runs meet into the cache: no timed step compiles.
+                print(f"  {arm} s={s}: priming the compilation cache", file=sys.stderr, flush=True)
+                run_one(arm, 0.0, s, a.warmup, a.steps, quiet=True)
+            for lat in lats:
                 results.append(run_one(arm, lat, s, a.warmup, a.steps))
+    results.sort(key=lambda r: (arms.index(r.arm), lats.index(r.latency), r.s))
     text = table(results)
     cpu = _cpu_name()
     header = (
