@@ -2,13 +2,14 @@
 tests of everything that talks to an HTTP judge, without a served model.
 
 It speaks the OpenAI chat-completions protocol ``HttpJudge`` uses (``POST /v1/chat/completions``) and answers
-every request with a verdict object in the reference's schema after ``latency_s`` seconds (each request waits on
-a thread of its own, so requests in flight overlap as they would on a served model). The verdict is a function
+every request with a verdict object in the reference's schema after ``latency_s`` seconds, plus a random share
+of ``jitter_s`` (so answers can come back out of order, as from a served model under load; each request waits
+on a thread of its own, so requests in flight overlap). The verdict is a function
 of the prompt alone, so a run repeats exactly: ``"hash"`` passes an item when the first byte of the prompt's
 SHA-256 is even (about half the items), ``"pass"`` / ``"fail"`` always answer that.
 
-    python -m envace_jax.rl.loopback_judge --port 8000 --latency 1.0      # then --config.judge.kind=http
-        --config.judge.http.base_url=http://127.0.0.1:8000
+    python -m envace_jax.rl.loopback_judge --port 8000 --latency 1.0 --jitter 0.5   # then
+        --config.judge.kind=http --config.judge.http.base_url=http://127.0.0.1:8000
 
 Host-side only; no jax.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import random
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,11 +41,22 @@ class LoopbackJudge:
 
     ``requests`` counts the completions answered and ``max_in_flight`` the most answered at once."""
 
-    def __init__(self, latency_s: float = 0.0, verdict: str = "hash", host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        latency_s: float = 0.0,
+        verdict: str = "hash",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        jitter_s: float = 0.0,
+        seed: int | None = None,
+    ):
         if latency_s < 0:
             raise ValueError(f"LoopbackJudge(latency_s={latency_s}) must be >= 0")
+        if jitter_s < 0:
+            raise ValueError(f"LoopbackJudge(jitter_s={jitter_s}) must be >= 0")
         verdict_for("", verdict)  # checks the mode
-        self.latency_s, self.verdict = float(latency_s), verdict
+        self.latency_s, self.jitter_s, self.verdict = float(latency_s), float(jitter_s), verdict
+        self._rng = random.Random(seed)  # the delays only: verdicts never depend on it
         self.requests = self.in_flight = self.max_in_flight = 0
         self._lock = threading.Lock()
         judge = self
@@ -67,8 +80,9 @@ class LoopbackJudge:
                 with judge._lock:
                     judge.in_flight += 1
                     judge.max_in_flight = max(judge.max_in_flight, judge.in_flight)
+                    delay = judge.latency_s + judge.jitter_s * judge._rng.random()
                 try:
-                    time.sleep(judge.latency_s)
+                    time.sleep(delay)
                     answer = verdict_for(prompt, judge.verdict)
                 finally:
                     with judge._lock:
@@ -133,10 +147,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--latency", type=float, default=0.0, help="seconds before each verdict")
+    p.add_argument("--jitter", type=float, default=0.0, help="plus up to this many seconds, drawn per request")
     p.add_argument("--verdict", choices=VERDICTS, default="hash")
     a = p.parse_args(argv)
-    judge = LoopbackJudge(a.latency, a.verdict, a.host, a.port)
-    print(f"loopback judge on {judge.url} (latency {a.latency} s, verdicts: {a.verdict})", flush=True)
+    judge = LoopbackJudge(a.latency, a.verdict, a.host, a.port, jitter_s=a.jitter)
+    line = f"loopback judge on {judge.url} (latency {a.latency} s + up to {a.jitter} s, verdicts: {a.verdict})"
+    print(line, flush=True)
     try:
         judge._server.serve_forever()
     except KeyboardInterrupt:

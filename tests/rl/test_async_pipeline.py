@@ -63,7 +63,8 @@ def _sampler_vs_version(run, result, params) -> float:
 
 def test_steps_sample_from_the_lagged_weights_and_repeat_under_any_judge_latency(tmp_path):
     s, steps = 2, 5
-    with LoopbackJudge(latency_s=0.0) as fast, LoopbackJudge(latency_s=0.05) as slow:
+    # the slow judge's answers come back out of order (a random delay per request)
+    with LoopbackJudge(latency_s=0.0) as fast, LoopbackJudge(latency_s=0.02, jitter_s=0.1, seed=7) as slow:
         kw = {"rl.max_staleness": s, "judge.kind": "http", "rollout.act.max_new_tokens": 12}
         a, versions, run = _drive(
             h.tiny_config(str(tmp_path / "a"), steps, **kw, **{"judge.http.base_url": fast.url}), steps
