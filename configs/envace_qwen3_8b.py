@@ -97,9 +97,10 @@ def get_config():
     # Lag 1, not 2. Colocated, the lag fills the chips' idle time (the judge's tail, the tools) with another
     # step's work; lag 1 suffices while that idle time is below a step's compute, as at 8B (an estimated 319 s
     # step, most of it decoding), and lag 2 pays only when the wait exceeds it (the CPU benchmark: 1.60x -> 2.02x
-    # at 1 s per verdict, 1.31x -> 1.34x at 0.25 s). On the demo lag 1 learns as well as the synchronous loop
-    # (paired, seeds 0 and 1) while lag 2 fell 0.010 behind (seed 0, p = 0.03), and each lag costs one more
-    # rollout weight copy per chip (4.1 GB at 8B on v5p-64: `make aot`). 0 restores the reference's loop.
+    # at 1 s per verdict, 1.31x -> 1.34x at 0.25 s). On the demo lag 1 learns about as well as the synchronous
+    # loop (paired, seeds 0-2 pooled: -0.005, ns) while lag 2 fell 0.010 behind (seed 0, p = 0.03); each lag
+    # costs one more rollout weight copy per chip (4.1 GB at 8B on v5p-64: `make aot`). 0 restores the
+    # reference's loop.
     c.rl.max_staleness = 1
 
     c.optim.lr = 1e-6
