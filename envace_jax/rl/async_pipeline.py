@@ -16,7 +16,9 @@ the time update ``j - s - 1`` (the one that makes version ``j - s``) is done. Th
 thread: JAX's dispatch is asynchronous and compiled programs release the GIL, so on one host the update, the
 rollouts' sampler calls and the judge's and tools' threads overlap. With several processes every collective
 (the update, refreshing the copies) stays on the caller's thread, where all processes meet it in the same order;
-rollouts are per process.
+rollouts are per process. The slots share the step's judge and environments' factory, so a judge is called from
+several threads at once (and from ``rl.judge_stream``'s pool): it must be thread-safe, as ``RuleJudge`` and
+``HttpJudge`` are; a ``LocalModelJudge`` over a sampler of its own needs a lock around its ``generate_texts``.
 
 Determinism. A step's episodes are a function of its records, its seed (``RLStep.rollout``) and its weights
 version, which the step index fixes: no wall-clock decides a version, judge verdicts take effect at fixed points
