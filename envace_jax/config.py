@@ -71,6 +71,7 @@ MODES = ("rehearsal", "simulator", "real", "noshare", "caller_frozen")  # rollou
 BASELINES = ("row_mean", "trajectory_mean", "rloo", "none")  # rl.baseline (rl/advantages.py)
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")  # loss.agg (rl/loss.py)
 KL_TYPES = ("k1", "k2", "k3")  # loss.kl_type (rl/loss.py)
+RATIO_LEVELS = ("token", "sequence", "sequence_token")  # loss.ratio_level (rl/ratio_levels.py)
 TOOL_CALL_SYNTAXES = ("qwen3", "reference")  # rollout.tool_call_syntax (chat/tool_parser)
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
@@ -433,6 +434,7 @@ class LossConfig(Checked):
         ("log_ratio_clamp", _POS, "> 0"),
         ("agg", *one_of(AGG_MODES)),
         ("kl_type", *one_of(KL_TYPES)),
+        ("ratio_level", *one_of(RATIO_LEVELS)),
         ("kl_coef", _NONNEG, ">= 0"),
         ("entropy_coef", _NONNEG, ">= 0"),
     )
@@ -446,6 +448,10 @@ class LossConfig(Checked):
     kl_type: str = "k3"
     entropy_coef: float = 0.0
     role_balanced: bool = False
+    # The importance ratio the clip acts on (rl/ratio_levels.py): "token" (the reference's), "sequence" (GSPO:
+    # the row's geometric-mean ratio, clipped as one; the paper's clips are 3e-4 / 4e-4, without dual clip) or
+    # "sequence_token" (GSPO-token).
+    ratio_level: str = "token"
 
 
 @dataclasses.dataclass(frozen=True)

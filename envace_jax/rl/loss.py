@@ -48,6 +48,7 @@ import numpy as np
 
 from envace_jax.config import AGG_MODES, KL_TYPES  # the knobs' choices are listed with the knobs
 from envace_jax.models.qwen3 import as_dtype, rms_norm
+from envace_jax.rl.ratio_levels import RATIO_LEVELS, importance_ratio
 
 Pair = tuple[jax.Array, jax.Array]
 
@@ -327,6 +328,7 @@ def policy_loss(
     behaviour_logp: jax.Array | None = None,
     behaviour_mode: str = "token",
     behaviour_cap: float = 2.0,
+    ratio_level: str = "token",
 ) -> dict[str, Pair]:
     """Clipped policy-gradient loss and metrics as ``(sum, count)`` pairs.
 
@@ -346,6 +348,8 @@ def policy_loss(
         ``behaviour_weights(old_logp, behaviour_logp, ..., behaviour_mode, behaviour_cap)``; the metrics gain
         ``"is_weight"``, ``"is_weight_sq"`` (for the spread), ``"is_truncated"`` (share of tokens whose weight
         was capped) and ``"is_log_ratio_abs"`` (mean ``|log pi_prox - log mu|``), weighted token means.
+      ratio_level: ``"token"`` (PPO's ratio per token), ``"sequence"`` (GSPO: the row's geometric-mean ratio,
+        clipped as one) or ``"sequence_token"`` (GSPO-token); ``rl.ratio_levels``.
 
     Returns:
       ``{"loss", "pg_loss", "kl", "entropy"}`` aggregated with ``agg`` (and role weights), so
@@ -354,6 +358,8 @@ def policy_loss(
       (tokens where the dual clip binds), ``"ratio"`` and ``"ppo_kl"`` (mean ``old_logp - logp``) as
       weighted token means. The loss to differentiate is ``out["loss"][0]``; divide by the total count.
     """
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"ratio_level={ratio_level!r} is not one of {RATIO_LEVELS}")
     if agg not in AGG_MODES:
         raise ValueError(f"agg={agg!r} is not one of {AGG_MODES}")
     if kl_type not in KL_TYPES:
@@ -394,8 +400,7 @@ def policy_loss(
     adv = adv[:, None] if adv.ndim == 1 else adv
     adv = jnp.where(on, jnp.broadcast_to(adv, logp.shape), 0.0)
 
-    log_ratio = jnp.clip(logp - old, -log_ratio_clamp, log_ratio_clamp)
-    ratio = jnp.exp(log_ratio)
+    ratio = importance_ratio(logp, old, on, ratio_level, log_ratio_clamp)
     pg1 = -adv * ratio
     pg2 = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
     clipped = jnp.maximum(pg1, pg2)

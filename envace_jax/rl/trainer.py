@@ -215,6 +215,7 @@ class Trainer:
             role_ids=mb["role_ids"],
             role_balanced=c.role_balanced,
             role_counts=mb.get("role_counts"),
+            ratio_level=c.ratio_level,
             **is_kw,
         )
         w = mb["loss_weights"]
