@@ -48,7 +48,7 @@ import numpy as np
 
 from envace_jax.config import AGG_MODES, KL_TYPES  # the knobs' choices are listed with the knobs
 from envace_jax.models.qwen3 import as_dtype, rms_norm
-from envace_jax.rl.ratio_levels import RATIO_LEVELS, importance_ratio
+from envace_jax.rl.ratio_levels import importance_ratio  # checks ratio_level
 
 Pair = tuple[jax.Array, jax.Array]
 
@@ -358,8 +358,6 @@ def policy_loss(
       (tokens where the dual clip binds), ``"ratio"`` and ``"ppo_kl"`` (mean ``old_logp - logp``) as
       weighted token means. The loss to differentiate is ``out["loss"][0]``; divide by the total count.
     """
-    if ratio_level not in RATIO_LEVELS:
-        raise ValueError(f"ratio_level={ratio_level!r} is not one of {RATIO_LEVELS}")
     if agg not in AGG_MODES:
         raise ValueError(f"agg={agg!r} is not one of {AGG_MODES}")
     if kl_type not in KL_TYPES:

@@ -30,7 +30,7 @@ def importance_ratio(logp: jax.Array, old: jax.Array, on: jax.Array, level: str,
     ``on`` bool ``[B, T]`` (the trained tokens: the sequence levels average over them). Log-ratios are clamped
     to ``+-clamp`` before the exp (per token, or the row's mean)."""
     if level not in RATIO_LEVELS:
-        raise ValueError(f"ratio level {level!r} is not one of {RATIO_LEVELS}")
+        raise ValueError(f"ratio_level={level!r} is not one of {RATIO_LEVELS}")
     if level == "token":
         return jnp.exp(jnp.clip(logp - old, -clamp, clamp))
     d = jnp.where(on, logp - old, 0.0)
