@@ -69,7 +69,8 @@ class Checked:
 
 MODES = ("rehearsal", "simulator", "real", "noshare", "caller_frozen")  # rollout.mode (rl/rollout.py)
 BASELINES = ("row_mean", "trajectory_mean", "rloo", "none")  # rl.baseline (rl/advantages.py)
-AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")  # loss.agg (rl/loss.py)
+# loss.agg (rl/loss.py); seq_mean_token_sum_norm is Dr. GRPO's constant normaliser (loss.agg_norm)
+AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 KL_TYPES = ("k1", "k2", "k3")  # loss.kl_type (rl/loss.py)
 RATIO_LEVELS = ("token", "sequence", "sequence_token")  # loss.ratio_level (rl/ratio_levels.py)
 TOOL_CALL_SYNTAXES = ("qwen3", "reference")  # rollout.tool_call_syntax (chat/tool_parser)
@@ -302,6 +303,9 @@ class RLSection(Checked):
         ("max_staleness", _NONNEG, ">= 0"),
         ("behaviour_is", *one_of(BEHAVIOUR_IS)),
         ("behaviour_is_cap", lambda v: v >= 1, ">= 1"),
+        ("dynamic_sampling_max_rounds", _POS, "> 0"),
+        ("overlong_buffer", _NONNEG, ">= 0"),
+        ("overlong_penalty", _NONNEG, ">= 0"),
     )
 
     n_rollouts: int = 4  # env.rollout.n
@@ -354,6 +358,16 @@ class RLSection(Checked):
     # when max_staleness >= 1 (and old log-probs are recomputed), else "none" (docs/async_rl.md)
     behaviour_is: str = "auto"
     behaviour_is_cap: float = 2.0
+    # DAPO's dynamic sampling (rl/dynamic_sampling.py): the rows of a (prompt, role) group whose rewards are all
+    # equal carry no signal and leave the update; the step rolls out further batches of prompts (at most
+    # dynamic_sampling_max_rounds more) until as many prompts with a signal as the step's batch holds are in
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_rounds: int = 3
+    # DAPO's soft overlong penalty (rl/reward.py overlong_penalty), per row, in tokens: a generation longer
+    # than max_new_tokens - overlong_buffer loses overlong_penalty * (its excess / overlong_buffer), down to
+    # -overlong_penalty at the role's max_new_tokens. 0 = off (the reference)
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
 
     def behaviour_correction(self) -> str:
         """``behaviour_is`` with "auto" resolved: "token" for an asynchronous run whose update recomputes the
@@ -376,6 +390,16 @@ class RLSection(Checked):
                 "rl.old_logprobs_from_update needs rl.ppo_epochs = rl.mini_batches = 1 and "
                 f"rl.recompute_old_logprobs (got {self.ppo_epochs}, {self.mini_batches}, "
                 f"{self.recompute_old_logprobs}): later steps' old log-probs are not the update's own"
+            )
+        if self.dynamic_sampling and self.baseline == "none":
+            raise ValueError(
+                "rl.dynamic_sampling needs a group baseline (rl.baseline != 'none'): without one a group whose "
+                "rewards are all equal still has advantages"
+            )
+        if self.dynamic_sampling and self.max_staleness:
+            raise ValueError(
+                "rl.dynamic_sampling needs rl.max_staleness = 0: its extra rollout rounds are decided from the "
+                f"step's own rewards, which the asynchronous pipeline samples ahead of (got {self.max_staleness})"
             )
         if self.skip_zero_advantage_rows and self.mini_batches != 1:
             raise ValueError(
@@ -437,6 +461,7 @@ class LossConfig(Checked):
         ("ratio_level", *one_of(RATIO_LEVELS)),
         ("kl_coef", _NONNEG, ">= 0"),
         ("entropy_coef", _NONNEG, ">= 0"),
+        ("agg_norm", _NONNEG, ">= 0"),
     )
 
     clip_low: float = 0.2
@@ -452,6 +477,20 @@ class LossConfig(Checked):
     # the row's geometric-mean ratio, clipped as one; the paper's clips are 3e-4 / 4e-4, without dual clip) or
     # "sequence_token" (GSPO-token).
     ratio_level: str = "token"
+    # agg = "seq_mean_token_sum_norm" (Dr. GRPO): the constant each row's token sum is divided by, in tokens
+    # (Dr. GRPO divides by the generation budget, e.g. rollout.act.max_new_tokens); unused by the other modes
+    agg_norm: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.agg == "seq_mean_token_sum_norm" and not self.agg_norm > 0:
+            raise ConfigError(
+                "loss.agg='seq_mean_token_sum_norm' needs loss.agg_norm > 0 (the constant length the row sums are "
+                f"divided by, e.g. the generation budget in tokens), got {self.agg_norm!r}",
+                leaf="agg_norm",
+                what="> 0 with agg='seq_mean_token_sum_norm'",
+                value=self.agg_norm,
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,7 @@ import typing
 from envace_jax.data.demo_tasks import FAMILIES, SPLITS
 from envace_jax.eval.config import MEMORY_GATES, check_memory_tools
 from envace_jax.model_sizes import DEMO, MICRO
+from envace_jax.rl.recipes import ALGORITHMS
 
 DEFAULT_BASE_DIR = "assets/demo_base"
 # rl_replay_roles -> the roles of the corpus rows RL's replay batches are drawn from
@@ -101,6 +102,9 @@ class DemoConfig:
     # its off-policy correction (rl.behaviour_is: auto | none | token | sequence) and weight cap
     rl_behaviour_is: str = "auto"
     rl_behaviour_is_cap: float = 2.0
+    # the RL objective (rl/recipes.py): grpo (the reference's), gspo, dapo (with dynamic sampling: needs
+    # rl_max_staleness = 0) or dr_grpo; the recipe's lengths follow act/rehearse_max_new_tokens
+    rl_algorithm: str = "grpo"
     act_max_new_tokens: int = 64
     rehearse_max_new_tokens: int = 64
     temperature: float = 0.6  # both roles' training rollouts (evaluation is greedy)
@@ -184,6 +188,13 @@ class DemoConfig:
             raise ValueError(
                 "demo rl_memory_fraction > 0 needs rl_max_staleness = 0: the memories are built with the current "
                 "policy at each step, which an asynchronous step's rollouts do not sample from"
+            )
+        if self.rl_algorithm not in ALGORITHMS:
+            raise ValueError(f"demo rl_algorithm must be one of {ALGORITHMS}, got {self.rl_algorithm!r}")
+        if self.rl_algorithm == "dapo" and self.rl_max_staleness:
+            raise ValueError(
+                "demo rl_algorithm='dapo' needs rl_max_staleness = 0: dynamic sampling decides its extra rollout "
+                "rounds from the step's own rewards"
             )
         if self.rl_mode not in ("rehearsal", "real", "simulator"):
             raise ValueError(f"demo rl_mode must be rehearsal, real or simulator, got {self.rl_mode!r}")

@@ -143,7 +143,7 @@ class Demo:
 
         cfg = self.cfg
         stages.restore(self.model, self.sft_params)
-        trainer = stages.make_trainer(self.model, cfg, cfg.rl_lr, 0)
+        trainer = stages.make_trainer(self.model, cfg, cfg.rl_lr, 0, rl=True)
         trainers: dict[str, Any] = {role: trainer for role in ROLES}
         sim_model = None
         if mode in ("simulator", "noshare"):
@@ -152,7 +152,7 @@ class Demo:
             sim_model = stages.build_model(cfg, len(self.tok))
             stages.restore(sim_model, self.sft_params)
         if mode == "noshare":
-            trainers[REHEARSE] = stages.make_trainer(sim_model, cfg, cfg.rl_lr, 0)
+            trainers[REHEARSE] = stages.make_trainer(sim_model, cfg, cfg.rl_lr, 0, rl=True)
         self.rehearse_model = sim_model if mode == "noshare" else None
         step, client = stages.make_rl_step(
             cfg.replace(seed=cfg.rl_stream_seed),
@@ -176,6 +176,7 @@ class Demo:
             ),
             decode=None,
         )
+        step.next_records = lambda: next(prompts)  # rl_algorithm="dapo": dynamic sampling's extra batches
         # a share of the prompts with the memory test-time rehearsal would build (demo.rl_memory; off by default)
         rl_cfg = cfg.replace(seed=cfg.rl_stream_seed)
         memory = rl_memory.from_demo(cfg, self.codec, client, stages.rollout_config(rl_cfg, mode, greedy=False))

@@ -89,11 +89,20 @@ def host_copy(tree: Any) -> Any:
     return jax.tree.map(lambda x: np.array(x) if isinstance(x, (jax.Array, np.ndarray)) else x, tree)
 
 
-def make_trainer(model, cfg: DemoConfig, lr: float, warmup: int) -> Trainer:
+def rl_recipe(cfg: DemoConfig):
+    """The ``loss`` and ``rl`` overrides of the demo's ``rl_algorithm`` (``rl.recipes``) for its role budgets."""
+    from envace_jax.rl.recipes import recipe
+
+    return recipe(cfg.rl_algorithm, cfg.act_max_new_tokens, cfg.rehearse_max_new_tokens)
+
+
+def make_trainer(model, cfg: DemoConfig, lr: float, warmup: int, *, rl: bool = False) -> Trainer:
     """A Trainer whose short last micro-batch is padded (zero-weight rows), so a varying number of RL rows
-    never compiles a new program."""
+    never compiles a new program. ``rl``: its loss is ``cfg.rl_algorithm``'s (SFT batches ignore the loss's
+    knobs, so the RL trainer's replay batches are the same under every algorithm)."""
     optim = OptimConfig(lr=lr, schedule="constant", warmup_steps=warmup, weight_decay=0.0, grad_clip=1.0)
-    return Trainer(model, optim, LossConfig(), micro_batch_size=cfg.micro_batch_size, pad_micro_batches=True)
+    loss = LossConfig(**rl_recipe(cfg).loss) if rl else LossConfig()
+    return Trainer(model, optim, loss, micro_batch_size=cfg.micro_batch_size, pad_micro_batches=True)
 
 
 # ----------------------------------------------------------------------------- SFT
@@ -323,6 +332,7 @@ def make_rl_step(
         max_staleness=cfg.rl_max_staleness,
         behaviour_is=cfg.rl_behaviour_is,
         behaviour_is_cap=cfg.rl_behaviour_is_cap,
+        **rl_recipe(cfg).rl,
     )
     step = build_rl_step(
         rl,

@@ -23,6 +23,10 @@ Aggregation modes (``agg``), with ``w`` the per-token loss weights (0 on prompt,
   This is what the reference effectively optimises: it sets ``loss_agg_mode=token-mean`` but with a
   micro-batch of one row, and averaging the per-micro-batch losses makes it a per-row mean.
 * ``"seq_mean_token_sum"``: mean over rows of the row's weighted token sum.
+* ``"seq_mean_token_sum_norm"`` (Dr. GRPO, Liu et al. 2025, arXiv 2503.20783): mean over rows of the row's
+  weighted token sum divided by a constant ``agg_norm`` (``loss.agg_norm``, e.g. the longest generation in
+  tokens), i.e. ``sum_{i,t} w x / (rows x agg_norm)``: a token weighs the same in a short row as in a long one,
+  and the normaliser does not depend on the lengths the policy chose.
 
 Rows whose weights are all zero are left out of the row count.
 
@@ -223,8 +227,9 @@ def role_unit_counts(loss_weights: jax.Array, role_ids: jax.Array, agg: str, num
     return jax.ops.segment_sum(per_row, role_ids.astype(jnp.int32), num_segments=num_roles)
 
 
-def _aggregate(x: jax.Array, w: jax.Array, agg: str, unit_scale: jax.Array) -> Pair:
-    """x, w ``[B, T]``; unit_scale ``[B]`` (role-balancing factor per row, 1 otherwise) -> (sum, count)."""
+def _aggregate(x: jax.Array, w: jax.Array, agg: str, unit_scale: jax.Array, agg_norm: float = 0.0) -> Pair:
+    """x, w ``[B, T]``; unit_scale ``[B]`` (role-balancing factor per row, 1 otherwise) -> (sum, count).
+    ``agg_norm``: the constant of ``seq_mean_token_sum_norm``."""
     if agg == "token_mean":
         tw = w * unit_scale[:, None]
         return jnp.sum(jnp.where(tw > 0, x * tw, 0.0)), jnp.sum(tw)
@@ -233,6 +238,8 @@ def _aggregate(x: jax.Array, w: jax.Array, agg: str, unit_scale: jax.Array) -> P
     row_sum = jnp.sum(jnp.where(w > 0, x * w, 0.0), axis=-1)
     if agg == "seq_mean_token_mean":
         row_val = row_sum / jnp.where(has, row_w, 1.0)
+    elif agg == "seq_mean_token_sum_norm":
+        row_val = row_sum / agg_norm
     else:
         row_val = row_sum
     rs = jnp.where(has, unit_scale, 0.0)
@@ -329,6 +336,7 @@ def policy_loss(
     behaviour_mode: str = "token",
     behaviour_cap: float = 2.0,
     ratio_level: str = "token",
+    agg_norm: float = 0.0,
 ) -> dict[str, Pair]:
     """Clipped policy-gradient loss and metrics as ``(sum, count)`` pairs.
 
@@ -350,6 +358,7 @@ def policy_loss(
         was capped) and ``"is_log_ratio_abs"`` (mean ``|log pi_prox - log mu|``), weighted token means.
       ratio_level: ``"token"`` (PPO's ratio per token), ``"sequence"`` (GSPO: the row's geometric-mean ratio,
         clipped as one) or ``"sequence_token"`` (GSPO-token); ``rl.ratio_levels``.
+      agg_norm: the constant divisor of ``agg="seq_mean_token_sum_norm"`` (Dr. GRPO), > 0; unused otherwise.
 
     Returns:
       ``{"loss", "pg_loss", "kl", "entropy"}`` aggregated with ``agg`` (and role weights), so
@@ -362,6 +371,8 @@ def policy_loss(
         raise ValueError(f"agg={agg!r} is not one of {AGG_MODES}")
     if kl_type not in KL_TYPES:
         raise ValueError(f"kl_type={kl_type!r} is not one of {KL_TYPES}")
+    if agg == "seq_mean_token_sum_norm" and not (isinstance(agg_norm, (int, float)) and agg_norm > 0):
+        raise ValueError(f"agg='seq_mean_token_sum_norm' needs agg_norm > 0 (a length in tokens), got {agg_norm!r}")
     if logp.ndim != 2:
         raise ValueError(f"logp must be [B, T], got {tuple(logp.shape)}")
     for name, a in (
@@ -424,21 +435,22 @@ def policy_loss(
 
     unit_scale = _unit_scale(w, agg, role_ids, role_balanced, role_counts, num_roles)
     total = pg
-    out: dict[str, Pair] = {"pg_loss": _aggregate(pg, w, agg, unit_scale)}
+    agg_of = lambda x: _aggregate(x, w, agg, unit_scale, agg_norm)
+    out: dict[str, Pair] = {"pg_loss": agg_of(pg)}
     if ref_logp is not None:
         ref = jnp.where(on, jax.lax.stop_gradient(ref_logp).astype(jnp.float32), jax.lax.stop_gradient(logp))
         kl = kl_penalty(logp, ref, kl_type)
-        out["kl"] = _aggregate(kl, w, agg, unit_scale)
+        out["kl"] = agg_of(kl)
         total = total + kl_coef * kl
     elif kl_coef:
         raise ValueError(f"kl_coef={kl_coef} needs ref_logp")
     if entropy is not None:
         ent = jnp.where(on, entropy.astype(jnp.float32), 0.0)
-        out["entropy"] = _aggregate(ent, w, agg, unit_scale)
+        out["entropy"] = agg_of(ent)
         total = total - entropy_coef * ent
     elif entropy_coef:
         raise ValueError(f"entropy_coef={entropy_coef} needs entropy")
-    out["loss"] = _aggregate(total, w, agg, unit_scale)
+    out["loss"] = agg_of(total)
     sg = jax.lax.stop_gradient
     out["pg_clipfrac"] = _token_mean(sg((pg2 > pg1).astype(jnp.float32)), w)
     out["pg_clipfrac_lower"] = _token_mean(sg(lower.astype(jnp.float32)), w)

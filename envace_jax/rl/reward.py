@@ -234,3 +234,33 @@ def empty_output_penalty(
             empty = len(g) == 0
         out.append(float(s) - penalty if empty else float(s))
     return out
+
+
+def overlong_penalty(lengths: Sequence[int], max_lengths: Sequence[int] | int, buffer: int, penalty: float = 1.0):
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, eq. 13), per row, in tokens.
+
+    With ``L`` a row's generation budget (its role's ``max_new_tokens``) and ``B = buffer``, a row of ``n``
+    generated tokens gets ``0`` when ``n <= L - B``, ``penalty * ((L - B) - n) / B`` inside the buffer (from 0
+    down to ``-penalty`` at ``n = L``) and ``-penalty`` beyond ``L``. Returned as float64 numbers to add to the
+    rows' scores; ``buffer = 0`` gives zeros. The buffer must fit in every budget (``buffer <= L``).
+    """
+    lengths = [int(n) for n in lengths]
+    limits = [int(max_lengths)] * len(lengths) if isinstance(max_lengths, (int, float)) else list(max_lengths)
+    if len(limits) != len(lengths):
+        raise ValueError(f"overlong_penalty: {len(lengths)} lengths but {len(limits)} max lengths")
+    if buffer < 0 or penalty < 0:
+        raise ValueError(f"overlong_penalty: buffer and penalty must be >= 0, got {buffer} and {penalty}")
+    if buffer == 0:
+        return [0.0] * len(lengths)
+    out = []
+    for n, cap in zip(lengths, limits):
+        if cap < buffer:
+            raise ValueError(f"overlong_penalty: buffer {buffer} is wider than a generation budget of {cap} tokens")
+        start = cap - buffer
+        if n <= start:
+            out.append(0.0)
+        elif n <= cap:
+            out.append(penalty * (start - n) / buffer)
+        else:
+            out.append(-float(penalty))
+    return out

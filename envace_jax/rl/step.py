@@ -33,7 +33,8 @@ from envace_jax.rl.advantages import advantage_stats, role_wise_advantages
 from envace_jax.rl.batch import TrainBatch, build_batch
 from envace_jax.rl.judge_outage import judge_mask, lost_episodes
 from envace_jax.rl.loss import loss_count
-from envace_jax.rl.reward import empty_output_penalty, is_success
+from envace_jax.rl import dynamic_sampling
+from envace_jax.rl.reward import empty_output_penalty, is_success, overlong_penalty
 from envace_jax.rl.rollout import TRAINED_ROLES, RolloutConfig, RolloutEngine
 from envace_jax.rl.trainer import Trainer
 from envace_jax.rl.types import ACT, REHEARSE, ROLE_ID, ROLES, Episode, Generation
@@ -68,13 +69,28 @@ def adjust_batch_copy(gens: list[Generation], multiple: int, rng: np.random.Gene
     return list(gens) + [gens[int(i)] for i in picks]
 
 
-def row_scores(gens: Sequence[Generation], penalty: float) -> np.ndarray:
+def row_scores(
+    gens: Sequence[Generation],
+    penalty: float,
+    *,
+    overlong_buffer: int = 0,
+    overlong_factor: float = 1.0,
+    budgets: Mapping[str, int] | None = None,
+) -> np.ndarray:
     """Episode score on every row, minus ``penalty`` (``rl.empty_output_penalty``, reference 0.1) for rows
     whose decoded output is empty text, the reference's invalid action (spec 4.3: ``is_action_valid`` is
-    "the text decoded without special tokens is non-empty", so a row of only ``<|im_end|>`` is empty).
-    This is the one place the penalty is applied."""
+    "the text decoded without special tokens is non-empty", so a row of only ``<|im_end|>`` is empty), plus
+    DAPO's soft overlong penalty (``rl.overlong_buffer`` > 0: ``reward.overlong_penalty`` of the row's
+    generated tokens against ``budgets[role]``, its role's ``max_new_tokens``). This is the one place the
+    penalties are applied."""
     base = [g.score for g in gens]
-    return np.asarray(empty_output_penalty(base, [g.text for g in gens], penalty=penalty), np.float32)
+    out = np.asarray(empty_output_penalty(base, [g.text for g in gens], penalty=penalty), np.float64)
+    if overlong_buffer:
+        if budgets is None:
+            raise ValueError("row_scores: overlong_buffer > 0 needs each role's generation budget (budgets)")
+        out += overlong_penalty([len(g.gen_ids) for g in gens], [budgets[g.role] for g in gens], overlong_buffer,
+                                overlong_factor)
+    return out.astype(np.float32)
 
 
 def _group_ids(uids: Sequence[str]) -> np.ndarray:
@@ -254,6 +270,7 @@ class RLStep:
         pad_id: int = 0,
         seed: int = 0,
         after_update: Callable[[], None] | None = None,
+        next_records: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
     ):
         mode = engine.cfg.mode
         roles = tuple(TRAINED_ROLES[mode])
@@ -272,7 +289,17 @@ class RLStep:
                         "rl.skip_zero_advantage_rows needs loss.kl_coef = loss.entropy_coef = 0: rows "
                         f"without advantage still carry those terms (got {c.kl_coef}, {c.entropy_coef})"
                     )
+        self.budgets = {ACT: engine.cfg.act.max_new_tokens, REHEARSE: engine.cfg.rehearse.max_new_tokens}
+        if cfg.overlong_buffer:
+            for role in roles:
+                if cfg.overlong_buffer > self.budgets[role]:
+                    raise ValueError(
+                        f"rl.overlong_buffer={cfg.overlong_buffer} is wider than rollout.{role}.max_new_tokens="
+                        f"{self.budgets[role]}: the penalty's slope must start inside the generation budget"
+                    )
         self.cfg, self.engine = cfg, engine
+        # rl.dynamic_sampling: where the step's extra batches of prompts come from (the run's data stream)
+        self.next_records = next_records
         self.pad_id, self.seed = int(pad_id), int(seed)
         self.roles = roles
         self.trainers = {r: trainers[r] for r in roles}
@@ -339,19 +366,62 @@ class RLStep:
         return keep, kw
 
     def rollout(
-        self, records: Sequence[Mapping[str, Any]], iteration: int, engine: RolloutEngine | None = None
+        self,
+        records: Sequence[Mapping[str, Any]],
+        iteration: int,
+        engine: RolloutEngine | None = None,
+        round_index: int = 0,
     ) -> list[Episode]:
         """The step's episodes, played by ``engine`` (default: this step's own); rollout seeds depend on
-        (seed, iteration) only."""
+        (seed, iteration, round_index) only (``round_index``: a dynamically sampled step's extra batches)."""
         engine = self.engine if engine is None else engine
-        engine.cfg = dataclasses.replace(self._base_rollout, seed=(self.seed * 1_000_003 + iteration) % (2**31 - 1))
+        seed = (self.seed * 1_000_003 + iteration + round_index * 7_919_993) % (2**31 - 1)
+        engine.cfg = dataclasses.replace(self._base_rollout, seed=seed)
         recs, uids = repeat_prompts(records, self.cfg.n_rollouts)
         return engine.run(recs, uids)
 
+    def scored_rows(self, episodes: Sequence[Episode]) -> tuple[list[Generation], np.ndarray, np.ndarray]:
+        """The rows of ``episodes``, their scores (``row_scores`` with this step's penalties) and which of them
+        are trained (not masked for a lost judge), as the update computes them (before its faithful row
+        duplication)."""
+        cfg = self.cfg
+        gens = [g for e in episodes for g in e.generations]
+        scores = self._row_scores(gens)
+        trained = np.ones((len(gens),), bool)
+        lost = lost_episodes(episodes) if cfg.mask_judge_failures else set()
+        if lost:
+            keys = list(zip(_group_ids([g.uid for g in gens]).tolist(), [g.role_id for g in gens]))
+            trained, _ = judge_mask([g.episode for g in gens], keys, lost)
+        return gens, scores, np.asarray(trained, bool)
+
+    def _row_scores(self, gens: Sequence[Generation]) -> np.ndarray:
+        c = self.cfg
+        return row_scores(
+            gens,
+            c.empty_output_penalty,
+            overlong_buffer=c.overlong_buffer,
+            overlong_factor=c.overlong_penalty,
+            budgets=self.budgets,
+        )
+
     def __call__(self, records: Sequence[Mapping[str, Any]], iteration: int) -> StepResult:
-        episodes = self.rollout(records, iteration)
+        if not self.cfg.dynamic_sampling:
+            episodes = self.rollout(records, iteration)
+            self._release_sampler_weights()
+            return self.update(episodes, iteration)
+        got = dynamic_sampling.collect(
+            records,
+            lambda recs, r: self.rollout(recs, iteration, round_index=r),
+            self.scored_rows,
+            self.next_records,
+            self.roles,
+            self.cfg.dynamic_sampling_max_rounds,
+            count_all=lambda n: int(_sum_all_processes(np.asarray(n, np.int64))),
+        )
         self._release_sampler_weights()
-        return self.update(episodes, iteration)
+        result = self.update(got.episodes, iteration)
+        result.metrics.update(got.metrics)
+        return result
 
     def update(self, episodes: list[Episode], iteration: int, *, notify: bool = True) -> StepResult:
         """Everything of one iteration after its rollouts: scores, baselines, advantages and the update of each
@@ -363,7 +433,7 @@ class RLStep:
         gens = [g for e in episodes for g in e.generations]
         rng = np.random.default_rng([self.seed, iteration, 17])
         gens = adjust_batch_copy(gens, cfg.adjust_batch_multiple, rng)
-        scores = row_scores(gens, cfg.empty_output_penalty)
+        scores = self._row_scores(gens)
         # Advantages are per process: the n rollouts of a prompt (its GRPO group) never leave the
         # process that sampled them.
         group_ids = _group_ids([g.uid for g in gens])
@@ -411,6 +481,14 @@ class RLStep:
         for trainer, roles in by_trainer.values():
             idx = [i for i, g in enumerate(gens) if g.role in roles]
             tag = "update" if len(by_trainer) == 1 else f"update_{'+'.join(roles)}"
+            if cfg.dynamic_sampling:
+                # DAPO: the rows of groups without a signal leave the update (and its normaliser)
+                flat = dynamic_sampling.flat_groups(
+                    [g.uid for g in gens], [g.role for g in gens], scores, trained, roles
+                )
+                keep = [i for i in idx if (gens[i].uid, gens[i].role) not in flat]
+                metrics[f"{tag}/flat_group_rows_dropped"] = float(len(idx) - len(keep))
+                idx = keep
             if cfg.overlong_rows == "drop":
                 keep = [i for i in idx if len(gens[i].prompt_ids) + len(gens[i].gen_ids) <= cfg.max_row_length]
                 metrics[f"{tag}/overlong_rows_dropped"] = float(len(idx) - len(keep))
@@ -484,14 +562,17 @@ def build_rl_step(
     pad_id: int = 0,
     seed: int = 0,
     after_update: Callable[[], None] | None = None,
+    next_records: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
 ) -> RLStep:
     """An ``RLStep`` wired the one way the training loop (``rl.train``) and the demo both use it.
 
     ``policy`` / ``simulator`` are ``PolicyClient``s, ``judge`` the rollout's ``TurnJudge``. ``trainers``
     is one Trainer (the shared policy: it trains every role the mode trains) or a Trainer per trained
-    role (``noshare``: two).
+    role (``noshare``: two). ``next_records``: the data stream ``rl.dynamic_sampling`` draws extra prompts from.
     """
     engine = RolloutEngine(rollout, codec, policy, judge, simulator=simulator, make_env=make_env)
     if not isinstance(trainers, Mapping):
         trainers = {role: trainers for role in TRAINED_ROLES[rollout.mode]}
-    return RLStep(rl, engine, trainers, pad_id=pad_id, seed=seed, after_update=after_update)
+    return RLStep(
+        rl, engine, trainers, pad_id=pad_id, seed=seed, after_update=after_update, next_records=next_records
+    )

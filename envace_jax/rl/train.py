@@ -380,6 +380,7 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
         model, codec, sample_mesh, rollout, share_prompts=share, programs_of=programs_of
     )
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    data = build_data(cfg, codec)
     step_fn = build_rl_step(
         cfg.rl,
         rollout,
@@ -392,8 +393,8 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
         pad_id=int(pad),
         seed=cfg.seed,
         after_update=(lambda: [f() for f in refreshers]) if refreshers else None,
+        next_records=lambda: next(data),  # rl.dynamic_sampling's extra batches
     )
-    data = build_data(cfg, codec)
     pipeline = None
     if asynchronous:
         pipeline = AsyncPipeline(

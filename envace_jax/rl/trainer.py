@@ -216,6 +216,7 @@ class Trainer:
             role_balanced=c.role_balanced,
             role_counts=mb.get("role_counts"),
             ratio_level=c.ratio_level,
+            agg_norm=c.agg_norm,
             **is_kw,
         )
         w = mb["loss_weights"]

@@ -32,10 +32,12 @@ _STATIC = (
     "kl_type",
     "entropy_coef",
     "agg",
+    "agg_norm",
     "role_balanced",
     "num_roles",
 )
 jit_policy_loss = jax.jit(policy_loss, static_argnames=_STATIC)
+NORM = 5.0  # the constant of "seq_mean_token_sum_norm" (Dr. GRPO) wherever a test runs every mode
 
 
 def _np_logprobs(logits, targets):
@@ -134,7 +136,7 @@ def test_kl_and_entropy_terms_enter_the_loss():
     for agg in AGG_MODES:
         m = reduce_pairs(
             jit_policy_loss(
-                lp, old, adv, w, ref_logp=ref, kl_coef=0.1, kl_type="k2", entropy=ent, entropy_coef=0.01, agg=agg
+                lp, old, adv, w, ref_logp=ref, kl_coef=0.1, kl_type="k2", entropy=ent, entropy_coef=0.01, agg=agg, agg_norm=NORM
             )
         )
         assert float(m["kl"]) > 0 and float(m["entropy"]) > 0
@@ -149,7 +151,7 @@ def test_on_policy_gradient_is_reinforce(agg):
     """old_logp == logp (one step per batch): ratio 1, no clipping, and the gradient is the REINFORCE one."""
     logits, targets, adv, w, _, _, _ = _batch()
     old = jax.lax.stop_gradient(token_logprobs(logits, targets))
-    loss, out = _loss(logits, targets, old, adv, w, agg=agg)
+    loss, out = _loss(logits, targets, old, adv, w, agg=agg, agg_norm=NORM)
     m = reduce_pairs(out)
     assert float(m["ratio"]) == pytest.approx(1.0, abs=1e-7) and float(m["pg_clipfrac"]) == 0.0
 
@@ -162,9 +164,11 @@ def test_on_policy_gradient_is_reinforce(agg):
             return -sum(adv[i] * jnp.sum(w[i] * lp[i]) for i in rows) / jnp.sum(w)
         if agg == "seq_mean_token_mean":
             return -sum(adv[i] * jnp.sum(w[i] * lp[i]) / jnp.sum(w[i]) for i in rows) / len(rows)
+        if agg == "seq_mean_token_sum_norm":
+            return -sum(adv[i] * jnp.sum(w[i] * lp[i]) / NORM for i in rows) / len(rows)
         return -sum(adv[i] * jnp.sum(w[i] * lp[i]) for i in rows) / len(rows)
 
-    g = jax.jit(jax.grad(lambda lg: _loss(lg, targets, old, adv, w, agg=agg)[0]))(logits)
+    g = jax.jit(jax.grad(lambda lg: _loss(lg, targets, old, adv, w, agg=agg, agg_norm=NORM)[0]))(logits)
     g_ref = jax.jit(jax.grad(reinforce))(logits)
     np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-5, atol=1e-7)
     assert float(jnp.abs(g).max()) > 1e-3
@@ -186,6 +190,7 @@ def test_zero_weight_tokens_get_exactly_zero_gradient():
                 adv,
                 w,
                 agg=agg,
+                agg_norm=NORM,
                 ref_logp=ref_junk,
                 kl_coef=0.1,
                 entropy=ent,
@@ -222,6 +227,7 @@ def _micro_batch_all_configs(lg, tg, old, adv, w, ref, ent, roles, counts):
                 adv,
                 w,
                 agg=agg,
+                agg_norm=NORM,
                 ref_logp=ref,
                 kl_coef=0.2,
                 entropy=ent,
@@ -276,10 +282,11 @@ def test_aggregation_hand_case():
     lp = jnp.zeros((3, 3))
     adv = jnp.array([-1.0, -3.0, -10.0])
     w = jnp.array([[1, 1, 0], [0, 1, 0], [1, 1, 1]], jnp.float32)
-    m = {agg: float(reduce_pairs(policy_loss(lp, lp, adv, w, agg=agg))["loss"]) for agg in AGG_MODES}
+    m = {agg: float(reduce_pairs(policy_loss(lp, lp, adv, w, agg=agg, agg_norm=NORM))["loss"]) for agg in AGG_MODES}
     assert m["token_mean"] == pytest.approx((1 + 1 + 3 + 30) / 6)
     assert m["seq_mean_token_mean"] == pytest.approx((1 + 3 + 10) / 3)
     assert m["seq_mean_token_sum"] == pytest.approx((2 + 3 + 30) / 3)
+    assert m["seq_mean_token_sum_norm"] == pytest.approx((2 + 3 + 30) / 3 / NORM)
 
 
 def test_role_balanced_hand_case():
@@ -290,11 +297,12 @@ def test_role_balanced_hand_case():
     roles = jnp.array([0, 0, 1])
 
     def val(agg):
-        out = policy_loss(lp, lp, adv, w, agg=agg, role_ids=roles, role_balanced=True)
+        out = policy_loss(lp, lp, adv, w, agg=agg, agg_norm=NORM, role_ids=roles, role_balanced=True)
         return float(reduce_pairs(out)["loss"]), float(out["loss"][1])
 
     assert val("seq_mean_token_mean") == (pytest.approx(((1 + 3) / 2 + 10) / 2), pytest.approx(2.0))
     assert val("seq_mean_token_sum")[0] == pytest.approx(((2 + 3) / 2 + 30) / 2)
+    assert val("seq_mean_token_sum_norm")[0] == pytest.approx(((2 + 3) / 2 + 30) / 2 / NORM)
     assert val("token_mean")[0] == pytest.approx(((1 + 1 + 3) / 3 + 10) / 2)
     # Only one role present: balancing changes nothing.
     out = policy_loss(lp[:2], lp[:2], adv[:2], w[:2], role_ids=roles[:2], role_balanced=True)

@@ -1,0 +1,21 @@
+"""EnvACE on Qwen3-8B (configs/envace_qwen3_8b.py) trained with DAPO (clips 0.2 / 0.28, token-level loss, dynamic sampling, soft overlong penalty with a 1600-token buffer).
+
+The objective's knobs come from ``envace_jax/rl/recipes.py`` (its table says what each sets and why); every
+other field is the 8B config's. Any knob can still be overridden, e.g. ``--config.loss.clip_high=0.3``::
+
+    python launch/train.py --config=configs/dapo.py --config.model.hf_path=/ckpt/Qwen3-8B ...
+"""
+
+import os
+
+from envace_jax.config import config_from_file
+from envace_jax.rl.recipes import apply_to_config
+
+
+def get_config():
+    c = config_from_file(os.path.join(os.path.dirname(__file__), "envace_qwen3_8b.py"))
+    c.name = "dapo"
+    c.run_dir = "runs/dapo"
+    # dynamic sampling decides its extra rollout rounds from the step's own rewards: the synchronous loop
+    c.rl.max_staleness = 0
+    return apply_to_config(c, "dapo")
