@@ -36,6 +36,10 @@ REQUIRED_KEYS = (
 )
 
 
+# the demo's rl_algorithm as the report names it
+ALGORITHM_LABELS = {"grpo": "GRPO", "gspo": "GSPO", "dapo": "DAPO", "dr_grpo": "Dr. GRPO"}
+
+
 def _wins(scores: Sequence[float]) -> list[bool]:
     return [is_success(s) for s in scores]
 
@@ -336,7 +340,7 @@ def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mappi
         f"prompts x {summary['rl']['n_rollouts']} rollouts at temperature {summary['config'].get('temperature')}, "
         f"Adam lr {summary['rl']['lr']}, {summary['rl'].get('replay_batches', 0)} SFT replay batch(es) "
         f"({summary['rl'].get('replay_roles', 'act+rehearse')} rows of the corpus) after each RL step, rule judge, "
-        "role-wise GRPO.",
+        f"role-wise {ALGORITHM_LABELS[summary['config'].get('rl_algorithm', 'grpo')]} (rl/recipes.py).",
         "",
         "## Results",
         "",

@@ -88,8 +88,9 @@ def row_scores(
     if overlong_buffer:
         if budgets is None:
             raise ValueError("row_scores: overlong_buffer > 0 needs each role's generation budget (budgets)")
-        out += overlong_penalty([len(g.gen_ids) for g in gens], [budgets[g.role] for g in gens], overlong_buffer,
-                                overlong_factor)
+        out += overlong_penalty(
+            [len(g.gen_ids) for g in gens], [budgets[g.role] for g in gens], overlong_buffer, overlong_factor
+        )
     return out.astype(np.float32)
 
 
@@ -573,6 +574,4 @@ def build_rl_step(
     engine = RolloutEngine(rollout, codec, policy, judge, simulator=simulator, make_env=make_env)
     if not isinstance(trainers, Mapping):
         trainers = {role: trainers for role in TRAINED_ROLES[rollout.mode]}
-    return RLStep(
-        rl, engine, trainers, pad_id=pad_id, seed=seed, after_update=after_update, next_records=next_records
-    )
+    return RLStep(rl, engine, trainers, pad_id=pad_id, seed=seed, after_update=after_update, next_records=next_records)

@@ -136,7 +136,17 @@ def test_kl_and_entropy_terms_enter_the_loss():
     for agg in AGG_MODES:
         m = reduce_pairs(
             jit_policy_loss(
-                lp, old, adv, w, ref_logp=ref, kl_coef=0.1, kl_type="k2", entropy=ent, entropy_coef=0.01, agg=agg, agg_norm=NORM
+                lp,
+                old,
+                adv,
+                w,
+                ref_logp=ref,
+                kl_coef=0.1,
+                kl_type="k2",
+                entropy=ent,
+                entropy_coef=0.01,
+                agg=agg,
+                agg_norm=NORM,
             )
         )
         assert float(m["kl"]) > 0 and float(m["entropy"]) > 0

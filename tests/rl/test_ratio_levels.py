@@ -161,3 +161,14 @@ def test_knob_is_checked_and_reaches_the_trainer():
         )
         grads[level] = jax.tree.leaves(jax.tree.map(np.asarray, tr.gradients(batch)))
     assert any(not np.allclose(a, b) for a, b in zip(grads["token"], grads["sequence"]))
+
+
+def test_on_policy_one_step_gspo_is_grpos_update():
+    """With one optimizer step per batch (old = the update's own log-probs, the demo's setting) every ratio is 1:
+    nothing is clipped, and the sequence ratio's gradient, -A_i / |y_i| on each trained token, is the token ratio's
+    under the per-row mean. GSPO differs from GRPO only off-policy (several steps per batch, or async lag)."""
+    logp, _ = _inputs(2)
+    grads = {level: _jax_loss(logp, logp, level)[1] for level in ("token", "sequence", "sequence_token")}
+    want = np.where(W > 0, (-ADV / W.sum(1))[:, None], 0.0) / len(ADV)
+    for level, g in grads.items():
+        np.testing.assert_allclose(g, want, rtol=1e-6, atol=1e-9, err_msg=level)

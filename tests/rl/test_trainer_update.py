@@ -45,7 +45,7 @@ def _params(trainer):
     return jax.tree.map(np.asarray, trainer.params)
 
 
-@pytest.mark.parametrize("agg", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"])
+@pytest.mark.parametrize("agg", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"])
 def test_micro_batches_equal_one_big_batch(agg):
     batch = _batch()
     results = []
@@ -54,7 +54,7 @@ def test_micro_batches_equal_one_big_batch(agg):
         tr = Trainer(
             qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)),
             OptimConfig(lr=1e-2),
-            LossConfig(agg=agg),
+            LossConfig(agg=agg, agg_norm=7.0),
             micro_batch_size=mbs,
             pad_micro_batches=pad,
         )
@@ -65,6 +65,24 @@ def test_micro_batches_equal_one_big_batch(agg):
         assert loss == pytest.approx(results[0][1], rel=1e-5, abs=1e-6)
         np.testing.assert_allclose(logp, results[0][2], rtol=1e-5, atol=1e-6)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), results[0][0], g)
+
+
+def test_dr_grpo_constant_normaliser_scales_the_row_sums():
+    """Dr. GRPO: each row's token sum over a constant, not over its own length. The gradient is the per-row token
+    sum's divided by that constant, and the loss no longer favours short rows: with a per-row mean, a row's
+    tokens each weigh 1/|y_i|; here they all weigh 1/agg_norm."""
+    batch = _batch()
+    grads = {}
+    for agg, norm in (("seq_mean_token_sum", 0.0), ("seq_mean_token_sum_norm", 12.0)):
+        tr = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)), OptimConfig(lr=1e-2), LossConfig(agg=agg, agg_norm=norm))
+        grads[agg] = jax.tree.map(np.asarray, tr.gradients(batch))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a / 12.0, b, rtol=1e-5, atol=1e-9),
+        grads["seq_mean_token_sum"],
+        grads["seq_mean_token_sum_norm"],
+    )
+    with pytest.raises(ValueError, match="agg_norm > 0"):
+        LossConfig(agg="seq_mean_token_sum_norm")
 
 
 def test_a_zero_temperature_row_is_refused_not_divided_by():
