@@ -1,4 +1,5 @@
-"""EnvACE on Qwen3-8B (configs/envace_qwen3_8b.py) trained with Dr. GRPO (advantages without std division; each row's token sum divided by the 8000-token budget).
+"""EnvACE on Qwen3-8B (configs/envace_qwen3_8b.py) trained with Dr. GRPO (advantages without std division; each row's
+token sum divided by the 8000-token budget).
 
 The objective's knobs come from ``envace_jax/rl/recipes.py`` (its table says what each sets and why); every
 other field is the 8B config's. Any knob can still be overridden, e.g. ``--config.loss.clip_high=0.3``::

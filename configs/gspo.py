@@ -1,4 +1,5 @@
-"""EnvACE on Qwen3-8B (configs/envace_qwen3_8b.py) trained with GSPO (sequence-level importance ratio, clips 3e-4 / 4e-4, no dual clip).
+"""EnvACE on Qwen3-8B (configs/envace_qwen3_8b.py) trained with GSPO (sequence-level importance ratio, clips 3e-4 /
+4e-4, no dual clip).
 
 The objective's knobs come from ``envace_jax/rl/recipes.py`` (its table says what each sets and why); every
 other field is the 8B config's. Any knob can still be overridden, e.g. ``--config.loss.clip_high=0.3``::
