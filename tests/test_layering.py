@@ -2,7 +2,7 @@
 
 The layers, lowest first (a module may import from its own layer and from any layer before it):
 
-    host      config.py, metrics.py, host_memory.py,       plain Python: never jax, flax, optax or orbax;
+    host      config/, metrics.py, host_memory.py,         plain Python: never jax, flax, optax or orbax;
               model_sizes.py, _lazy.py
     chat      chat/                                          within the host tier chat renders and parses text,
     envs      envs/                                          envs execute tools (their schemas use chat's types),

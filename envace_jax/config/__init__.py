@@ -2,14 +2,16 @@
 
 Config files under ``configs/`` build a ``ConfigDict`` (so every field can be overridden from the
 command line with ``--config.a.b=v``); ``load_config`` turns it into an ``ExperimentConfig``. Every
-knob is defined once, here, with its default and its range; the classes that use a knob (the trainer's
+knob is defined once, in this package, with its default and its range (the update's sections ``rl``,
+``optim`` and ``loss`` in ``config.train_sections``, the choice lists in ``config.choices``, the checking
+machinery in ``config.rules``; all re-exported here); the classes that use a knob (the trainer's
 ``OptimConfig``/``LossConfig``, the rollout engine's ``RolloutConfig``, the HTTP judge's
 ``HttpJudgeConfig``, the RL step's ``RLSection``) import it from here. There is one validation path:
 each dataclass checks its own fields when it is built (``__post_init__``), whether from a config file
 or in code, and ``load_config`` only adds the dotted name of the field (``config.optim.lr``) to the
 message, so a typo in a launch command fails before any device work starts.
 
-This module imports neither jax nor the model: reading a config file is cheap.
+This package imports neither jax nor the model: reading a config file is cheap.
 """
 
 from __future__ import annotations
@@ -22,67 +24,31 @@ import typing
 from typing import Any, Callable, ClassVar, Mapping
 
 from envace_jax.model_sizes import TINY
-
-
-class ConfigError(ValueError):
-    """A config field has the wrong type, an out-of-range value, or is unknown.
-
-    Range errors carry ``leaf`` (the field's path inside the dataclass that raised), ``what`` (the
-    rule) and ``value``, so that ``load_config`` can name the full dotted field.
-    """
-
-    def __init__(self, message: str, *, leaf: str = "", what: str = "", value: Any = None):
-        super().__init__(message)
-        self.leaf, self.what, self.value = leaf, what, value
-
-
-Rule = tuple[str, Callable[[Any], bool], str]  # (field, predicate, what the value must be)
-
-_POS = lambda v: v > 0
-_NONNEG = lambda v: v >= 0
-_PROB = lambda v: 0 < v <= 1
-
-
-def one_of(choices: tuple) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: v in choices), f"one of {choices}"
-
-
-def check_rules(obj: Any, label: str, rules: tuple[Rule, ...]) -> None:
-    """Raises ``ConfigError`` for the first field of ``obj`` that breaks its rule."""
-    for field, ok, what in rules:
-        value = getattr(obj, field)
-        if not ok(value):
-            raise ConfigError(f"{label}.{field} must be {what}, got {value!r}", leaf=field, what=what, value=value)
-
-
-class Checked:
-    """Mixin: a frozen dataclass whose ``RULES`` are checked when it is built."""
-
-    LABEL: ClassVar[str] = ""
-    RULES: ClassVar[tuple[Rule, ...]] = ()
-
-    def __post_init__(self):
-        check_rules(self, self.LABEL, self.RULES)
-
-
-# ----------------------------------------------------------------------------- choice lists
-
-MODES = ("rehearsal", "simulator", "real", "noshare", "caller_frozen")  # rollout.mode (rl/rollout.py)
-BASELINES = ("row_mean", "trajectory_mean", "rloo", "none")  # rl.baseline (rl/advantages.py)
-# loss.agg (rl/loss.py); seq_mean_token_sum_norm is Dr. GRPO's constant normaliser (loss.agg_norm)
-AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
-KL_TYPES = ("k1", "k2", "k3")  # loss.kl_type (rl/loss.py)
-RATIO_LEVELS = ("token", "sequence", "sequence_token")  # loss.ratio_level (rl/ratio_levels.py)
-TOOL_CALL_SYNTAXES = ("qwen3", "reference")  # rollout.tool_call_syntax (chat/tool_parser)
-DTYPES = ("float32", "bfloat16", "float16")
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-# model.preset: "tiny" (sizes from the model section) or a Qwen3Config preset of the same name
-# rl.behaviour_is: the off-policy correction of the update (rl/loss.py behaviour_weights); "auto" resolves by
-# RLSection.behaviour_correction
-BEHAVIOUR_IS = ("auto", "none", "token", "sequence")
-JUDGE_STREAMING = ("auto", "on", "off")  # rollout.judge_streaming (rl/judge_stream.py)
-MODEL_PRESETS = ("tiny", "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_4b_2507", "qwen3_8b", "qwen3_14b", "qwen3_32b")
-
+from envace_jax.config.rules import (
+    _NONNEG,
+    _POS,
+    _PROB,
+    Checked,
+    ConfigError,
+    Rule,
+    check_rules,
+    one_of,
+)
+from envace_jax.config.choices import (  # noqa: F401  (public names of envace_jax.config)
+    AGG_MODES,
+    BASELINES,
+    BEHAVIOUR_IS,
+    DTYPES,
+    JUDGE_STREAMING,
+    KL_TYPES,
+    MODEL_PRESETS,
+    MODES,
+    RATIO_LEVELS,
+    REMAT_POLICIES,
+    SCHEDULES,
+    TOOL_CALL_SYNTAXES,
+)
+from envace_jax.config.train_sections import LossConfig, OptimConfig, RLSection
 
 # ----------------------------------------------------------------------------- sections
 
@@ -281,216 +247,6 @@ class JudgeSection(Checked):
     # unreachable judge must not pass for a policy that scores 0. 1.0 never stops.
     outage_share: float = 0.5
     outage_steps: int = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class RLSection(Checked):
-    """Knobs of one RL iteration (``rl.step.RLStep``) and of its update; defaults are the reference's
-    (spec 1.2, 4.3, 5)."""
-
-    LABEL: ClassVar[str] = "rl"
-    RULES: ClassVar[tuple[Rule, ...]] = (
-        ("n_rollouts", _POS, "> 0"),
-        ("baseline", *one_of(BASELINES)),
-        ("empty_output_penalty", _NONNEG, ">= 0"),
-        ("ppo_epochs", _POS, "> 0"),
-        ("mini_batches", _POS, "> 0"),
-        ("micro_batch_size", _POS, "> 0"),
-        ("max_row_length", lambda v: v > 1, "> 1"),
-        ("length_multiple", _POS, "> 0"),
-        ("adjust_batch_multiple", _NONNEG, ">= 0"),
-        ("overlong_rows", *one_of(("drop", "truncate"))),
-        ("max_staleness", _NONNEG, ">= 0"),
-        ("behaviour_is", *one_of(BEHAVIOUR_IS)),
-        ("behaviour_is_cap", lambda v: v >= 1, ">= 1"),
-        ("dynamic_sampling_max_rounds", _POS, "> 0"),
-        ("overlong_buffer", _NONNEG, ">= 0"),
-        ("overlong_penalty", _NONNEG, ">= 0"),
-    )
-
-    n_rollouts: int = 4  # env.rollout.n
-    baseline: str = "row_mean"
-    normalize_std: bool = False
-    # the reference's use_invalid_action_penalty: subtracted from the score of every row whose decoded
-    # output is empty text (spec 4.3), in the RL step and nowhere else; 0 turns it off
-    empty_output_penalty: float = 0.1
-    recompute_old_logprobs: bool = True
-    ppo_epochs: int = 1
-    mini_batches: int = 1
-    micro_batch_size: int = 1  # rows per trainer micro-batch (gradients are accumulated exactly)
-    max_row_length: int = 20000  # prompt + response tokens of one row (prompts left-truncated)
-    length_multiple: int = 64
-    adjust_batch_multiple: int = 0  # faithful: duplicate random rows up to a multiple (reference 128); 0 = off
-    # Rows longer than max_row_length: "drop" leaves them out of the update (default; the trainer never
-    # scores a context the sampler did not see); "truncate" keeps them with the prompt left-truncated
-    # (the reference's row padding). A truncated row is scored under a context the sampler never saw
-    # (and from position 0), so its log-probs and ratio are not those of the sampled policy.
-    overlong_rows: str = "drop"
-    # Exact shortcuts of the update, off in the faithful setting (the reference runs neither):
-    # with one optimizer step per batch (ppo_epochs = mini_batches = 1) the recomputed old log-probs are
-    # the update's own log-probs at the same weights, so take them from the update's forward pass
-    # (stop-gradient: ratio 1) instead of a second pass over the batch
-    old_logprobs_from_update: bool = False
-    # rows whose advantage is exactly 0 add nothing to the gradient when the loss has no KL and no entropy
-    # term: leave them out of the forward/backward passes and divide by the whole batch's loss count, so
-    # the optimizer step is the same (needs mini_batches = 1)
-    skip_zero_advantage_rows: bool = False
-    # the tokens the rows of a (prompt, role) group share (their prompt) run through the update's forward
-    # and backward once per micro-batch, not once per row (rl.prefix_plan), and a rollout call writes each
-    # distinct prompt into the sampler's cache once (Sampler(share_prompts=True)); the same tokens and
-    # log-probs up to float32 summation order; on one device only (mesh of one)
-    share_prompt_prefixes: bool = False
-    # Episodes that lost their judge (termination judge_api_failure: every attempt of some verdict failed)
-    # get zero loss weight on all their rows and stay out of their (prompt, role) baselines; a key that
-    # lost episodes and keeps fewer than 2 judged ones contributes nothing. Faithful: False, the reference
-    # terminates them and trains on them with the failed items counted False (spec 4.2 and 8.10).
-    mask_judge_failures: bool = True
-    # Asynchronous RL (rl/async_pipeline.py): the rollouts of step k are sampled from the weights after update
-    # max(0, k - max_staleness), so they run while up to max_staleness earlier steps are judged and trained.
-    # The lag is fixed by the step index (a run repeats bit for bit for a seed and a lag); 0 is the
-    # synchronous loop, unchanged.
-    max_staleness: int = 0
-    # Off-policy correction (decoupled PPO, rl/loss.py behaviour_weights): the clip is taken around the
-    # proximal policy (the weights at the update: the recomputed old log-probs) and each token's loss is
-    # weighted by the truncated importance weight sg(min(pi_prox / mu, behaviour_is_cap)), mu the policy that
-    # sampled the row (the sampler's log-probs). "token": a weight per token; "sequence": one per row
-    # (exp of the row's summed log-ratio); "none": the ratio and clip around pi_prox only. "auto": "token"
-    # when max_staleness >= 1 (and old log-probs are recomputed), else "none" (docs/async_rl.md)
-    behaviour_is: str = "auto"
-    behaviour_is_cap: float = 2.0
-    # DAPO's dynamic sampling (rl/dynamic_sampling.py): the rows of a (prompt, role) group whose rewards are all
-    # equal carry no signal and leave the update; the step rolls out further batches of prompts (at most
-    # dynamic_sampling_max_rounds more) until as many prompts with a signal as the step's batch holds are in
-    dynamic_sampling: bool = False
-    dynamic_sampling_max_rounds: int = 3
-    # DAPO's soft overlong penalty (rl/reward.py overlong_penalty), per row, in tokens: a generation longer
-    # than max_new_tokens - overlong_buffer loses overlong_penalty * (its excess / overlong_buffer), down to
-    # -overlong_penalty at the role's max_new_tokens. 0 = off (the reference)
-    overlong_buffer: int = 0
-    overlong_penalty: float = 1.0
-
-    def behaviour_correction(self) -> str:
-        """``behaviour_is`` with "auto" resolved: "token" for an asynchronous run whose update recomputes the
-        proximal policy's log-probs, else "none"."""
-        if self.behaviour_is != "auto":
-            return self.behaviour_is
-        return "token" if self.max_staleness >= 1 and self.recompute_old_logprobs else "none"
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.behaviour_is in ("token", "sequence") and not self.recompute_old_logprobs:
-            raise ValueError(
-                f"rl.behaviour_is={self.behaviour_is!r} needs rl.recompute_old_logprobs: without the proximal "
-                "policy's log-probs the old log-probs are the sampler's and every weight would be 1"
-            )
-        if self.old_logprobs_from_update and (
-            self.ppo_epochs != 1 or self.mini_batches != 1 or not self.recompute_old_logprobs
-        ):
-            raise ValueError(
-                "rl.old_logprobs_from_update needs rl.ppo_epochs = rl.mini_batches = 1 and "
-                f"rl.recompute_old_logprobs (got {self.ppo_epochs}, {self.mini_batches}, "
-                f"{self.recompute_old_logprobs}): later steps' old log-probs are not the update's own"
-            )
-        if self.dynamic_sampling and self.baseline == "none":
-            raise ValueError(
-                "rl.dynamic_sampling needs a group baseline (rl.baseline != 'none'): without one a group whose "
-                "rewards are all equal still has advantages"
-            )
-        if self.dynamic_sampling and self.max_staleness:
-            raise ValueError(
-                "rl.dynamic_sampling needs rl.max_staleness = 0: its extra rollout rounds are decided from the "
-                f"step's own rewards, which the asynchronous pipeline samples ahead of (got {self.max_staleness})"
-            )
-        if self.skip_zero_advantage_rows and self.mini_batches != 1:
-            raise ValueError(
-                f"rl.skip_zero_advantage_rows needs rl.mini_batches = 1, got {self.mini_batches}: "
-                "each mini-batch's loss count would change with the rows left out"
-            )
-
-
-SCHEDULES = ("constant", "cosine", "linear")  # learning-rate schedules after warmup (rl/optim.py)
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig(Checked):
-    """Reference values (spec 1.2): AdamW 1e-6 constant, betas (0.9, 0.999), wd 0.01, clip 1.0.
-
-    ``total_steps`` is the schedule's length in optimizer steps. In an ``ExperimentConfig`` leave it at
-    0: it is derived from the run (``total_steps x rl.ppo_epochs x rl.mini_batches``). Used on its own
-    (a Trainer in code), 0 is only valid for the constant schedule.
-    """
-
-    LABEL: ClassVar[str] = "optim"
-    RULES: ClassVar[tuple[Rule, ...]] = (
-        ("lr", _POS, "> 0"),
-        ("schedule", *one_of(SCHEDULES)),
-        ("warmup_steps", _NONNEG, ">= 0"),
-        ("total_steps", _NONNEG, ">= 0"),
-        ("b1", lambda v: 0 <= v < 1, "in [0, 1)"),
-        ("b2", lambda v: 0 <= v < 1, "in [0, 1)"),
-        ("eps", _POS, "> 0"),
-        ("weight_decay", _NONNEG, ">= 0"),
-        ("grad_clip", _POS, "> 0"),
-        ("max_consecutive_nonfinite", _POS, "> 0"),
-    )
-
-    lr: float = 1e-6
-    schedule: str = "constant"  # constant | cosine | linear
-    warmup_steps: int = 0
-    total_steps: int = 0  # 0: derived from the run (see the class doc)
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    max_consecutive_nonfinite: int = 100
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig(Checked):
-    """Reference values (spec 5.3): clip 0.2/0.2, dual clip 3.0, KL off, entropy 0."""
-
-    LABEL: ClassVar[str] = "loss"
-    RULES: ClassVar[tuple[Rule, ...]] = (
-        ("clip_low", lambda v: 0 <= v < 1, "in [0, 1)"),
-        ("clip_high", _NONNEG, ">= 0"),
-        ("dual_clip", lambda v: v is None or v > 1, "> 1 or None"),
-        ("log_ratio_clamp", _POS, "> 0"),
-        ("agg", *one_of(AGG_MODES)),
-        ("kl_type", *one_of(KL_TYPES)),
-        ("ratio_level", *one_of(RATIO_LEVELS)),
-        ("kl_coef", _NONNEG, ">= 0"),
-        ("entropy_coef", _NONNEG, ">= 0"),
-        ("agg_norm", _NONNEG, ">= 0"),
-    )
-
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0
-    log_ratio_clamp: float = 20.0
-    agg: str = "seq_mean_token_mean"
-    kl_coef: float = 0.0
-    kl_type: str = "k3"
-    entropy_coef: float = 0.0
-    role_balanced: bool = False
-    # The importance ratio the clip acts on (rl/ratio_levels.py): "token" (the reference's), "sequence" (GSPO:
-    # the row's geometric-mean ratio, clipped as one; the paper's clips are 3e-4 / 4e-4, without dual clip) or
-    # "sequence_token" (GSPO-token).
-    ratio_level: str = "token"
-    # agg = "seq_mean_token_sum_norm" (Dr. GRPO): the constant each row's token sum is divided by, in tokens
-    # (Dr. GRPO divides by the generation budget, e.g. rollout.act.max_new_tokens); unused by the other modes
-    agg_norm: float = 0.0
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.agg == "seq_mean_token_sum_norm" and not self.agg_norm > 0:
-            raise ConfigError(
-                "loss.agg='seq_mean_token_sum_norm' needs loss.agg_norm > 0 (the constant length the row sums are "
-                f"divided by, e.g. the generation budget in tokens), got {self.agg_norm!r}",
-                leaf="agg_norm",
-                what="> 0 with agg='seq_mean_token_sum_norm'",
-                value=self.agg_norm,
-            )
 
 
 @dataclasses.dataclass(frozen=True)
