@@ -34,7 +34,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from envace_jax import sharding as shd
-from envace_jax.models import qwen3
+from envace_jax.models import lora, qwen3
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -608,6 +608,8 @@ def save_hf(
     """
     from safetensors.numpy import save_file
 
+    if model.config.lora_scale:  # LoRA adapters: the export is the merged model (models/lora.py); ours keeps them
+        model = lora.merge_into_base(nnx.clone(model))
     cfg: qwen3.Qwen3Config = _token_ids(model.config, eos_token_ids, pad_token_id)
     out_dir = os.fspath(out_dir)
     writer = jax.process_index() == 0

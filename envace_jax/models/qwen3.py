@@ -37,7 +37,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from envace_jax import sharding as shd
-from envace_jax.models import shared_prefix, vjp_ops
+from envace_jax.models import lora, shared_prefix, vjp_ops
 from envace_jax.models.kv_cache import KVCache, cache_dtype, cached_attention, visible_slots, write_chunk  # noqa: F401
 
 # Re-exported: outside code reaches the cache's axes through ``qwen3``.
@@ -267,6 +267,7 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, rope, mask, cache_kv):
     visible-slot mask): the chunk's keys and values are written at ``end + t`` first, then attended to
     with the rest. Returns (x, the layer's new (k_cache, v_cache) or None)."""
     dt = as_dtype(cfg.dtype)
+    p = lora.merged(p, cfg.lora_scale)  # LoRA adapters, if any: this layer's W + scale * A @ B (models/lora.py)
     w = {k: v.astype(dt) if k not in ("input_norm", "post_norm", "q_norm", "k_norm") else v for k, v in p.items()}
     eps = cfg.rms_norm_eps
     h = rms_norm(x, w["input_norm"], eps)
@@ -399,8 +400,9 @@ class Qwen3(nnx.Module):
         return shd.constrain(x, ("batch", "length", "act_embed"), self.mesh, self.rules)
 
     def layer_params(self) -> list[dict[str, jax.Array]]:
-        """Each layer's parameters, sliced out of the stacked arrays (for the cache path)."""
-        stacked = self.layers.arrays()
+        """Each layer's parameters, sliced out of the stacked arrays (for the cache path); LoRA adapters, if any,
+        merged into their weights here, once per weights version a sampler prepares."""
+        stacked = lora.merged(self.layers.arrays(), self.config.lora_scale, stacked=True)
         return [{name: a[i] for name, a in stacked.items()} for i in range(self.config.num_layers)]
 
     def decode_weights(self, transpose_head: bool = False, fuse: bool = False) -> "DecodeWeights":

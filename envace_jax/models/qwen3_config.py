@@ -43,6 +43,8 @@ class Qwen3Config:
     # Training / scoring attention runs over query blocks of this many rows (0: one block), so a
     # long row holds [block, T] scores per head instead of [T, T] (20k tokens: 51 GB -> 1.3 GB for 8B).
     attention_block: int = 512
+    # LoRA (models/lora.py): the adapters' scale alpha / r; 0 = no adapters. Set by lora.add_adapters.
+    lora_scale: float = 0.0
 
     def __post_init__(self):
         for f in (
