@@ -7,6 +7,10 @@ The output (config.json, safetensors, tokenizer files) loads with
 ``transformers.AutoModelForCausalLM.from_pretrained(out_dir)``. Without ``--step`` the newest good
 checkpoint is used (a corrupt newest one falls back, as in training). ``--role`` picks the policy of a
 ``noshare`` run (act or rehearse); shared runs have one.
+
+A LoRA run (``model.lora_rank`` / ``model.lora_adapter``) writes the merged model to ``out_dir`` and its adapter in
+PEFT's format to ``--adapter_dir`` (default ``<out_dir>/adapter``): ``peft.PeftModel.from_pretrained(<base>,
+adapter_dir)`` on the base (``model.hf_path``, recorded as ``base_model_name_or_path``), or vLLM's ``--lora-modules``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ _OUT = flags.DEFINE_string("out_dir", None, "Hugging Face directory to write", r
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: newest good)")
 _ROLE = flags.DEFINE_string("role", None, "noshare runs: act or rehearse")
 _SHARD = flags.DEFINE_string("max_shard_size", "5GB", "safetensors shard size")
+_ADAPTER = flags.DEFINE_string(
+    "adapter_dir", None, "LoRA runs: where the PEFT adapter goes (default <out_dir>/adapter)"
+)
 
 
 def export(
@@ -36,6 +43,7 @@ def export(
     step: int | None = None,
     role: str | None = None,
     max_shard_size: str = "5GB",
+    adapter_dir: str | None = None,
 ) -> int:
     """Restores ``step`` (or the newest good step) and writes ``out_dir``; returns the step used."""
     from envace_jax.rl import train as rl_train
@@ -79,6 +87,15 @@ def export(
         eos_token_ids=codec.stop_token_ids,
         pad_token_id=tok.pad_token_id,
     )
+    if trainer.lora:  # the adapter as PEFT writes it, beside the merged model save_hf wrote
+        from envace_jax.models import peft_io
+
+        peft_io.save_adapter(
+            trainer.model,
+            adapter_dir or os.path.join(out_dir, "adapter"),
+            base=cfg.model.hf_path,
+            rslora=cfg.model.lora_rslora,
+        )
     tok_dir = cfg.tokenizer.path or os.path.join(cfg.run_dir, "tokenizer")
     for name in os.listdir(tok_dir):
         if name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
@@ -97,7 +114,13 @@ def main(argv):
         raise app.UsageError("--config=<the run's config file> is required")
     cfg = load_config(_CONFIG.value)
     step = export(
-        cfg, _OUT.value, checkpoint_dir=_CKPT.value, step=_STEP.value, role=_ROLE.value, max_shard_size=_SHARD.value
+        cfg,
+        _OUT.value,
+        checkpoint_dir=_CKPT.value,
+        step=_STEP.value,
+        role=_ROLE.value,
+        max_shard_size=_SHARD.value,
+        adapter_dir=_ADAPTER.value,
     )
     print(f"exported step {step} to {_OUT.value}", file=sys.stderr)
 

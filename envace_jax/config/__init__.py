@@ -50,6 +50,15 @@ from envace_jax.config.choices import (  # noqa: F401  (public names of envace_j
 )
 from envace_jax.config.train_sections import LossConfig, OptimConfig, RLSection
 
+# model.lora_targets: the projections a LoRA adapter may sit on (models/lora.py TARGETS, PEFT's module names)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _lora_targets_ok(v) -> bool:
+    names = [t.strip() for t in str(v).split(",") if t.strip()]
+    return bool(names) and set(names) <= set(LORA_TARGETS)
+
+
 # ----------------------------------------------------------------------------- sections
 
 
@@ -76,6 +85,14 @@ class ModelSection(Checked):
         ("param_dtype", *one_of(DTYPES)),
         ("dtype", *one_of(DTYPES)),
         ("remat_policy", *one_of(REMAT_POLICIES)),
+        ("lora_rank", _NONNEG, ">= 0"),
+        ("lora_alpha", _POS, "> 0"),
+        (
+            "lora_dropout",
+            lambda v: v == 0,
+            "0 (adapters are merged into each layer's weights, where no dropout of their input can act)",
+        ),
+        ("lora_targets", lambda v: _lora_targets_ok(v), f"a comma-separated subset of {LORA_TARGETS}"),
     )
 
     hf_path: str = ""  # local Hugging Face directory; empty = random init
@@ -92,6 +109,20 @@ class ModelSection(Checked):
     remat_policy: str = "none"
     init_seed: int = 0
     simulator_hf_path: str = ""  # simulator/noshare modes: the frozen or second REHEARSE model
+    # LoRA (models/lora.py): rank > 0 trains adapters of that rank on lora_targets and freezes the base (it leaves
+    # the optimizer state and the checkpoints); scale lora_alpha / rank (/ sqrt(rank) with lora_rslora).
+    # lora_adapter: a PEFT adapter directory to start from (its rank, alpha and targets are used; lora_rank may
+    # stay 0). Exports write the adapter (PEFT) and the merged model (launch/export_hf.py).
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: str = ",".join(LORA_TARGETS)
+    lora_rslora: bool = False
+    lora_adapter: str = ""
+
+    @property
+    def lora(self) -> bool:
+        return bool(self.lora_rank or self.lora_adapter)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from envace_jax.config import LORA_TARGETS
+
 # projection -> (contracted input dims of its stacked weight, HF module path under a decoder layer)
 TARGETS: dict[str, tuple[int, str]] = {
     "q_proj": (1, "self_attn.q_proj"),
@@ -36,6 +38,7 @@ TARGETS: dict[str, tuple[int, str]] = {
     "down_proj": (1, "mlp.down_proj"),
 }
 DEFAULT_TARGETS = tuple(TARGETS)
+assert DEFAULT_TARGETS == LORA_TARGETS, "config.LORA_TARGETS lists the same projections"
 A_SUFFIX, B_SUFFIX = "_lora_a", "_lora_b"
 
 
@@ -131,3 +134,12 @@ def merge_into_base(model):
         delattr(layers, name + B_SUFFIX)
     model.config = model.config.replace(lora_scale=0.0)
     return model
+
+
+def merged_state(model, filter=nnx.Param) -> dict:
+    """``nnx.state(model, filter)`` as a pure dict with the adapters folded into their weights and left out: the
+    state of a plain model of the same architecture (``config.lora_scale = 0``), for copies the sampler reads."""
+    pure = nnx.to_pure_dict(nnx.state(model, filter))
+    if model.config.lora_scale:
+        pure["layers"] = merged(pure["layers"], model.config.lora_scale, stacked=True)
+    return pure

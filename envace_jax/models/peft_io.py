@@ -117,7 +117,9 @@ def read_adapter_config(adapter_dir: str) -> dict[str, Any]:
     if isinstance(targets, str) or not targets:
         problems.append(f"target_modules={targets!r} (a list of projection names)")
     elif set(targets) - set(lora.TARGETS):
-        problems.append(f"target_modules {sorted(set(targets) - set(lora.TARGETS))} (a Qwen3 adapts {lora.DEFAULT_TARGETS})")
+        problems.append(
+            f"target_modules {sorted(set(targets) - set(lora.TARGETS))} (a Qwen3 adapts {lora.DEFAULT_TARGETS})"
+        )
     if problems:
         raise ValueError(f"adapter {adapter_dir!r} is not one this model can load: " + "; ".join(problems))
     return cfg
@@ -154,7 +156,9 @@ def load_adapter(model, adapter_dir: str, *, seed: int = 0):
         if extra:
             details.append(f"{len(extra)} unexpected (e.g. {extra[0]})")
         if bad:
-            details.append(f"{len(bad)} of the wrong shape (e.g. {bad[0]}: {tensors[bad[0]].shape}, want {want[bad[0]]})")
+            details.append(
+                f"{len(bad)} of the wrong shape (e.g. {bad[0]}: {tensors[bad[0]].shape}, want {want[bad[0]]})"
+            )
         raise ValueError(f"adapter {adapter_dir!r} does not fit this model: " + "; ".join(details))
     for t in targets:
         a_var, b_var = getattr(layers, t + lora.A_SUFFIX), getattr(layers, t + lora.B_SUFFIX)

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from envace_jax import sharding as shd
-from envace_jax.models import qwen3
+from envace_jax.models import lora, qwen3
 
 
 def rollout_mesh(cfg: qwen3.Qwen3Config, devices: Sequence[Any]) -> Any:
@@ -42,8 +42,9 @@ def rollout_mesh(cfg: qwen3.Qwen3Config, devices: Sequence[Any]) -> Any:
 def rollout_config(cfg: qwen3.Qwen3Config) -> qwen3.Qwen3Config:
     """The rollout copy's architecture: parameters stored in the compute dtype. Every layer casts its
     weights to the compute dtype anyway, so a bfloat16 copy of float32 master weights computes exactly
-    the same numbers, at half the memory and half the bytes read per decode step."""
-    return cfg.replace(param_dtype=cfg.dtype)
+    the same numbers, at half the memory and half the bytes read per decode step. LoRA adapters are folded into
+    the copy's weights (``lora.merged_state``): a copy is a plain model, decoding at no adapter cost."""
+    return cfg.replace(param_dtype=cfg.dtype, lora_scale=0.0)
 
 
 def rollout_copy(model: qwen3.Qwen3, local_mesh) -> tuple[qwen3.Qwen3, Callable[[], None]]:
@@ -69,14 +70,16 @@ def snapshot(model: qwen3.Qwen3) -> Any:
     """A copy of ``model``'s parameters in its compute dtype, laid out as they are (with several processes, global
     arrays sharded like the trained ones: a checkpoint can save them, which a process's own copy is not)."""
     dtype = jnp.dtype(qwen3.as_dtype(model.config.dtype))
-    return jax.tree.map(lambda a: _fresh(a, dtype), nnx.state(model, nnx.Param))
+    return jax.tree.map(lambda a: _fresh(a, dtype), lora.merged_state(model))
 
 
 def load_weights(copy: qwen3.Qwen3, source: Any) -> None:
     """Puts ``source``'s parameters (a model, or a ``snapshot``) into ``copy`` (cast to its dtypes, placed as its
     arrays are). With several processes a collective: every process calls it at the same point."""
-    cur = nnx.state(copy, nnx.Param)
-    src = nnx.state(source, nnx.Param) if isinstance(source, nnx.Module) else source
+    cur = nnx.to_pure_dict(nnx.state(copy, nnx.Param))
+    src = lora.merged_state(source) if isinstance(source, nnx.Module) else source
+    if isinstance(src, nnx.State):
+        src = nnx.to_pure_dict(src)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -84,7 +87,9 @@ def load_weights(copy: qwen3.Qwen3, source: Any) -> None:
         new = jax.tree.map(lambda h, c: jax.device_put(np.asarray(h).astype(c.dtype), c.sharding), host, cur)
     else:
         new = jax.tree.map(lambda a, c: jax.device_put(_fresh(a, c.dtype), c.sharding), src, cur)
-    nnx.update(copy, new)
+    state = nnx.state(copy, nnx.Param)
+    nnx.replace_by_pure_dict(state, new)
+    nnx.update(copy, state)
 
 
 def weights_copy(model: qwen3.Qwen3, mesh=None) -> qwen3.Qwen3:
@@ -99,8 +104,9 @@ def weights_copy(model: qwen3.Qwen3, mesh=None) -> qwen3.Qwen3:
     else:
         abstract = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)))
         abstract.set_sharding(model.mesh, model.rules)
-        src = nnx.state(model)
-        state = jax.tree.map(lambda a, t: _fresh(a, t.dtype), src, nnx.state(abstract))
+        src = lora.merged_state(model, ...)
+        state = nnx.state(abstract)
+        nnx.replace_by_pure_dict(state, jax.tree.map(lambda a, t: _fresh(a, t.dtype), src, nnx.to_pure_dict(state)))
         return nnx.merge(nnx.graphdef(abstract), state)
     load_weights(copy, model)
     return copy

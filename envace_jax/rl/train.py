@@ -318,7 +318,7 @@ def build_policies(cfg: config_lib.ExperimentConfig, mesh):
     )
     vocab = len(tok)
     mode = cfg.rollout.mode
-    policy = build_model(cfg.model, vocab, mesh)
+    policy = with_lora(build_model(cfg.model, vocab, mesh), cfg.model, mesh)
     optim = cfg.run_optim()
     mk_trainer = lambda model: Trainer(
         model,
@@ -335,8 +335,30 @@ def build_policies(cfg: config_lib.ExperimentConfig, mesh):
         sim_model = build_model(cfg.model, vocab, mesh, path=cfg.model.simulator_hf_path or cfg.model.hf_path)
     trainers: dict[str, Trainer] = {r: trainer for r in TRAINED_ROLES[mode]}
     if mode == "noshare":
-        trainers[REHEARSE] = mk_trainer(sim_model)
+        trainers[REHEARSE] = mk_trainer(with_lora(sim_model, cfg.model, mesh))
     return tok, codec, trainers, policy, sim_model
+
+
+def with_lora(model: qwen3.Qwen3, m: config_lib.ModelSection, mesh) -> qwen3.Qwen3:
+    """``model`` with the LoRA adapters ``model.lora_*`` asks for (fresh, or read from ``model.lora_adapter``),
+    laid out on ``mesh``; ``model`` itself without LoRA."""
+    if not m.lora:
+        return model
+    from envace_jax.models import lora, peft_io
+
+    if m.lora_adapter:
+        peft_io.load_adapter(model, m.lora_adapter, seed=m.init_seed)
+        rank = lora.adapter_arrays(model)[next(iter(lora.adapter_arrays(model)))].shape[-1]
+        if m.lora_rank and m.lora_rank != rank:
+            raise config_lib.ConfigError(
+                f"config.model.lora_rank={m.lora_rank} but the adapter {m.lora_adapter!r} has rank {rank} "
+                "(leave lora_rank at 0 to take the adapter's)"
+            )
+    else:
+        lora.add_adapters(model, m.lora_rank, m.lora_alpha, m.lora_targets, seed=m.init_seed, rslora=m.lora_rslora)
+    if mesh is not None:
+        qwen3.place(model, mesh, model.rules or shd.TRAIN_RULES)
+    return model
 
 
 def meshes(cfg: config_lib.ExperimentConfig, model_cfg: qwen3.Qwen3Config | None = None) -> tuple[Any, Any]:

@@ -90,7 +90,14 @@ class Trainer:
         if self.micro_batch_size <= 0:
             raise ValueError(f"trainer.micro_batch_size must be positive, got {micro_batch_size}")
         self.mesh = mesh
-        self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
+        # LoRA (models/lora.py): only the adapters train; the base weights are a frozen argument of every program
+        # (never closed over as constants, never in the optimizer state or the gradient)
+        self.lora = bool(model.config.lora_scale)
+        self.trainable = nnx.LoRAParam if self.lora else nnx.Param
+        if self.lora:
+            self.graphdef, params, _, self.rest = nnx.split(model, nnx.LoRAParam, nnx.Param, ...)
+        else:
+            self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
         self.tx = make_optimizer(optim)
         # A model whose parameters are ShapeDtypeStructs (``nnx.eval_shape``) gives an abstract trainer:
         # no device work, state as ShapeDtypeStructs, for lowering the update ahead of time (envace_jax.aot).
@@ -102,6 +109,8 @@ class Trainer:
             # (~1.5 s on the demo's model).
             params = _committed(params)
             nnx.update(model, params)
+            if self.lora:
+                nnx.update(model, _committed(self.frozen))
         self._opt_shardings = opt_state_shardings(self.tx, params, mesh) if mesh is not None else None
         if self.abstract:
             self.opt_state = jax.eval_shape(self.tx.init, params)
@@ -119,7 +128,7 @@ class Trainer:
             if ref_model is None:  # a frozen copy of the starting policy
                 self.ref_params = params if self.abstract else jax.tree.map(jnp.copy, params)
             else:
-                self.ref_params = nnx.state(ref_model, nnx.Param)
+                self.ref_params = nnx.state(ref_model, self.trainable)
         self._grad_fns: dict[str, Callable] = {}
         out_sh = None
         if mesh is not None:
@@ -131,7 +140,15 @@ class Trainer:
     # ------------------------------------------------------------------ state
     @property
     def params(self):
-        return nnx.state(self.model, nnx.Param)
+        """The trained parameters: every Param, or the LoRA adapters alone."""
+        return nnx.state(self.model, self.trainable)
+
+    @property
+    def frozen(self):
+        """The base weights a LoRA trainer does not train (None without LoRA): the programs' last argument."""
+        if not self.lora:
+            return None
+        return nnx.state(self.model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)))
 
     def state_dict(self) -> dict[str, Any]:
         return {"params": self.params, "opt_state": self.opt_state, "step": self.step}
@@ -157,8 +174,9 @@ class Trainer:
         return int(self.opt_state.total_notfinite)
 
     # ------------------------------------------------------------------ losses
-    def _forward_logp(self, params, mb):
-        model = nnx.merge(self.graphdef, params, self.rest)
+    def _forward_logp(self, params, mb, frozen=None):
+        states = (params, frozen, self.rest) if frozen is not None else (params, self.rest)
+        model = nnx.merge(self.graphdef, *states)
         # The vocabulary projection is fused with the log-softmax (no [B, T, V] logits kept twice).
         if "full_index" in mb:  # a prefix_plan: each shared prompt computed once
             shared = prefix_plan.layout(mb)
@@ -185,10 +203,14 @@ class Trainer:
             compute_dtype=model.config.dtype,
         )
 
-    def _rl_sums(self, params, mb, ref_params, old_from_update: bool = False, behaviour: tuple | None = None):
+    def _rl_sums(
+        self, params, mb, ref_params, frozen=None, old_from_update: bool = False, behaviour: tuple | None = None
+    ):
         c = self.loss_cfg
-        logp = self._forward_logp(params, mb)
-        ref_logp = None if ref_params is None else jax.lax.stop_gradient(self._forward_logp(ref_params, mb))
+        logp = self._forward_logp(params, mb, frozen)
+        ref_logp = None
+        if ref_params is not None:
+            ref_logp = jax.lax.stop_gradient(self._forward_logp(ref_params, mb, frozen))
         # old_from_update: pi_old is the policy at these very weights (one optimizer step per batch), so
         # its log-probs are this pass's, held constant; mb["old_logprobs"] stays the sampler's for the metric
         old = jax.lax.stop_gradient(logp) if old_from_update else mb["old_logprobs"]
@@ -226,9 +248,9 @@ class Trainer:
             out[f"logp_mismatch/{name}"] = (jnp.sum(diff * rw), jnp.sum(rw))
         return out["loss"][0], out
 
-    def _sft_sums(self, params, mb, ref_params):
+    def _sft_sums(self, params, mb, ref_params, frozen=None):
         del ref_params
-        logp = self._forward_logp(params, mb)
+        logp = self._forward_logp(params, mb, frozen)
         w = mb["loss_weights"]
         out = {"loss": (-jnp.sum(logp * w), jnp.sum(w))}
         for name, rid in ROLE_ID.items():
@@ -249,9 +271,10 @@ class Trainer:
     def program(self, name: str) -> Callable:
         """A jitted program of the update, for lowering with abstract arguments (``envace_jax.aot``).
 
-        ``"grad"``: (params, micro-batch dict, ref params or None) -> (gradient sums, metric (sum, count)
-        pairs) of the RL loss; ``"apply"``: (params, opt state, gradient sums, count) -> (params, opt
-        state, grad norm); ``"logprobs"``: (params, micro-batch dict) -> float32 ``[B, L]``.
+        ``"grad"``: (params, micro-batch dict, ref params or None[, frozen]) -> (gradient sums, metric (sum,
+        count) pairs) of the RL loss; ``"apply"``: (params, opt state, gradient sums, count) -> (params, opt
+        state, grad norm); ``"logprobs"``: (params, micro-batch dict[, frozen]) -> float32 ``[B, L]``. ``frozen``:
+        a LoRA trainer's base weights (``Trainer.frozen``); without LoRA it is left out.
         """
         if name == "grad":
             return self._grad_fn("rl")
@@ -305,7 +328,7 @@ class Trainer:
         outs = []
         for mb in self._local_micro_batches(batch):
             n = len(mb["tokens"])
-            outs.append(self._host_rows(fn(self.params, self._device_batch(mb)))[:n])
+            outs.append(self._host_rows(fn(self.params, self._device_batch(mb), self.frozen))[:n])
         B, L = batch.tokens.shape
         return np.concatenate(outs, 0)[:B, :L] * batch.loss_weights
 
@@ -335,7 +358,7 @@ class Trainer:
                 raise ValueError("behaviour weights need the batch's behaviour_logprobs (the sampler's log-probs)")
             behaviour = (str(behaviour[0]), float(behaviour[1]))
         grad_fn = self._grad_fn(kind, old_from_update, behaviour)
-        params = self.params
+        params, frozen = self.params, self.frozen
         grads, sums = None, None
         extra = {}
         if kind == "rl" and self.loss_cfg.role_balanced and role_counts is not None:
@@ -355,7 +378,7 @@ class Trainer:
         for host_mb in self._local_micro_batches(batch):
             mb = self._device_batch(host_mb)
             mb.update(extra)
-            g, aux = grad_fn(params, mb, self.ref_params)
+            g, aux = grad_fn(params, mb, self.ref_params, frozen)
             grads = g if grads is None else _tree_add(grads, g)
             sums = aux if sums is None else jax.tree.map(jnp.add, sums, aux)
         return grads, sums

@@ -72,7 +72,7 @@ def weight_shardings(
         return None
     one = {}
     for name, var in vars(model.layers).items():
-        if isinstance(var, nnx.Param):
+        if isinstance(var, nnx.Param) and not isinstance(var, nnx.LoRAParam):  # adapters are merged in
             shape = var.get_value().shape[1:]
             one[name] = shd.named_sharding(mesh, tuple(var.logical_axes)[1:], rules, shape)
     head = None
