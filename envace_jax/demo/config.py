@@ -105,6 +105,10 @@ class DemoConfig:
     # the RL objective (rl/recipes.py): grpo (the reference's), gspo, dapo (with dynamic sampling: needs
     # rl_max_staleness = 0) or dr_grpo; the recipe's lengths follow act/rehearse_max_new_tokens
     rl_algorithm: str = "grpo"
+    # LoRA in RL (models/lora.py): > 0 trains adapters of this rank on every projection (the start frozen), folded
+    # into the weights when RL ends; lora_alpha 0 = 2 x rank. LoRA wants a larger rl_lr than full training.
+    lora_rank: int = 0
+    lora_alpha: float = 0.0
     act_max_new_tokens: int = 64
     rehearse_max_new_tokens: int = 64
     temperature: float = 0.6  # both roles' training rollouts (evaluation is greedy)
@@ -220,6 +224,8 @@ class DemoConfig:
             "fidelity_tasks",
             "rl_eval_every",
             "rl_max_staleness",
+            "lora_rank",
+            "lora_alpha",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"demo {name} must be >= 0, got {getattr(self, name)}")

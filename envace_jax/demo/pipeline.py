@@ -143,6 +143,10 @@ class Demo:
 
         cfg = self.cfg
         stages.restore(self.model, self.sft_params)
+        if cfg.lora_rank:  # adapters on the start; folded into its weights when RL ends (finally, below)
+            from envace_jax.models import lora
+
+            lora.add_adapters(self.model, cfg.lora_rank, cfg.lora_alpha or 2.0 * cfg.lora_rank, seed=cfg.rl_stream_seed)
         trainer = stages.make_trainer(self.model, cfg, cfg.rl_lr, 0, rl=True)
         trainers: dict[str, Any] = {role: trainer for role in ROLES}
         sim_model = None
@@ -232,6 +236,10 @@ class Demo:
         finally:
             if pipe is not None:
                 pipe.close()
+            if cfg.lora_rank:  # a plain model again: evaluation, the more-SFT baseline and exports read it as such
+                from envace_jax.models import lora
+
+                lora.merge_into_base(self.model)
         with open(os.path.join(self.run_dir, f"metrics_{tag}.jsonl"), "w") as f:
             for m in log:
                 f.write(json.dumps({k: (v if v == v else None) for k, v in m.items()}) + "\n")

@@ -36,6 +36,13 @@ REQUIRED_KEYS = (
 )
 
 
+def _lora_note(config: dict) -> str:
+    r = config.get("lora_rank") or 0
+    if not r:
+        return ""
+    return f", LoRA adapters of rank {r} (alpha {config.get('lora_alpha') or 2.0 * r:g}) on every projection"
+
+
 # the demo's rl_algorithm as the report names it
 ALGORITHM_LABELS = {"grpo": "GRPO", "gspo": "GSPO", "dapo": "DAPO", "dr_grpo": "Dr. GRPO"}
 
@@ -340,7 +347,9 @@ def write_report(run_dir: str, summary: dict[str, Any], rl_steps: Sequence[Mappi
         f"prompts x {summary['rl']['n_rollouts']} rollouts at temperature {summary['config'].get('temperature')}, "
         f"Adam lr {summary['rl']['lr']}, {summary['rl'].get('replay_batches', 0)} SFT replay batch(es) "
         f"({summary['rl'].get('replay_roles', 'act+rehearse')} rows of the corpus) after each RL step, rule judge, "
-        f"role-wise {ALGORITHM_LABELS[summary['config'].get('rl_algorithm', 'grpo')]} (rl/recipes.py).",
+        f"role-wise {ALGORITHM_LABELS[summary['config'].get('rl_algorithm', 'grpo')]} (rl/recipes.py)"
+        + _lora_note(summary["config"])
+        + ".",
         "",
         "## Results",
         "",
