@@ -11,7 +11,6 @@ from tests.helpers_paths import ROOT
 
 
 def test_lora_memory_figures_by_hand():
-    sys.path.insert(0, ROOT)
     from benchmarks.lora_memory import measure, rows
     from envace_jax.models import qwen3
 
