@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from envace_jax import sharding as shd
 from envace_jax.aot.plan import RunShapes, hosts, model_config, run_shapes, training_devices
 from envace_jax.config import ExperimentConfig
-from envace_jax.models import qwen3
+from envace_jax.models import lora, qwen3
 from envace_jax.rl.batch import TrainBatch
 from envace_jax.rl.train import rollout_config, rollout_mesh
 from envace_jax.rl.trainer import Trainer
@@ -49,9 +49,15 @@ class Program:
     resident_what: str = ""
 
 
-def abstract_model(cfg: qwen3.Qwen3Config, mesh: Mesh, rules: shd.Rules) -> qwen3.Qwen3:
-    """A Qwen3 whose parameters are ShapeDtypeStructs laid out by ``rules`` over ``mesh``."""
-    model = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)))
+def abstract_model(cfg: qwen3.Qwen3Config, mesh: Mesh, rules: shd.Rules, lora_spec: dict | None = None) -> qwen3.Qwen3:
+    """A Qwen3 whose parameters are ShapeDtypeStructs laid out by ``rules`` over ``mesh``; with ``lora_spec``
+    (``lora.add_adapters``' keyword arguments) it carries LoRA adapters."""
+
+    def build():
+        m = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
+        return lora.add_adapters(m, **lora_spec) if lora_spec else m
+
+    model = nnx.eval_shape(build)
     state = nnx.state(model)
     leaves, treedef = jax.tree.flatten(state)
     shardings = jax.tree.leaves(qwen3.param_shardings(model, mesh, rules))
@@ -61,6 +67,25 @@ def abstract_model(cfg: qwen3.Qwen3Config, mesh: Mesh, rules: shd.Rules) -> qwen
     )
     model.set_sharding(mesh, rules)
     return model
+
+
+def lora_spec(cfg: ExperimentConfig) -> dict | None:
+    """The adapters a run trains (``model.lora_*``, or the PEFT adapter ``model.lora_adapter`` names), as
+    ``lora.add_adapters``' keyword arguments; None without LoRA."""
+    m = cfg.model
+    if not m.lora:
+        return None
+    if m.lora_adapter:
+        from envace_jax.models import peft_io
+
+        a = peft_io.read_adapter_config(m.lora_adapter)
+        return dict(
+            rank=int(a["r"]),
+            alpha=float(a["lora_alpha"]),
+            targets=a["target_modules"],
+            rslora=bool(a.get("use_rslora")),
+        )
+    return dict(rank=m.lora_rank, alpha=m.lora_alpha, targets=m.lora_targets, rslora=m.lora_rslora)
 
 
 def per_chip_bytes(tree: Any) -> int:
@@ -133,10 +158,11 @@ def build_programs(
         mcfg = mcfg.replace(num_layers=unrolled_layers, scan_layers=False)
     c = cfg.mesh.rollout_chips_per_host
     mesh = mesh_over(cfg, training_devices(cfg, devices), num_slices)
-    model = abstract_model(mcfg, mesh, shd.TRAIN_RULES)
+    model = abstract_model(mcfg, mesh, shd.TRAIN_RULES, lora_spec(cfg))
     trainer = Trainer(model, cfg.run_optim(), cfg.loss, micro_batch_size=cfg.rl.micro_batch_size, mesh=mesh)
     params = trainer.params
     ref = trainer.ref_params
+    frozen = trainer.frozen  # LoRA: the base weights, an argument of train_step and logprobs (None without)
     mb = micro_batch_spec(shapes.train_rows, shapes.train_width, mesh, cfg.loss.role_balanced)
 
     # Sampling mesh and model: the training model itself with one process, colocated and synchronous; else
@@ -168,16 +194,19 @@ def build_programs(
 
     grad, apply = trainer.program("grad"), trainer.program("apply")
 
-    def train_step(params, opt_state, grad_sum, mb, ref_params):
-        g, sums = grad(params, mb, ref_params)
+    def train_step(params, opt_state, grad_sum, mb, ref_params, frozen=None):
+        g, sums = grad(params, mb, ref_params, frozen)
         total = jax.tree.map(jnp.add, grad_sum, g)
         params, opt_state, gnorm = apply(params, opt_state, total, sums["loss"][1])
         return params, opt_state, gnorm, sums
 
     grad_sum = _abstract_like(params, jax.tree.map(lambda x: x.sharding, params))
     params_b, opt_b, ref_b = per_chip_bytes(params), per_chip_bytes(trainer.opt_state), per_chip_bytes(ref)
+    frozen_b = per_chip_bytes(frozen) if frozen is not None else 0
     rows = f"{shapes.train_rows} rows x {shapes.train_width} tokens"
     train_state = f"params {_gb(params_b)} + optimizer {_gb(opt_b)}" + (f" + reference {_gb(ref_b)}" if ref_b else "")
+    if frozen_b:
+        train_state = f"frozen base {_gb(frozen_b)} + LoRA " + train_state
     copy_note = ""
     if rollout_copy:
         copy_note = f"rollout weight copy {_gb(rollout_copy)}" + (
@@ -190,9 +219,10 @@ def build_programs(
     else:
         train_extra = copies * rollout_copy + snapshots
         train_note = ", ".join(x for x in (copy_note, snap_note) if x)
-        sample_resident = params_b + opt_b + ref_b + train_extra
+        sample_resident = params_b + frozen_b + opt_b + ref_b + train_extra
         sample_note = ", ".join(x for x in (train_state, copy_note, snap_note) if x)
-    reads_source = not any(
+    # (with LoRA adapters on the model it samples from, the sampler reads merged weights: always a copy)
+    reads_source = not sample_model.config.lora_scale and not any(
         a.sharding != b.sharding
         for a, b in zip(jax.tree.leaves(sample_params), jax.tree.leaves(nnx.state(sample_model)))
     )
@@ -203,7 +233,7 @@ def build_programs(
         Program(
             "train_step",
             jax.jit(train_step, donate_argnums=(0, 1, 2)),
-            (params, trainer.opt_state, grad_sum, mb, ref),
+            (params, trainer.opt_state, grad_sum, mb, ref, frozen),
             {},
             mesh,
             rows,
@@ -213,7 +243,7 @@ def build_programs(
         Program(
             "logprobs",
             trainer.program("logprobs"),
-            (params, mb),
+            (params, mb, frozen),
             {},
             mesh,
             rows,
