@@ -6,6 +6,7 @@ of ``envace_jax/demo/config.py``); any field can be overridden with ``--config.f
     python launch/demo.py --run_dir=runs/demo                                # default preset, test split reported
     python launch/demo.py --run_dir=runs/val --config.eval_split=validation  # how the config was chosen
     python launch/demo.py --run_dir=runs/cmp --compare                       # RL modes real / simulator / rehearsal
+    python launch/demo.py --run_dir=runs/alg --compare_algorithms=grpo,dapo,dr_grpo   # RL objectives side by side
     python launch/demo.py --config=configs/demo.py:reduced                   # a preset (envace, legacy, reduced)
     python launch/demo.py --config.rl_steps=10 --config.rl_lr=1e-4           # any DemoConfig field
     python launch/demo.py --run_dir=runs/demo --rehearsal_sweep              # test-time rehearsal table, after a run
@@ -77,6 +78,11 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 _RUN_DIR = flags.DEFINE_string("run_dir", "runs/demo", "where the data, models, report and summary go")
 _COMPARE = flags.DEFINE_bool("compare", False, "RL in modes real, simulator and rehearsal")
+_ALGORITHMS = flags.DEFINE_list(
+    "compare_algorithms",
+    [],
+    "RL objectives from one start, side by side (grpo,gspo,dapo,dr_grpo; rl/recipes.py), into algorithms.md",
+)
 _SWEEP = flags.DEFINE_bool(
     "rehearsal_sweep",
     False,
@@ -111,6 +117,12 @@ def main(argv) -> int:
             from envace_jax.demo.rehearsal_table import sweep_settings
 
             ns, modes = sweep_settings(_SWEEP_NS.value, _SWEEP_MODES.value)
+        if _ALGORITHMS.value:
+            from envace_jax.demo.compare_algorithms import parse_algorithms
+
+            algorithms = parse_algorithms(_ALGORITHMS.value)
+            if "dapo" in algorithms and cfg.rl_max_staleness:
+                raise ConfigError("--compare_algorithms with dapo needs --config.rl_max_staleness=0")
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -147,6 +159,13 @@ def main(argv) -> int:
         table = pipeline.run_leverage(cfg, run_dir, progress=progress)
         print(table.to_markdown())
         print(f"wrote {os.path.join(run_dir, 'leverage.md')}")
+        return 0
+    if _ALGORITHMS.value:
+        from envace_jax.demo.compare_algorithms import run_compare_algorithms
+
+        out = run_compare_algorithms(cfg, run_dir, algorithms, progress=progress)
+        print(out["table"])
+        print(f"wrote {os.path.join(run_dir, 'algorithms.md')}")
         return 0
     if _COMPARE.value:
         out = pipeline.run_compare(cfg, run_dir, progress=progress)

@@ -154,6 +154,11 @@ def test_per_task_outcomes_and_the_paired_table(reduced_run):
         (["--config.eval_split=dev"], "demo eval_split must be one of"),
         (["--config.rl_push_back_share=1.5"], "demo rl_push_back_share must be None or in [0, 1], got 1.5"),
         (["--config.rl_seed=-1"], "demo rl_seed must be None or an int >= 0, got -1"),
+        (["--compare_algorithms=grpo,ppo"], "--compare_algorithms must be distinct names of"),
+        (
+            ["--compare_algorithms=grpo,dapo", "--config.rl_max_staleness=1"],
+            "with dapo needs --config.rl_max_staleness=0",
+        ),
         (["--config.rl_algorithm=ppo"], "demo rl_algorithm must be one of ('grpo', 'gspo', 'dapo', 'dr_grpo')"),
         (["--config.rl_algorithm=dapo", "--config.rl_max_staleness=1"], "rl_algorithm='dapo' needs rl_max_staleness"),
         (["--rehearsal_sweep", "--sweep_ns=0,x"], "--sweep_ns must be integers, got '0,x'"),

@@ -87,3 +87,35 @@ def test_the_demo_runs_dapo(tmp_path):
         assert 1 <= m["dynamic/rounds"] <= 4  # the first round and at most 3 more
         assert m["dynamic/prompts_sampled"] >= summary["config"]["prompts_per_step"]
         assert m["dynamic/prompts_kept"] <= summary["config"]["prompts_per_step"]
+
+
+def test_the_demo_puts_objectives_side_by_side(tmp_path):
+    """launch/demo.py --compare_algorithms: each objective's RL from the same start, one table with a row per
+    objective and the paired comparisons against the start and against GRPO; DAPO's row counts its extra rollouts."""
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        TOKENIZERS_PARALLELISM="false",
+        ENVACE_JAX_CACHE=os.path.join(ROOT, "runs", ".jax_cache_test"),
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    run_dir = tmp_path / "alg"
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "launch", "demo.py"),
+        f"--config={ROOT}/configs/demo.py:reduced",
+        "--compare_algorithms=grpo,dapo",
+        f"--run_dir={run_dir}",
+        "--no_progress",
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads((run_dir / "algorithms.json").read_text())
+    steps, prompts = 2, 2  # the reduced preset
+    assert set(out["algorithms"]) == {"grpo", "dapo"}
+    assert out["algorithms"]["grpo"]["prompts_sampled"] == steps * prompts
+    assert out["algorithms"]["dapo"]["prompts_sampled"] >= steps * prompts
+    labels = [p["label"] for p in out["paired"]]
+    assert labels == ["GRPO vs the start", "DAPO vs the start", "DAPO vs GRPO"]
+    text = (run_dir / "algorithms.md").read_text()
+    assert "| GRPO " in text and "| DAPO " in text and "DAPO vs GRPO" in text
