@@ -66,14 +66,12 @@ def peft_tensors(model) -> tuple[dict[str, np.ndarray], int, tuple[str, ...]]:
     out: dict[str, np.ndarray] = {}
     rank = 0
     for t in targets:
-        n_in = lora.TARGETS[t][0]
         a = np.asarray(jax.device_get(arrays[t + lora.A_SUFFIX]), np.float32)  # [L, *in, r]
         b = np.asarray(jax.device_get(arrays[t + lora.B_SUFFIX]), np.float32)  # [L, r, *out]
         rank = a.shape[-1]
         for i in range(a.shape[0]):
             out[tensor_name(i, t, "A")] = np.ascontiguousarray(a[i].reshape(-1, rank).T)
             out[tensor_name(i, t, "B")] = np.ascontiguousarray(b[i].reshape(rank, -1).T)
-        del n_in
     return out, rank, targets
 
 
