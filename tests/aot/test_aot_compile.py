@@ -297,19 +297,13 @@ def test_both_layouts_of_an_asynchronous_run_on_a_v5p_slice(tmp_path):
 @needs_libtpu
 def test_lora_train_step_holds_the_frozen_base_once_and_the_adapters_state(tmp_path):
     """With LoRA the train_step's arguments are the frozen base (once: no moments, no gradient) plus the adapters
-    with their moments and gradient sum; full training holds four parameter-sized trees."""
-    (tmp_path / "full").mkdir()
-    (tmp_path / "lora").mkdir()
-    proc, full = _aot(tmp_path / "full", "--programs=train_step")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    proc, low = _aot(tmp_path / "lora", "--programs=train_step", "--config.model.lora_rank=8")
+    with their moments and gradient sum; full training holds four parameter-sized trees (the hand count above)."""
+    proc, low = _aot(tmp_path, "--programs=train_step", "--config.model.lora_rank=8")
     assert proc.returncode == 0, proc.stderr[-4000:]
     V, D, F, L, N, K, H, r = 1024, 256, 512, 2, 2, 1, 128, 8
     split = 2 * V * D + L * (2 * D * N * H + 2 * D * K * H + 3 * D * F)
     whole = D + L * (2 * D + 2 * H)
     base = 4 * (split / 4 + whole)  # float32 bytes of the base on one chip (fsdp 4 splits "embed")
     adapters = 4 * L * r * ((D + N * H) + 2 * (D + K * H) + (N * H + D) + 2 * (D + F) + (F + D))  # unsplit bound
-    args_full = full["programs"][0]["per_chip_bytes"]["arguments"]
     args_lora = low["programs"][0]["per_chip_bytes"]["arguments"]
-    assert abs(args_full - 4 * base) / (4 * base) < 0.03
     assert base < args_lora < base + 4 * adapters + 6 * 256 * 4 + 1024, (args_lora, base, adapters)

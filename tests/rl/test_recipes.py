@@ -56,39 +56,6 @@ def test_config_files(name):
         assert e.rl.max_staleness == base.rl.max_staleness
 
 
-def test_the_demo_runs_dapo(tmp_path):
-    """The reduced demo with rl_algorithm=dapo: each RL step reports its dynamic-sampling rounds, the summary
-    and records the algorithm."""
-    run_dir = tmp_path / "run"
-    env = dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        TOKENIZERS_PARALLELISM="false",
-        ENVACE_JAX_CACHE=os.path.join(ROOT, "runs", ".jax_cache_test"),
-        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    )
-    cmd = [
-        sys.executable,
-        os.path.join(ROOT, "launch", "demo.py"),
-        f"--config={ROOT}/configs/demo.py:reduced",
-        "--config.rl_algorithm=dapo",
-        "--config.more_sft=False",
-        f"--run_dir={run_dir}",
-        "--no_progress",
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["config"]["rl_algorithm"] == "dapo"
-    assert "role-wise DAPO" in (run_dir / "report.md").read_text()
-    lines = [json.loads(x) for x in (run_dir / "metrics_rl.jsonl").read_text().splitlines()]
-    assert len(lines) == summary["config"]["rl_steps"]
-    for m in lines:
-        assert 1 <= m["dynamic/rounds"] <= 4  # the first round and at most 3 more
-        assert m["dynamic/prompts_sampled"] >= summary["config"]["prompts_per_step"]
-        assert m["dynamic/prompts_kept"] <= summary["config"]["prompts_per_step"]
-
-
 def test_the_demo_puts_objectives_side_by_side(tmp_path):
     """launch/demo.py --compare_algorithms: each objective's RL from the same start, one table with a row per
     objective and the paired comparisons against the start and against GRPO; DAPO's row counts its extra rollouts."""
@@ -119,3 +86,9 @@ def test_the_demo_puts_objectives_side_by_side(tmp_path):
     assert labels == ["GRPO vs the start", "DAPO vs the start", "DAPO vs GRPO"]
     text = (run_dir / "algorithms.md").read_text()
     assert "| GRPO " in text and "| DAPO " in text and "DAPO vs GRPO" in text
+    # DAPO's steps report their dynamic-sampling rounds: the first and at most 3 more
+    lines = [json.loads(x) for x in (run_dir / "metrics_rl_dapo.jsonl").read_text().splitlines()]
+    assert len(lines) == steps
+    for m in lines:
+        assert 1 <= m["dynamic/rounds"] <= 4 and m["dynamic/prompts_kept"] <= prompts
+    assert not any("dynamic/rounds" in x for x in (run_dir / "metrics_rl_grpo.jsonl").read_text().splitlines())
