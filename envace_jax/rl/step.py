@@ -382,28 +382,30 @@ class RLStep:
         return engine.run(recs, uids)
 
     def scored_rows(self, episodes: Sequence[Episode]) -> tuple[list[Generation], np.ndarray, np.ndarray]:
-        """The rows of ``episodes``, their scores (``row_scores`` with this step's penalties) and which of them
-        are trained (not masked for a lost judge), as the update computes them (before its faithful row
-        duplication)."""
-        cfg = self.cfg
+        """The rows of ``episodes``, their scores and which of them are trained, as the update computes them
+        (before its faithful row duplication)."""
         gens = [g for e in episodes for g in e.generations]
-        scores = self._row_scores(gens)
-        trained = np.ones((len(gens),), bool)
-        lost = lost_episodes(episodes) if cfg.mask_judge_failures else set()
-        if lost:
-            keys = list(zip(_group_ids([g.uid for g in gens]).tolist(), [g.role_id for g in gens]))
-            trained, _ = judge_mask([g.episode for g in gens], keys, lost)
-        return gens, scores, np.asarray(trained, bool)
+        scores, trained, _, _ = self._scores_and_mask(episodes, gens)
+        return gens, scores, trained
 
-    def _row_scores(self, gens: Sequence[Generation]) -> np.ndarray:
+    def _scores_and_mask(self, episodes: Sequence[Episode], gens: Sequence[Generation]):
+        """(scores, trained, keys dropped, lost episode ids) of ``gens``, rows of ``episodes``: ``row_scores``
+        with this step's penalties, and the rows of episodes that lost their judge out of the loss and the
+        baselines (``rl.mask_judge_failures``; faithful: trained)."""
         c = self.cfg
-        return row_scores(
+        scores = row_scores(
             gens,
             c.empty_output_penalty,
             overlong_buffer=c.overlong_buffer,
             overlong_factor=c.overlong_penalty,
             budgets=self.budgets,
         )
+        lost = lost_episodes(episodes) if c.mask_judge_failures else set()
+        trained, dropped_keys = np.ones((len(gens),), bool), 0
+        if lost:
+            keys = list(zip(_group_ids([g.uid for g in gens]).tolist(), [g.role_id for g in gens]))
+            trained, dropped_keys = judge_mask([g.episode for g in gens], keys, lost)
+        return scores, np.asarray(trained, bool), dropped_keys, lost
 
     def __call__(self, records: Sequence[Mapping[str, Any]], iteration: int) -> StepResult:
         if not self.cfg.dynamic_sampling:
@@ -434,19 +436,12 @@ class RLStep:
         gens = [g for e in episodes for g in e.generations]
         rng = np.random.default_rng([self.seed, iteration, 17])
         gens = adjust_batch_copy(gens, cfg.adjust_batch_multiple, rng)
-        scores = self._row_scores(gens)
+        scores, trained, dropped_keys, lost = self._scores_and_mask(episodes, gens)
         # Advantages are per process: the n rollouts of a prompt (its GRPO group) never leave the
         # process that sampled them.
         group_ids = _group_ids([g.uid for g in gens])
         role_ids = np.asarray([g.role_id for g in gens], np.int32)
         episode_ids = np.asarray([g.episode for g in gens], np.int32)
-        # Rows of episodes that lost their judge: out of the loss and the baselines (faithful: trained).
-        lost = lost_episodes(episodes) if cfg.mask_judge_failures else set()
-        trained, dropped_keys = np.ones((len(gens),), bool), 0
-        if lost:
-            trained, dropped_keys = judge_mask(
-                episode_ids.tolist(), list(zip(group_ids.tolist(), role_ids.tolist())), lost
-            )
         metrics = rollout_metrics(episodes, gens, scores, unscored=lost)
         metrics.update(judge_metrics(episodes, trained, dropped_keys, cfg.mask_judge_failures))
         if _rows_all_processes(len(gens)) == 0:
