@@ -1,5 +1,6 @@
 """Shared pieces for the rollout tests: a demo tokenizer trained on demo-task conversations, the real
-Qwen3ChatCodec, a scripted policy client, and texts that replay a task's reference conversation."""
+Qwen3ChatCodec, a scripted policy client, texts that replay a task's reference conversation, a one-turn checklist
+record, and a Trainer stand-in that records what the RL step asks it to update on."""
 
 from __future__ import annotations
 
@@ -217,3 +218,48 @@ class FirstActScriptedStreaming(FirstActScripted):
         if self.inner.open_requests:
             done += [(self._inner_ticket.pop(t), r, o) for t, r, o in self.inner.step()]
         return done
+
+
+def one_turn_record(uid: str, user: str = "Hi?", *, question: str = "q", rule: dict | None = None) -> dict:
+    """A task of one user turn and one checklist item on the reply (with a rule the rule judge checks it)."""
+    item = {
+        "question": question,
+        "focus_on": "assistant.content.user_visible_reply",
+        "pass_condition": "p",
+        "failure_examples": [],
+        "evidence": [],
+        "weight": 1.0,
+        "required_for_next_turn": False,
+    }
+    if rule is not None:
+        item["rule"] = rule
+    msg = {"role": "user", "content": user}
+    return {
+        "uid": uid,
+        "messages": [{"role": "system", "content": "Be brief."}, msg],
+        "tools": [],
+        "reference_messages": [msg, {"role": "assistant", "content": "Hello."}],
+        "checklist": [[[item]]],
+    }
+
+
+class RecordingTrainer:
+    """What RLStep needs of a Trainer; keeps every batch it is asked to update on, trains nothing."""
+
+    step = 0
+
+    def __init__(self):
+        from envace_jax.config import LossConfig
+
+        self.loss_cfg = LossConfig()
+        self.batches, self.kwargs = [], []
+
+    def compute_logprobs(self, batch):
+        import numpy as np
+
+        return np.zeros(batch.tokens.shape, np.float32)
+
+    def update(self, batch, kind="rl", **kw):
+        self.batches.append(batch)
+        self.kwargs.append(kw)
+        return {"loss": 0.0}

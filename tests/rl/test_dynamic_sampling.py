@@ -15,7 +15,7 @@ from envace_jax.rl.reward import ChecklistTurnJudge, overlong_penalty
 from envace_jax.rl.rollout import RolloutEngine
 from envace_jax.rl.step import RLStep, row_scores
 from envace_jax.rl.types import ACT, REHEARSE, Generation
-from tests.helpers_rollout import ScriptedClient, codec
+from tests.helpers_rollout import RecordingTrainer, ScriptedClient, codec, one_turn_record
 
 # ---- the overlong penalty: DAPO eq. 13 by hand ---------------------------------------------------------------
 
@@ -78,37 +78,7 @@ PLAN = {
 
 
 def _record(k: int) -> dict:
-    item = {
-        "question": "q",
-        "focus_on": "assistant.content.user_visible_reply",
-        "pass_condition": "p",
-        "failure_examples": [],
-        "evidence": [],
-        "weight": 1.0,
-        "required_for_next_turn": False,
-        "rule": {"type": "reply_contains", "values": ["Hello"]},
-    }
-    return {
-        "uid": f"p{k}",
-        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"task-p{k} hi?"}],
-        "tools": [],
-        "reference_messages": [{"role": "user", "content": "hi?"}, {"role": "assistant", "content": "Hello."}],
-        "checklist": [[[item]]],
-    }
-
-
-class _RecordingTrainer:
-    step = 0
-
-    def __init__(self):
-        self.batches = []
-
-    def compute_logprobs(self, batch):
-        return np.zeros(batch.tokens.shape, np.float32)
-
-    def update(self, batch, kind="rl"):
-        self.batches.append(batch)
-        return {"loss": 0.0}
+    return one_turn_record(f"p{k}", f"task-p{k} hi?", rule={"type": "reply_contains", "values": ["Hello"]})
 
 
 def _step(stream, max_rounds=3, **rl):
@@ -126,16 +96,11 @@ def _step(stream, max_rounds=3, **rl):
         ScriptedClient(c, script),
         ChecklistTurnJudge(RuleJudge()),
     )
-    trainer = _RecordingTrainer()
+    trainer = RecordingTrainer()
     cfg = RLSection(n_rollouts=N, dynamic_sampling=True, dynamic_sampling_max_rounds=max_rounds, **rl)
     batches = iter(stream)
     step = RLStep(cfg, engine, {ACT: trainer, REHEARSE: trainer}, next_records=lambda: next(batches))
     return step, trainer
-
-
-def _trained_uids(trainer):
-    b = trainer.batches[-1]
-    return b, sorted({int(g) for g in b.group_ids[: b.size]})
 
 
 def test_flat_groups_are_replaced_by_fresh_prompts():

@@ -28,6 +28,7 @@ from envace_jax.rl.reward import ChecklistTurnJudge
 from envace_jax.rl.rollout import RolloutEngine
 from envace_jax.rl.step import RLStep
 from envace_jax.rl.types import ACT, REHEARSE
+from tests.helpers_rollout import RecordingTrainer, one_turn_record
 
 
 # ----------------------------------------------------------------------------- the judge server
@@ -144,44 +145,8 @@ def test_mask_drops_keys_left_with_fewer_than_two_judged_episodes():
 # ----------------------------------------------------------------------------- the RL step against the server
 
 
-class RecordingTrainer:
-    """What RLStep needs of a Trainer; keeps every batch it is asked to update on, trains nothing."""
-
-    step = 0
-
-    def __init__(self):
-        from envace_jax.config import LossConfig
-
-        self.loss_cfg = LossConfig()
-        self.batches, self.kwargs = [], []
-
-    def compute_logprobs(self, batch):
-        return np.zeros(batch.tokens.shape, np.float32)
-
-    def update(self, batch, kind="rl", **kw):
-        self.batches.append(batch)
-        self.kwargs.append(kw)
-        return {"loss": 0.0}
-
-
 def record(uid: str) -> dict:
-    item = {
-        "question": "Is it right?",
-        "focus_on": "assistant.content.user_visible_reply",
-        "pass_condition": "p",
-        "failure_examples": [],
-        "evidence": [],
-        "weight": 1.0,
-        "required_for_next_turn": False,
-    }
-    user = {"role": "user", "content": "Hi?"}
-    return {
-        "uid": uid,
-        "messages": [{"role": "system", "content": "Be brief."}, user],
-        "tools": [],
-        "reference_messages": [user, {"role": "assistant", "content": "Hello."}],
-        "checklist": [[[item]]],
-    }
+    return one_turn_record(uid, question="Is it right?")
 
 
 # Episodes 0-3 play prompt p0, 4-7 prompt p1. p0: two judged episodes (1 and 0) and two lost ones;

@@ -119,22 +119,6 @@ def test_shared_prompts_in_the_rollouts_and_the_update_score_what_the_sampler_dr
     assert res.metrics["act/logp_mismatch_sampler_max"] < 1e-5
 
 
-class _RecordingTrainer:
-    """What RLStep needs of a Trainer; records the advantages of each update and trains nothing."""
-
-    step = 0
-
-    def __init__(self):
-        self.advantages = []
-
-    def compute_logprobs(self, batch):
-        return np.zeros(batch.tokens.shape, np.float32)
-
-    def update(self, batch, kind="rl"):
-        self.advantages.append(batch.advantages[: batch.size].copy())
-        return {"loss": 0.0}
-
-
 @pytest.mark.parametrize("penalty", [0.25, 0.0])
 def test_empty_output_penalty_rollout_and_step_together(penalty):
     """Reference spec 4.3: every row of an episode gets the episode's score, and a row whose decoded output
@@ -146,26 +130,10 @@ def test_empty_output_penalty_rollout_and_step_together(penalty):
     from envace_jax.rl.judges import RuleJudge
     from envace_jax.rl.reward import ChecklistTurnJudge
     from envace_jax.rl.rollout import RolloutEngine
-    from tests.helpers_rollout import ScriptedClient, codec
+    from tests.helpers_rollout import RecordingTrainer, ScriptedClient, codec, one_turn_record
 
     c = codec()
-    item = {
-        "question": "q",
-        "focus_on": "assistant.content.user_visible_reply",
-        "pass_condition": "p",
-        "failure_examples": [],
-        "evidence": [],
-        "weight": 1.0,
-        "required_for_next_turn": False,
-        "rule": {"type": "reply_contains", "values": [""]},
-    }
-    rec = {
-        "uid": "p0",
-        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}],
-        "tools": [],
-        "reference_messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}],
-        "checklist": [[[item]]],
-    }
+    rec = one_turn_record("p0", rule={"type": "reply_contains", "values": [""]})
     client = ScriptedClient(c, acts={0: [""], 1: ["<think>\nhi\n</think>\n\nHello."]})
     sampling = RoleSampling(temperature=1.0, max_new_tokens=64)
     engine = RolloutEngine(
@@ -174,11 +142,12 @@ def test_empty_output_penalty_rollout_and_step_together(penalty):
         client,
         ChecklistTurnJudge(RuleJudge()),
     )
-    trainer = _RecordingTrainer()
+    trainer = RecordingTrainer()
     step = RLStep(RLSection(n_rollouts=2, empty_output_penalty=penalty), engine, {ACT: trainer, REHEARSE: trainer})
     res = step([rec], 0)
     gens = [g for e in res.episodes for g in e.generations]
     assert [e.score for e in res.episodes] == [1.0, 1.0]
     assert gens[0].text == "" and gens[0].gen_ids == [c.renderer.im_end_id] and gens[1].text.endswith("Hello.")
-    np.testing.assert_allclose(trainer.advantages[-1], [-penalty / 2, penalty / 2], atol=1e-7)
+    b = trainer.batches[-1]
+    np.testing.assert_allclose(b.advantages[: b.size], [-penalty / 2, penalty / 2], atol=1e-7)
     assert res.metrics["act/reward_mean"] == pytest.approx(1.0 - penalty / 2)
