@@ -11,19 +11,13 @@ import sys
 import pytest
 
 from envace_jax.demo import report
-from tests.helpers_paths import ROOT
+from tests.helpers_paths import ROOT, demo_env
 
 
 @pytest.fixture(scope="module")
 def reduced_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("demo") / "run"
-    env = dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        TOKENIZERS_PARALLELISM="false",
-        ENVACE_JAX_CACHE=os.path.join(ROOT, "runs", ".jax_cache_test"),
-        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    )
+    env = demo_env()
     proc = subprocess.run(
         [
             sys.executable,
@@ -318,13 +312,7 @@ def base_run(tmp_path_factory):
     """`make pretrain` at its tiny preset, then the reduced demo from that base (the default's path)."""
     root = tmp_path_factory.mktemp("demo_base")
     base_dir, run_dir = root / "base", root / "run"
-    env = dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        TOKENIZERS_PARALLELISM="false",
-        ENVACE_JAX_CACHE=os.path.join(ROOT, "runs", ".jax_cache_test"),
-        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    )
+    env = demo_env()
     proc = subprocess.run(
         [
             sys.executable,

@@ -12,7 +12,7 @@ import pytest
 
 from envace_jax.config import base_config, config_from_file, load_config
 from envace_jax.rl.recipes import ALGORITHMS, apply_to_config, recipe
-from tests.helpers_paths import ROOT
+from tests.helpers_paths import ROOT, demo_env
 
 
 def test_each_recipe_sets_its_papers_knobs():
@@ -59,13 +59,7 @@ def test_config_files(name):
 def test_the_demo_puts_objectives_side_by_side(tmp_path):
     """launch/demo.py --compare_algorithms: each objective's RL from the same start, one table with a row per
     objective and the paired comparisons against the start and against GRPO; DAPO's row counts its extra rollouts."""
-    env = dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        TOKENIZERS_PARALLELISM="false",
-        ENVACE_JAX_CACHE=os.path.join(ROOT, "runs", ".jax_cache_test"),
-        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    )
+    env = demo_env()
     run_dir = tmp_path / "alg"
     cmd = [
         sys.executable,
