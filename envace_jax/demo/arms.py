@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import json
+import os
+from typing import Any, Mapping, Sequence
 
 from envace_jax.eval import paired
+from envace_jax.eval.results import nan_to_none
 
 START, RL, MORE_SFT = "before", "after", "more_sft"
 COMPARE_MODES = ("real", "simulator", "noshare", "rehearsal")
@@ -78,3 +81,18 @@ def paired_section(
         return "", []
     text = paired.markdown_table([paired.paired_row(label, r) for label, r in results])
     return text + "\n\n" + paired.PAIRED_NOTE, [dict(r.as_dict(), label=label) for label, r in results]
+
+
+def write_comparison(run_dir: str, stem: str, title: str, text: str, paired_text: str, out: dict[str, Any]) -> None:
+    """``<stem>.md`` (``title``, the table ``text``, the paired table) and ``<stem>.json`` (``out``) in ``run_dir``;
+    ``out["table"]`` becomes the two tables as printed."""
+    with open(os.path.join(run_dir, f"{stem}.md"), "w") as f:
+        f.write(
+            f"# {title}\n\n"
+            + text
+            + "\n"
+            + (f"\nPaired comparisons on the same test tasks (A - B):\n\n{paired_text}\n" if paired_text else "")
+        )
+    with open(os.path.join(run_dir, f"{stem}.json"), "w") as f:
+        json.dump(nan_to_none(out), f, indent=1, allow_nan=False)
+    out["table"] = text + ("\n\n" + paired_text if paired_text else "")

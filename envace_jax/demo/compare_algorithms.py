@@ -6,8 +6,6 @@ and against GRPO."""
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Sequence
 
 from envace_jax.config import ConfigError
@@ -15,7 +13,6 @@ from envace_jax.demo import arms
 from envace_jax.demo import report as rep
 from envace_jax.demo.config import DemoConfig
 from envace_jax.demo.pipeline import Demo
-from envace_jax.eval.results import nan_to_none
 from envace_jax.rl.recipes import ALGORITHMS
 
 LABELS = rep.ALGORITHM_LABELS
@@ -74,15 +71,9 @@ def run_compare_algorithms(
     header = ["objective", "prompts rolled out", "RL wall s", "real success", "95% CI", "score"]
     text = rep.table(rows, header)
     paired_text, out["paired"] = arms.paired_section(d.outcomes, algorithm_pairs(algorithms))
-    with open(os.path.join(run_dir, "algorithms.md"), "w") as f:
-        f.write(
-            f"# RL objectives from one start ({cfg.eval_split} split, {len(d.eval_tasks)} real-tool episodes, "
-            f"{cfg.rl_steps} RL steps each, mode {cfg.rl_mode})\n\n"
-            + text
-            + "\n"
-            + (f"\nPaired comparisons on the same test tasks (A - B):\n\n{paired_text}\n" if paired_text else "")
-        )
-    with open(os.path.join(run_dir, "algorithms.json"), "w") as f:
-        json.dump(nan_to_none(out), f, indent=1, allow_nan=False)
-    out["table"] = text + ("\n\n" + paired_text if paired_text else "")
+    title = (
+        f"RL objectives from one start ({cfg.eval_split} split, {len(d.eval_tasks)} real-tool episodes, "
+        f"{cfg.rl_steps} RL steps each, mode {cfg.rl_mode})"
+    )
+    arms.write_comparison(run_dir, "algorithms", title, text, paired_text, out)
     return out

@@ -480,16 +480,8 @@ def run_compare(
     )
     text = rep.table(rows, header)
     paired_text, out["paired"] = arms.paired_section(d.outcomes, arms.COMPARE_PAIRS)
-    with open(os.path.join(run_dir, "compare.md"), "w") as f:
-        f.write(
-            f"# RL modes from one start ({cfg.eval_split} split, {len(d.eval_tasks)} real-tool episodes)\n\n"
-            + text
-            + "\n"
-            + (f"\nPaired comparisons on the same test tasks (A - B):\n\n{paired_text}\n" if paired_text else "")
-        )
-    with open(os.path.join(run_dir, "compare.json"), "w") as f:
-        json.dump(nan_to_none(out), f, indent=1, allow_nan=False)
-    out["table"] = text + ("\n\n" + paired_text if paired_text else "")
+    title = f"RL modes from one start ({cfg.eval_split} split, {len(d.eval_tasks)} real-tool episodes)"
+    arms.write_comparison(run_dir, "compare", title, text, paired_text, out)
     return out
 
 
