@@ -8,8 +8,8 @@ machinery in ``config.rules``, the ConfigDict conversion in ``config.convert``; 
 classes that use a knob (the trainer's ``OptimConfig``/``LossConfig``, the rollout engine's
 ``RolloutConfig``, the HTTP judge's ``HttpJudgeConfig``, the RL step's ``RLSection``) import it from here.
 There is one validation path: each dataclass checks its own fields when it is built (``__post_init__``),
-whether from a config file or in code, and ``load_config`` only adds the dotted name of the field (``config.optim.lr``) to the
-message, so a typo in a launch command fails before any device work starts.
+whether from a config file or in code, and ``load_config`` only adds the dotted name of the field
+(``config.optim.lr``) to the message, so a typo in a launch command fails before any device work starts.
 
 This package imports neither jax nor the model: reading a config file is cheap.
 """
