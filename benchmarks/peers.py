@@ -17,6 +17,9 @@ lengths, temperature, learning rate and AdamW settings (a JSON spec per worker).
 its own process and, for the peers, its own virtual environment (``make bench-peers`` creates them under
 ``.cache/peers/``): ``peer_workers/ours_grpo.py``, ``tunix_grpo.py`` (Tunix's ``GRPOLearner``) and
 ``trl_grpo.py`` (TRL's ``GRPOTrainer``); their docstrings say exactly which API and settings each uses.
+Ours runs as three arms: ``ours`` (tuned: one micro-batch, pi_old's log-probs from the update's pass),
+``ours-defaults`` (the iteration written with the public classes and nothing but their defaults) and
+``ours-plain`` (every row computes its prompt, as the peers do).
 ``--frameworks`` lists arms: a framework, or ``framework@threads`` for a thread count of its own (``trl@1``:
 torch on one thread; ``ours@1``, ``tunix@1``: XLA on one thread); ``--threads`` is everyone else's.
 A worker runs ``--warmup`` iterations (compilation; not counted), then ``--iters`` timed ones, and prints
@@ -26,7 +29,8 @@ one ``PEER_RESULT`` JSON line. Workers run one at a time (the 0.6B shape needs ~
 It prints, per shape, one table: median seconds per iteration, its sampling and update parts (update =
 iteration - sampling: reward, advantages, the loss's forward and backward and the optimizer step),
 generated tokens per second of the whole iteration and of sampling alone, and ours against each peer
-(peer seconds / our seconds: above 1, ours is faster). All results also go to ``--out`` as JSON.
+(peer seconds / our seconds: above 1, ours is faster; against ``ours-defaults`` too when that arm ran).
+All results also go to ``--out`` as JSON.
 On a shared machine read the ratios, not the seconds; the table's CPU column (process CPU seconds per
 wall second) shows how many cores a worker actually had.
 """
@@ -49,11 +53,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(REPO, "benchmarks", "peer_workers")
 # "ours-plain": ours with every row's prompt computed per row in the update (no rl.prefix_plan), for the
 # side-by-side effect of sharing the group's prompt; "ours" is the library's fast path.
-FRAMEWORKS = ("ours", "ours-plain", "tunix", "trl")
+FRAMEWORKS = ("ours", "ours-plain", "ours-defaults", "tunix", "trl")
 # TRL twice: on 2 torch threads, and on 1, which a 2-core machine shared with other jobs favours by far
 # (OpenMP's threads wait on each other when the box is oversubscribed; see docs/performance.md).
-DEFAULT_ARMS = ("ours", "tunix", "trl", "trl@1")
-WORKER_SCRIPT = {"ours": "ours_grpo.py", "ours-plain": "ours_grpo.py", "tunix": "tunix_grpo.py", "trl": "trl_grpo.py"}
+DEFAULT_ARMS = ("ours", "ours-defaults", "tunix", "trl", "trl@1")
+WORKER_SCRIPT = {fw: "ours_grpo.py" for fw in ("ours", "ours-plain", "ours-defaults")}
+WORKER_SCRIPT |= {"tunix": "tunix_grpo.py", "trl": "trl_grpo.py"}
 PEERS_DIR = os.path.join(REPO, ".cache", "peers")
 DEFAULT_PYTHON = {
     "tunix": os.path.join(PEERS_DIR, "tunix", "bin", "python"),
@@ -206,7 +211,9 @@ def summarize(pooled: dict[str, dict[str, list[float]]], rows: int, new_tokens: 
     ``tok_s``: generated tokens (``rows * new_tokens``) per median iteration second; ``sample_tok_s``: the
     same per median sampling second. ``update_s`` is the median of (iteration - sampling) per iteration.
     ``vs_ours`` / ``vs_ours_sampling``: this framework's median seconds / ours (above 1: ours is faster);
-    None when ours did not run. ``cores``: median CPU seconds per wall second of an iteration."""
+    None when ours did not run. ``vs_defaults``: the same against ``ours-defaults`` (the iteration written
+    with the public classes' defaults), None when it did not run. ``cores``: median CPU seconds per wall
+    second of an iteration."""
     table = []
     for fw, d in pooled.items():
         if not d["iter_s"]:
@@ -227,9 +234,11 @@ def summarize(pooled: dict[str, dict[str, list[float]]], rows: int, new_tokens: 
             }
         )
     ours = next((r for r in table if r["framework"].partition("@")[0] == "ours"), None)
+    defaults = next((r for r in table if r["framework"].partition("@")[0] == "ours-defaults"), None)
     for r in table:
         r["vs_ours"] = None if ours is None else r["iter_s"] / ours["iter_s"]
         r["vs_ours_sampling"] = None if ours is None else r["sample_s"] / ours["sample_s"]
+        r["vs_defaults"] = None if defaults is None else r["iter_s"] / defaults["iter_s"]
     return table
 
 
@@ -237,15 +246,20 @@ def markdown(shape: str, table: list[dict[str, Any]], rows: int, prompt_len: int
     def x(v):
         return "-" if v is None else f"{v:.2f}x"
 
+    # the column against ours-defaults only when that arm ran
+    with_defaults = any(r.get("vs_defaults") is not None for r in table)
+    extra = " peer s / ours-defaults (iteration) |" if with_defaults else ""
     head = (
         f"{shape}: {rows} rows, {prompt_len} prompt + {new_tokens} new tokens\n\n"
         "| framework | s / iteration | sampling s | update s | tokens/s (iteration) | tokens/s (sampling) "
-        "| peer s / ours (iteration) | peer s / ours (sampling) | cores used | iterations |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
+        f"| peer s / ours (iteration) | peer s / ours (sampling) |{extra} cores used | iterations |\n"
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if with_defaults else "") + "\n"
     )
     body = "".join(
         f"| {r['framework']} | {r['iter_s']:.3f} | {r['sample_s']:.3f} | {r['update_s']:.3f} | {r['tok_s']:.0f} "
-        f"| {r['sample_tok_s']:.0f} | {x(r['vs_ours'])} | {x(r['vs_ours_sampling'])} | {r['cores']:.2f} | {r['n']} |\n"
+        f"| {r['sample_tok_s']:.0f} | {x(r['vs_ours'])} | {x(r['vs_ours_sampling'])} |"
+        + (f" {x(r['vs_defaults'])} |" if with_defaults else "")
+        + f" {r['cores']:.2f} | {r['n']} |\n"
         for r in table
     )
     return head + body
@@ -294,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         parsed = {arm: parse_arm(arm) for arm in arms}
     except ValueError as e:
         ap.error(f"--frameworks: {e}")
-    python = {"ours": sys.executable, "ours-plain": sys.executable, "tunix": args.tunix_python, "trl": args.trl_python}
+    python = {o: sys.executable for o in ("ours", "ours-plain", "ours-defaults")}
+    python |= {"tunix": args.tunix_python, "trl": args.trl_python}
     for f in {fw for fw, _ in parsed.values()}:
         if not os.access(python[f], os.X_OK):
             ap.error(f"{f}: no Python at {python[f]}; `make bench-peers` creates the peers' venvs")

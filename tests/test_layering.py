@@ -3,7 +3,7 @@
 The layers, lowest first (a module may import from its own layer and from any layer before it):
 
     host      config/, metrics.py, host_memory.py,         plain Python: never jax, flax, optax or orbax;
-              model_sizes.py, _lazy.py
+              model_sizes.py, fast_defaults.py, _lazy.py
     chat      chat/                                          within the host tier chat renders and parses text,
     envs      envs/                                          envs execute tools (their schemas use chat's types),
     data      data/                                          data builds tasks and records from both
@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "envace_jax.metrics",
             "envace_jax.host_memory",
             "envace_jax.model_sizes",
+            "envace_jax.fast_defaults",
             "envace_jax._lazy",
         ),
     ),

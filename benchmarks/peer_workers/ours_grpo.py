@@ -11,6 +11,9 @@ The 4 rows of a group begin with the same prompt. As framework ``"ours"`` the sa
 into its cache once (``Sampler(share_prompts=True)``) and the update runs those tokens once per group
 (``Trainer(share_prefixes=True)``, ``rl.share_prompt_prefixes`` in a config); both give the same tokens and
 log-probs up to float32 summation order. As ``"ours-plain"`` both run them once per row, as the peers do.
+As ``"ours-defaults"`` the iteration is what a user writes with the public classes and their defaults only:
+``Sampler(model, seed=...)``, ``build_batch(gens, adv, group_ids, max_len=...)``, ``Trainer(model, optim, loss)``
+(its default micro-batch) and ``trainer.update(batch)`` (pi_old's log-probs are the sampler's).
 
 Rows are padded as the peers pad them, to their own length (every completion runs to ``new_tokens``): the
 batch's bucket is a multiple of ``LENGTH_MULTIPLE`` = 16 tokens (``rl.length_multiple=16`` in a config).
@@ -57,6 +60,9 @@ def build(spec):
         grad_clip=a["grad_clip"],
     )
     loss = LossConfig(clip_low=spec["clip_eps"], clip_high=spec["clip_eps"], dual_clip=None, kl_coef=0.0)
+    if spec["framework"] == "ours-defaults":  # nothing beyond what the iteration itself must say
+        trainer = Trainer(model, optim, loss)
+        return model, trainer, Sampler(model, seed=int(spec["seed"]))
     rows = len(spec["prompts"]) * int(spec["group_size"])
     micro = int(spec.get("micro_batch_rows") or rows)
     # "ours": the rows of a group share their prompt, written once by the sampler and computed once in
@@ -86,6 +92,10 @@ def iteration(spec, sampler, trainer, it: int, clock: pc.IterationClock) -> floa
         for i, (p, t, lp, r, g) in enumerate(zip(prompts, out.tokens, out.logprobs, out.finish_reasons, group_ids))
     ]
     width = len(prompts[0]) + int(spec["new_tokens"])
+    if spec["framework"] == "ours-defaults":
+        batch = build_batch(gens, adv, group_ids, max_len=width)
+        trainer.update(batch)  # returns host floats: the step has finished
+        return float(scores.mean())
     batch = build_batch(gens, adv, group_ids, max_len=width, length_multiple=LENGTH_MULTIPLE)
     if batch.tokens.shape[1] != -(-width // LENGTH_MULTIPLE) * LENGTH_MULTIPLE:
         raise RuntimeError(f"ours: rows padded to {batch.tokens.shape[1]} tokens for {width}-token rows")

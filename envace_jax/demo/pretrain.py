@@ -441,7 +441,10 @@ def run_pretrain(
         weight_decay=0.0,
         grad_clip=1.0,
     )
-    trainer = Trainer(model, optim, LossConfig(), micro_batch_size=cfg.micro_batch_size, pad_micro_batches=True)
+    # share_prefixes off: the recorded pretraining runs computed every row's tokens (same numbers up to float order)
+    trainer = Trainer(
+        model, optim, LossConfig(), micro_batch_size=cfg.micro_batch_size, pad_micro_batches=True, share_prefixes=False
+    )
     ckpt_dir = os.path.abspath(os.path.join(out_dir, "checkpoints"))
     batches = _Batches(cfg, groups, model, codec, demos, demo_cfg, out_dir, log)
     curve = _Curve(os.path.join(out_dir, "curve.jsonl"))

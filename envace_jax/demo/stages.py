@@ -102,7 +102,10 @@ def make_trainer(model, cfg: DemoConfig, lr: float, warmup: int, *, rl: bool = F
     knobs, so the RL trainer's replay batches are the same under every algorithm)."""
     optim = OptimConfig(lr=lr, schedule="constant", warmup_steps=warmup, weight_decay=0.0, grad_clip=1.0)
     loss = LossConfig(**rl_recipe(cfg).loss) if rl else LossConfig()
-    return Trainer(model, optim, loss, micro_batch_size=cfg.micro_batch_size, pad_micro_batches=True)
+    # share_prefixes off, as the demo's recorded runs were made (a shared prefix changes float32 summation order)
+    return Trainer(
+        model, optim, loss, micro_batch_size=cfg.micro_batch_size, pad_micro_batches=True, share_prefixes=False
+    )
 
 
 # ----------------------------------------------------------------------------- SFT
@@ -193,12 +196,13 @@ def make_client(model, codec, cfg: DemoConfig | None = None, slots: int | None =
             model,
             cache_size=cfg.max_model_len + max(cfg.act_max_new_tokens, cfg.rehearse_max_new_tokens),
             programs_of=programs_of,
+            share_prompts=False,  # as the demo's recorded runs were made
             **SAMPLER_BUCKETS,
         )
         return RollingSamplerClient(
             sampler, codec.stop_token_ids, slots=slots or cfg.rolling_slots, eager_refill=cfg.rolling_eager_refill
         )
-    sampler = Sampler(model, programs_of=programs_of, **SAMPLER_BUCKETS)
+    sampler = Sampler(model, programs_of=programs_of, share_prompts=False, **SAMPLER_BUCKETS)
     return SamplerClient(sampler, stop_token_ids=codec.stop_token_ids)
 
 

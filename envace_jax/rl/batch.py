@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from envace_jax import fast_defaults
 from envace_jax.rl.types import Generation
 
 
@@ -112,7 +113,7 @@ def build_batch(
     *,
     max_len: int,
     pad_id: int = 0,
-    length_multiple: int = 64,
+    length_multiple: int | None = None,
     batch_multiple: int = 1,
     trained: Sequence[bool] | np.ndarray | None = None,
 ) -> TrainBatch:
@@ -120,6 +121,8 @@ def build_batch(
 
     Each row is scored at its own sampling temperature (``Generation.temperature``); a greedy row
     (temperature 0) is scored at 1, the temperature its sampler log-probs were taken at (``sampling.ops``).
+    Rows are padded to a multiple of ``length_multiple`` tokens (default 16, ``envace_jax.fast_defaults``:
+    a smaller multiple trains fewer padded positions and compiles more widths when lengths vary).
     Padding rows added to reach ``batch_multiple`` carry zero loss weight. ``trained`` (one bool per
     generation, default all True): rows marked False stay in the batch with zero loss weight on every
     token (the RL step's rows of episodes that lost their judge).
@@ -150,6 +153,8 @@ def build_batch(
             truncated += 1
         seqs.append(prompt + list(g.gen_ids))
         starts.append(len(prompt))
+    if length_multiple is None:
+        length_multiple = fast_defaults.length_multiple()
     L = row_width(max(len(s) for s in seqs), max_len, length_multiple)
     B = -(-len(gens) // batch_multiple) * batch_multiple
     tokens = np.full((B, L), pad_id, np.int32)

@@ -28,6 +28,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from envace_jax import fast_defaults
 from envace_jax import sharding as shd
 from envace_jax.config import LossConfig, OptimConfig  # defined with every other knob
 from envace_jax.rl import loss as loss_lib
@@ -62,7 +63,7 @@ class Trainer:
         ref_model: nnx.Module | None = None,
         pad_micro_batches: bool = False,
         gather_trained: bool = True,
-        share_prefixes: bool = False,
+        share_prefixes: bool | None = None,
     ):
         """``pad_micro_batches``: fill a short last micro-batch with zero-weight rows, so batches of any
         row count reuse one compiled program per width (several processes always pad, in lockstep).
@@ -72,7 +73,8 @@ class Trainer:
         ``share_prefixes``: run the tokens that the rows of a GRPO group share (their prompt) through the
         model once per micro-batch instead of once per row (``rl.prefix_plan``,
         ``Qwen3.final_hidden_shared``), when that saves at least a tenth of the positions; the same
-        log-probs up to float32 summation order. On one device only (no mesh, or a mesh of one)."""
+        log-probs up to float32 summation order. On one device only (no mesh, or a mesh of one); the default
+        (None) is on there (``envace_jax.fast_defaults``)."""
         if loss.entropy_coef:
             # The fused vocabulary head returns log-probs only; an entropy bonus set here would silently
             # not be applied.
@@ -83,7 +85,7 @@ class Trainer:
         self.model, self.optim_cfg, self.loss_cfg = model, optim, loss
         self.pad_micro_batches = bool(pad_micro_batches)
         self.gather_trained = bool(gather_trained)
-        self.share_prefixes = bool(share_prefixes)
+        self.share_prefixes = fast_defaults.share_repeated_prompts(share_prefixes, mesh)
         if self.share_prefixes and mesh is not None and mesh.size > 1:
             raise ValueError(f"share_prefixes runs on one device, not on a mesh of {mesh.size} devices")
         self.micro_batch_size = int(micro_batch_size)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from envace_jax import jit_maps
+from envace_jax import fast_defaults, jit_maps
 from envace_jax import sharding as shd
 from envace_jax.models import qwen3
 from envace_jax.sampling.loop import SamplerPrograms, unusable_donations_ok
@@ -63,7 +63,8 @@ class Sampler:
       share_prompts: a ``generate`` call whose rows repeat a prompt (a GRPO group: ``n`` completions of
         each prompt) writes each distinct prompt into the cache once, then copies its cache rows and
         next-token logits to the rows that repeat it; every row still samples with its own seed.
-        Same tokens as writing every row, up to float32 summation order. On one device only.
+        Same tokens as writing every row, up to float32 summation order. On one device only. Default
+        (None): on without a mesh or on a mesh of one device (``envace_jax.fast_defaults``).
     """
 
     def __init__(
@@ -84,7 +85,7 @@ class Sampler:
         compiler_options: Mapping[str, Any] | None = None,
         prepare_weights: bool | None = None,
         fuse_projections: bool | None = None,
-        share_prompts: bool = False,
+        share_prompts: bool | None = None,
         programs_of: "Sampler | None" = None,
     ):
         if not isinstance(model, qwen3.Qwen3):
@@ -103,6 +104,7 @@ class Sampler:
         self.k_max = int(k_max)
         self.split_prefill, self.split_min_rows = bool(split_prefill), int(split_min_rows)
         self.mesh = mesh if mesh is not None else model.mesh
+        share_prompts = fast_defaults.share_repeated_prompts(share_prompts, self.mesh)
         if share_prompts and self.mesh is not None and self.mesh.size > 1:
             # The distinct prompts' batch is any size: it would not split over a mesh's batch axis.
             raise ValueError(f"Sampler(share_prompts=True) runs on one device, not on a mesh of {self.mesh.size}")

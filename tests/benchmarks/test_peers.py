@@ -106,6 +106,14 @@ def test_table_maths_by_hand():
     assert trl["vs_ours"] == 2.0 and trl["vs_ours_sampling"] == pytest.approx(5.0)
     md = peers.markdown("demo", list(table.values()), 32, 32, 64)
     assert "| trl | 4.000 | 3.000 | 1.000 | 512 | 683 | 2.00x | 5.00x | 1.00 | 1 |" in md
+    assert "ours-defaults" not in md and trl["vs_defaults"] is None
+    # With the arm of the public classes' defaults, a column against it too.
+    pooled["ours-defaults"] = {"iter_s": [0.5], "sample_s": [0.25], "cpu_s": [0.5]}
+    table = {r["framework"]: r for r in peers.summarize(pooled, rows=32, new_tokens=64)}
+    assert table["trl"]["vs_defaults"] == 8.0 and table["ours"]["vs_defaults"] == 4.0
+    md = peers.markdown("demo", list(table.values()), 32, 32, 64)
+    assert "| trl | 4.000 | 3.000 | 1.000 | 512 | 683 | 2.00x | 5.00x | 8.00x | 1.00 | 1 |" in md
+    assert "| ours-defaults | 0.500 | 0.250 | 0.250 | 4096 | 8192 | 0.25x | 0.42x | 1.00x | 1.00 | 1 |" in md
     # Without our row there is nothing to compare with.
     alone = peers.summarize({"trl": pooled["trl"]}, rows=32, new_tokens=64)
     assert alone[0]["vs_ours"] is None and "| - | - |" in peers.markdown("demo", alone, 32, 32, 64)
@@ -127,9 +135,10 @@ def _check_result(res, spec):
 
 
 @pytest.mark.slow
-def test_our_worker_runs_one_grpo_iteration(demo_checkpoint):
-    spec = peers.make_spec("ours", "demo", demo_checkpoint, _args())
-    _check_result(peers.run_worker("ours", sys.executable, spec, timeout=600), spec)
+@pytest.mark.parametrize("framework", ["ours", "ours-defaults"])
+def test_our_worker_runs_one_grpo_iteration(framework, demo_checkpoint):
+    spec = peers.make_spec(framework, "demo", demo_checkpoint, _args())
+    _check_result(peers.run_worker(framework, sys.executable, spec, timeout=600), spec)
 
 
 def test_a_failing_worker_reports_its_error(tmp_path):

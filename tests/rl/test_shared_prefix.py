@@ -118,10 +118,16 @@ def test_shared_prefixes_run_on_one_device_only():
     from envace_jax import sharding as shd
 
     batch = _batch(seed=3, groups=(4, 4), prompt_lens=(24, 18), max_new=6)
-    plain = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)), micro_batch_size=8).compute_logprobs(batch)
-    on_mesh = Trainer(
-        qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)), micro_batch_size=8, mesh=shd.make_mesh(1, 1, 1), share_prefixes=True
+    plain = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)), micro_batch_size=8, share_prefixes=False)
+    on_mesh = Trainer(qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)), micro_batch_size=8, mesh=shd.make_mesh(1, 1, 1))
+    assert on_mesh.share_prefixes and not plain.share_prefixes  # the default is on where it applies
+    assert all("full_index" in mb for mb in on_mesh._local_micro_batches(batch))
+    np.testing.assert_allclose(on_mesh.compute_logprobs(batch), plain.compute_logprobs(batch), rtol=1e-5, atol=1e-5)
+    # On two devices the default is off (the rule the Trainer applies; this unsharded model builds no Trainer
+    # on that mesh), an explicit True is refused.
+    out = build_on_two_devices(
+        "from envace_jax import fast_defaults; print('DEFAULT', fast_defaults.share_repeated_prompts(None, mesh)); "
+        "Trainer(model, mesh=mesh, share_prefixes=True)"
     )
-    np.testing.assert_allclose(on_mesh.compute_logprobs(batch), plain, rtol=1e-5, atol=1e-5)
-    out = build_on_two_devices("Trainer(model, mesh=mesh, share_prefixes=True)")
-    assert "REFUSED share_prefixes runs on one device, not on a mesh of 2 devices" in out.stdout, out.stderr[-2000:]
+    assert "DEFAULT False" in out.stdout, out.stderr[-2000:]
+    assert "REFUSED share_prefixes runs on one device, not on a mesh of 2 devices" in out.stdout

@@ -63,7 +63,7 @@ def test_each_row_keeps_its_own_stream(seeded):
         SamplingParams(temperature=1.0, max_new_tokens=NEW, seed=100 + i if seeded else None)
         for i in range(len(prompts))
     ]
-    shared, plain = Sampler(model, seed=5, share_prompts=True), Sampler(model, seed=5)
+    shared, plain = Sampler(model, seed=5, share_prompts=True), Sampler(model, seed=5, share_prompts=False)
     for _ in range(2):  # unseeded rows draw from the sampler's stream: the same in both, call after call
         a, b = shared.generate(prompts, params), plain.generate(prompts, params)
         assert a.tokens == b.tokens
@@ -90,9 +90,15 @@ def test_share_prompts_run_on_one_device_only():
     model = qwen3.Qwen3(CFG, rngs=nnx.Rngs(4))
     prompts, _ = _grouped_prompts(seed=3)
     params = SamplingParams(temperature=1.0, max_new_tokens=NEW, seed=7)
-    on_mesh = Sampler(model, mesh=shd.make_mesh(1, 1, 1), share_prompts=True)
-    assert on_mesh.generate(prompts, params).tokens == Sampler(model).generate(prompts, params).tokens
-    out = build_on_two_devices("Sampler(model, mesh=mesh, share_prompts=True)")
-    assert "REFUSED Sampler(share_prompts=True) runs on one device, not on a mesh of 2" in out.stdout, out.stderr[
-        -2000:
-    ]
+    on_mesh = Sampler(model, mesh=shd.make_mesh(1, 1, 1))
+    assert on_mesh.share_prompts  # the default is on where it applies
+    plain = Sampler(model, share_prompts=False)
+    assert on_mesh.generate(prompts, params).tokens == plain.generate(prompts, params).tokens
+    # On two devices the default is off (the rule the Sampler applies; the helper's one-axis mesh builds no
+    # Sampler), an explicit True is refused.
+    out = build_on_two_devices(
+        "from envace_jax import fast_defaults; print('DEFAULT', fast_defaults.share_repeated_prompts(None, mesh)); "
+        "Sampler(model, mesh=mesh, share_prompts=True)"
+    )
+    assert "DEFAULT False" in out.stdout, out.stderr[-2000:]
+    assert "REFUSED Sampler(share_prompts=True) runs on one device, not on a mesh of 2" in out.stdout
