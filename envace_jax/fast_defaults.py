@@ -15,9 +15,11 @@ Three defaults of the GRPO iteration written with the public classes (``Sampler`
   share nothing run as before.
 
 ``ENVACE_JAX_REPLAY_DEFAULTS=1`` in the environment (read at each call, so a script needs no edit) brings
-back the earlier defaults: 64-token buckets, nothing shared. The config-driven loop (``launch/train.py``,
-``launch/demo.py``) does not read these defaults: it passes its own settings, so recorded runs of it
-replay bit for bit either way.
+back the earlier defaults: 64-token buckets, nothing shared. The training loops (``launch/train.py``,
+``launch/demo.py``) do not read these defaults: they pass their own settings, so recorded runs of them
+replay bit for bit either way. ``launch/eval.py``'s model policies build a ``Sampler`` with its default (on one
+device, the episodes of one task write their common prompt once); an evaluation recorded before replays
+under the switch.
 """
 
 from __future__ import annotations
