@@ -1,0 +1,217 @@
+"""Qwen3-MoE's sparse MLP block: the router and dropless experts, with one interface and three dispatches.
+
+Routing (as transformers' ``Qwen3MoeTopKRouter``): logits ``h @ W_router`` in the compute dtype, a softmax
+over all experts in float32, the top ``k`` probabilities, divided by their sum when ``norm_topk_prob``.
+Every token reaches its ``k`` experts (dropless, as MaxText's and Tunix's defaults): with a capacity a
+token's output would depend on the rest of the batch, and in RL the sampler's batch is not the update's.
+
+``route`` also takes recorded expert ids (routing replay, issue 51 item 4): the same experts are used, and
+their weights still come from this forward's router probabilities, so the router keeps its gradient.
+
+Expert weights are stacked ``gate``/``up`` ``[E, D, F]`` and ``down`` ``[E, F, D]`` (``[in, out]`` like the
+dense projections). The dispatches compute the same block (``experts``):
+
+- ``"dense"``: every expert on every token, weighted by a ``[T, E]`` matrix that is zero off the top k.
+  E times the work; a reference and the cheapest choice for a handful of experts.
+- ``"ragged"``: the token copies sorted by expert and ``jax.lax.ragged_dot`` over the groups: the grouped
+  matmul MaxText and Tunix run on TPU. XLA CPU expands it into a dense masked product (about E times the
+  work), so it is not the CPU path.
+- ``"blocked"``: the sorted copies padded per expert to blocks of ``block`` rows; a scan runs one
+  ``[block, D] x [D, F]`` product per block with that block's expert's weights, skipping blocks past the
+  last used one. Work ~ (T k + E block) rows instead of T E: the CPU path at many experts.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+DISPATCHES = ("dense", "ragged", "blocked")
+
+
+class Routing(NamedTuple):
+    weights: jax.Array  # float32 [T, k]: each token's weight for each of its experts
+    experts: jax.Array  # int32 [T, k]: the chosen experts, most probable first
+    logits: jax.Array  # float32 [T, E]: the router logits (for the load-balancing loss)
+
+
+def route(h2: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool, replay: jax.Array | None = None):
+    """``Routing`` of tokens ``h2`` ``[T, D]`` under ``router`` ``[D, E]``. ``replay`` (int32 ``[T, k]``):
+    use these experts instead of the top k (routing replay); their weights are this forward's probabilities."""
+    logits = jnp.dot(h2, router.astype(h2.dtype), preferred_element_type=jnp.float32).astype(h2.dtype)
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    if replay is None:
+        weights, experts = jax.lax.top_k(probs, top_k)
+    else:
+        if replay.shape != (h2.shape[0], top_k):
+            raise ValueError(f"routing replay: expert ids {replay.shape}, expected {(h2.shape[0], top_k)}")
+        experts = replay.astype(jnp.int32)
+        weights = jnp.take_along_axis(probs, experts, axis=-1)
+    if norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return Routing(weights, experts.astype(jnp.int32), logits.astype(jnp.float32))
+
+
+def _swiglu(x, gate, up, down):
+    """SwiGLU expert MLP of rows ``x`` ``[M, D]``, accumulated in float32, returned in x's dtype."""
+    g = jnp.dot(x, gate, preferred_element_type=jnp.float32)
+    u = jnp.dot(x, up, preferred_element_type=jnp.float32)
+    a = (jax.nn.silu(g) * u).astype(x.dtype)
+    return jnp.dot(a, down, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def _dense(h2, r: Routing, gate, up, down):
+    E = gate.shape[0]
+    mix = jnp.zeros((h2.shape[0], E), jnp.float32).at[jnp.arange(h2.shape[0])[:, None], r.experts].add(r.weights)
+    each = jax.vmap(lambda g, u, d: _swiglu(h2, g, u, d))(gate, up, down)  # [E, T, D]
+    return jnp.einsum("te,etd->td", mix, each.astype(jnp.float32))
+
+
+def _sorted_copies(r: Routing):
+    """(the token of each copy in expert order, that order, the copies' experts ``[T k]`` in token order)."""
+    k = r.experts.shape[1]
+    flat = r.experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    return order // k, order, flat
+
+
+def _combine(y_sorted, order, r: Routing):
+    """Copies' outputs in expert order ``[T k, D]`` -> the tokens' weighted sums ``[T, D]`` (float32)."""
+    T, k = r.experts.shape
+    y = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
+    return jnp.einsum("tkd,tk->td", y.reshape(T, k, -1).astype(jnp.float32), r.weights)
+
+
+def _ragged(h2, r: Routing, gate, up, down):
+    E = gate.shape[0]
+    token, order, flat = _sorted_copies(r)
+    sizes = jnp.zeros((E,), jnp.int32).at[flat].add(1)
+    x = h2[token]
+    g = jax.lax.ragged_dot(x, gate, sizes, preferred_element_type=jnp.float32)
+    u = jax.lax.ragged_dot(x, up, sizes, preferred_element_type=jnp.float32)
+    a = (jax.nn.silu(g) * u).astype(h2.dtype)
+    y = jax.lax.ragged_dot(a, down, sizes, preferred_element_type=jnp.float32).astype(h2.dtype)
+    return _combine(y, order, r)
+
+
+@jax.custom_vjp
+def _block_matmul(x: jax.Array, w: jax.Array, block_expert: jax.Array, used: jax.Array) -> jax.Array:
+    """``[n, b, K] x [E, K, N] -> [n, b, N]``: block i times its expert's matrix ``w[block_expert[i]]``, float32;
+    zeros for blocks not ``used``. A scan of one product per block; the custom backward is two more scans
+    (the input's gradient block by block, the weights' gradient added in place per block), so neither pass
+    keeps a per-block copy of an expert's weights."""
+    return _block_matmul_fwd(x, w, block_expert, used)[0]
+
+
+def _one_block(xb, wb, u):
+    return jax.lax.cond(
+        u,
+        lambda: jnp.dot(xb, wb, preferred_element_type=jnp.float32),
+        lambda: jnp.zeros((xb.shape[0], wb.shape[1]), jnp.float32),
+    )
+
+
+def _block_matmul_fwd(x, w, block_expert, used):
+    def step(_, xs):
+        xb, e, u = xs
+        return None, _one_block(xb, w[e], u)
+
+    _, y = jax.lax.scan(step, None, (x, block_expert, used))
+    return y, (x, w, block_expert, used)
+
+
+def _block_matmul_bwd(res, dy):
+    x, w, block_expert, used = res
+
+    def step(dw, xs):
+        xb, dyb, e, u = xs
+        dxb = _one_block(dyb.astype(w.dtype), w[e].T, u).astype(x.dtype)
+        # unconditional, so the carry is updated in place (a cond around it would copy all of dw per block);
+        # an unused block's rows are padding, zero in x, so it adds zeros
+        dw = dw.at[e].add(jnp.dot(xb.T, dyb.astype(xb.dtype), preferred_element_type=jnp.float32))
+        return dw, dxb
+
+    dw, dx = jax.lax.scan(step, jnp.zeros(w.shape, jnp.float32), (x, dy, block_expert, used))
+    return dx, dw.astype(w.dtype), None, None
+
+
+_block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
+
+
+def _blocked(h2, r: Routing, gate, up, down, block: int):
+    E, D = gate.shape[0], h2.shape[1]
+    M = r.experts.size
+    token, order, flat = _sorted_copies(r)
+    sizes = jnp.zeros((E,), jnp.int32).at[flat].add(1)
+    padded = (sizes + block - 1) // block * block
+    pad_start = jnp.cumsum(padded) - padded  # each expert's first row in the padded layout
+    start = jnp.cumsum(sizes) - sizes  # ... and in the sorted copies
+    sorted_expert = flat[order]
+    pos = pad_start[sorted_expert] + jnp.arange(M) - start[sorted_expert]  # each sorted copy's padded row
+    n_blocks = -(-(M + E * (block - 1)) // block)  # static bound on the padded rows, in blocks
+    x = jnp.zeros((n_blocks * block, D), h2.dtype).at[pos].set(h2[token]).reshape(n_blocks, block, D)
+    ends = jnp.cumsum(padded)
+    first_row = jnp.arange(n_blocks) * block
+    block_expert = jnp.minimum(jnp.searchsorted(ends, first_row, side="right"), E - 1).astype(jnp.int32)
+    used = first_row < ends[-1]  # blocks past the last expert's group hold only padding
+    g = _block_matmul(x, gate, block_expert, used)
+    u = _block_matmul(x, up, block_expert, used)
+    a = (jax.nn.silu(g) * u).astype(h2.dtype)
+    y = _block_matmul(a, down, block_expert, used).astype(h2.dtype)
+    return _combine(y.reshape(n_blocks * block, D)[pos], order, r)
+
+
+def auto_block(copies: int, num_experts: int) -> int:
+    """The ``blocked`` dispatch's rows per block for ``copies`` = tokens x k: the mean copies per expert, as
+    a power of two in [8, 128]. Each expert's group is padded to whole blocks, so a block much larger than
+    the groups runs mostly padding (64-row blocks at 4 copies an expert: 16x the work) and a much smaller one
+    reads each expert's weights for many small products."""
+    mean = max(copies // max(num_experts, 1), 1)
+    return int(min(128, max(8, 1 << (mean - 1).bit_length())))
+
+
+def experts(
+    h2: jax.Array,
+    r: Routing,
+    gate: jax.Array,
+    up: jax.Array,
+    down: jax.Array,
+    *,
+    dispatch: str = "blocked",
+    block: int | None = None,
+) -> jax.Array:
+    """The experts' weighted output ``[T, D]`` (h2's dtype) for tokens ``h2`` ``[T, D]`` routed by ``r``.
+    ``block``: rows per block of the ``blocked`` dispatch (default ``auto_block``)."""
+    if dispatch == "dense":
+        out = _dense(h2, r, gate, up, down)
+    elif dispatch == "ragged":
+        out = _ragged(h2, r, gate, up, down)
+    elif dispatch == "blocked":
+        block = auto_block(r.experts.size, gate.shape[0]) if block is None else block
+        if block < 1:
+            raise ValueError(f"moe: block={block} must be >= 1")
+        out = _blocked(h2, r, gate, up, down, block)
+    else:
+        raise ValueError(f"moe: dispatch {dispatch!r}; choose from {DISPATCHES}")
+    return out.astype(h2.dtype)
+
+
+def sparse_block(
+    h: jax.Array,
+    router: jax.Array,
+    gate: jax.Array,
+    up: jax.Array,
+    down: jax.Array,
+    *,
+    top_k: int,
+    norm_topk_prob: bool,
+    dispatch: str = "blocked",
+    block: int | None = None,
+    replay: jax.Array | None = None,
+) -> tuple[jax.Array, Routing]:
+    """The whole sparse MLP on ``h`` ``[..., D]``: (output of h's shape, the routing of its flattened tokens)."""
+    h2 = h.reshape(-1, h.shape[-1])
+    r = route(h2, router, top_k, norm_topk_prob, replay)
+    return experts(h2, r, gate, up, down, dispatch=dispatch, block=block).reshape(h.shape), r
