@@ -18,8 +18,8 @@ Three defaults of the GRPO iteration written with the public classes (``Sampler`
 back the earlier defaults: 64-token buckets, nothing shared. The training loops (``launch/train.py``,
 ``launch/demo.py``) do not read these defaults: they pass their own settings, so recorded runs of them
 replay bit for bit either way. ``launch/eval.py``'s model policies build a ``Sampler`` with its default (on one
-device, the episodes of one task write their common prompt once); an evaluation recorded before replays
-under the switch.
+device, a call whose rows repeat a prompt writes it once); an evaluation recorded before replays under the
+switch.
 """
 
 from __future__ import annotations
