@@ -29,15 +29,19 @@ import torch
 from envace_jax.models import moe
 
 
-def _hf_block(weights, top_k, impl: str = "grouped_mm"):
+def hf_block(weights, top_k: int, norm_topk_prob: bool = True, impl: str = "grouped_mm"):
+    """transformers' ``Qwen3MoeSparseMoeBlock`` (float32) holding our ``weights``: router ``[D, E]``, gate/up
+    ``[E, D, F]``, down ``[E, F, D]`` as numpy arrays; transformers holds router ``[E, D]``, ``gate_up_proj``
+    ``[E, 2F, D]`` and ``down_proj`` ``[E, D, F]``. ``norm_topk_prob`` defaults to the released checkpoints'
+    True (the config class defaults to False)."""
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
     router, gate, up, down = weights
     E, D, F = gate.shape
     cfg = Qwen3MoeConfig(
-        hidden_size=D, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=top_k, norm_topk_prob=True
-    )  # norm_topk_prob as in both released checkpoints (the config class defaults to False)
+        hidden_size=D, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=top_k, norm_topk_prob=norm_topk_prob
+    )
     cfg._experts_implementation = impl  # transformers' experts interface: "eager" (a loop over experts), "grouped_mm"
     block = Qwen3MoeSparseMoeBlock(cfg).float()
     with torch.no_grad():
@@ -76,8 +80,8 @@ def main(argv=None) -> int:
         (rng.normal(size=(E, D, F)) * 0.02).astype(np.float32),
         (rng.normal(size=(E, F, D)) * 0.02).astype(np.float32),
     )
-    hf = _hf_block(weights, k, "grouped_mm")
-    hf_eager = _hf_block(weights, k, "eager")
+    hf = hf_block(weights, k, impl="grouped_mm")
+    hf_eager = hf_block(weights, k, impl="eager")
     ours_w = tuple(jnp.asarray(w) for w in weights)
     rows = []
     for T in [int(t) for t in args.tokens.split(",") if t]:

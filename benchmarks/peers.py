@@ -53,12 +53,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(REPO, "benchmarks", "peer_workers")
 # "ours-plain": ours with every row's prompt computed per row in the update (no rl.prefix_plan), for the
 # side-by-side effect of sharing the group's prompt; "ours" is the library's fast path.
-FRAMEWORKS = ("ours", "ours-plain", "ours-defaults", "tunix", "trl")
+OURS = ("ours", "ours-plain", "ours-defaults")  # our arms: one worker script, this interpreter
+FRAMEWORKS = OURS + ("tunix", "trl")
 # TRL twice: on 2 torch threads, and on 1, which a 2-core machine shared with other jobs favours by far
 # (OpenMP's threads wait on each other when the box is oversubscribed; see docs/performance.md).
 DEFAULT_ARMS = ("ours", "ours-defaults", "tunix", "trl", "trl@1")
-WORKER_SCRIPT = {fw: "ours_grpo.py" for fw in ("ours", "ours-plain", "ours-defaults")}
-WORKER_SCRIPT |= {"tunix": "tunix_grpo.py", "trl": "trl_grpo.py"}
+WORKER_SCRIPT = {**{fw: "ours_grpo.py" for fw in OURS}, "tunix": "tunix_grpo.py", "trl": "trl_grpo.py"}
 PEERS_DIR = os.path.join(REPO, ".cache", "peers")
 DEFAULT_PYTHON = {
     "tunix": os.path.join(PEERS_DIR, "tunix", "bin", "python"),
@@ -308,8 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         parsed = {arm: parse_arm(arm) for arm in arms}
     except ValueError as e:
         ap.error(f"--frameworks: {e}")
-    python = {o: sys.executable for o in ("ours", "ours-plain", "ours-defaults")}
-    python |= {"tunix": args.tunix_python, "trl": args.trl_python}
+    python = {**{fw: sys.executable for fw in OURS}, "tunix": args.tunix_python, "trl": args.trl_python}
     for f in {fw for fw, _ in parsed.values()}:
         if not os.access(python[f], os.X_OK):
             ap.error(f"{f}: no Python at {python[f]}; `make bench-peers` creates the peers' venvs")

@@ -69,12 +69,13 @@ def _dense(h2, r: Routing, gate, up, down):
     return jnp.einsum("te,etd->td", mix, each.astype(jnp.float32))
 
 
-def _sorted_copies(r: Routing):
-    """(the token of each copy in expert order, that order, the copies' experts ``[T k]`` in token order)."""
+def _sorted_copies(r: Routing, num_experts: int):
+    """(the token of each copy in expert order, that order, the copies' experts ``[T k]`` in token order,
+    the number of copies of each expert ``[E]``)."""
     k = r.experts.shape[1]
     flat = r.experts.reshape(-1)
     order = jnp.argsort(flat, stable=True)
-    return order // k, order, flat
+    return order // k, order, flat, jnp.zeros((num_experts,), jnp.int32).at[flat].add(1)
 
 
 def _combine(y_sorted, order, r: Routing):
@@ -85,9 +86,7 @@ def _combine(y_sorted, order, r: Routing):
 
 
 def _ragged(h2, r: Routing, gate, up, down):
-    E = gate.shape[0]
-    token, order, flat = _sorted_copies(r)
-    sizes = jnp.zeros((E,), jnp.int32).at[flat].add(1)
+    token, order, _, sizes = _sorted_copies(r, gate.shape[0])
     x = h2[token]
     g = jax.lax.ragged_dot(x, gate, sizes, preferred_element_type=jnp.float32)
     u = jax.lax.ragged_dot(x, up, sizes, preferred_element_type=jnp.float32)
@@ -143,8 +142,7 @@ _block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
 def _blocked(h2, r: Routing, gate, up, down, block: int):
     E, D = gate.shape[0], h2.shape[1]
     M = r.experts.size
-    token, order, flat = _sorted_copies(r)
-    sizes = jnp.zeros((E,), jnp.int32).at[flat].add(1)
+    token, order, flat, sizes = _sorted_copies(r, E)
     padded = (sizes + block - 1) // block * block
     pad_start = jnp.cumsum(padded) - padded  # each expert's first row in the padded layout
     start = jnp.cumsum(sizes) - sizes  # ... and in the sorted copies

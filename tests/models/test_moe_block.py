@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.moe_block import hf_block
 from envace_jax.models import moe
 
 
@@ -40,33 +41,13 @@ def test_routing_by_hand():
     np.testing.assert_allclose(np.asarray(r.weights), [[p[1] / (p[1] + p[2]), p[2] / (p[1] + p[2])]], rtol=1e-6)
 
 
-def _hf_block(weights, top_k, norm_topk_prob):
-    """transformers' Qwen3MoeSparseMoeBlock holding ``weights`` (ours: router [D, E], gate/up [E, D, F], down
-    [E, F, D]; transformers': router [E, D], gate_up [E, 2F, D], down [E, D, F])."""
-    from transformers import Qwen3MoeConfig
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
-
-    router, gate, up, down = weights
-    E, D, F = gate.shape
-    cfg = Qwen3MoeConfig(
-        hidden_size=D, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=top_k, norm_topk_prob=norm_topk_prob
-    )
-    block = Qwen3MoeSparseMoeBlock(cfg).float()
-    with torch.no_grad():
-        block.gate.weight.copy_(torch.from_numpy(router.T.copy()))
-        gate_up = np.concatenate([gate.transpose(0, 2, 1), up.transpose(0, 2, 1)], axis=1)
-        block.experts.gate_up_proj.copy_(torch.from_numpy(gate_up))
-        block.experts.down_proj.copy_(torch.from_numpy(down.transpose(0, 2, 1).copy()))
-    return block
-
-
 @pytest.mark.parametrize("norm_topk_prob", [True, False])
 @pytest.mark.parametrize("dispatch", moe.DISPATCHES)
 def test_block_equals_transformers(dispatch, norm_topk_prob):
     weights = _weights(1)
     h = np.random.default_rng(2).normal(size=(3, 11, 16)).astype(np.float32)  # 33 tokens, 8 experts, top 3
     with torch.no_grad():
-        want = _hf_block(weights, 3, norm_topk_prob)(torch.from_numpy(h)).numpy()
+        want = hf_block(weights, 3, norm_topk_prob, impl="eager")(torch.from_numpy(h)).numpy()
     got, r = moe.sparse_block(
         jnp.asarray(h), *map(jnp.asarray, weights), top_k=3, norm_topk_prob=norm_topk_prob, dispatch=dispatch, block=4
     )
