@@ -39,6 +39,9 @@ TRAIN_RULES: dict[str, tuple[str, ...]] = {
     "head_dim": (),
     "mlp": ("tensor",),
     "norm": (),
+    # Qwen3-MoE's expert axis (models/qwen3_moe.py): replicated here, so experts are split like dense weights
+    # (FSDP over embed, tensor over mlp); EXPERT_PARALLEL_RULES split the experts themselves.
+    "expert": (),
     # activations
     "batch": ("data", "fsdp"),
     # A micro-batch with fewer rows than the fsdp group (the reference trains one 20k-token row at a

@@ -54,7 +54,7 @@ def abstract_model(cfg: qwen3.Qwen3Config, mesh: Mesh, rules: shd.Rules, lora_sp
     (``lora.add_adapters``' keyword arguments) it carries LoRA adapters."""
 
     def build():
-        m = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
+        m = qwen3.model_class(cfg)(cfg, rngs=nnx.Rngs(0))
         return lora.add_adapters(m, **lora_spec) if lora_spec else m
 
     model = nnx.eval_shape(build)

@@ -9,6 +9,9 @@ from typing import Any, Callable, Mapping
 
 from envace_jax.models.numerics import DTYPES
 
+# config.json model types we build: dense Qwen3 (qwen3.Qwen3) and Qwen3-MoE (qwen3_moe.Qwen3Moe)
+MODEL_TYPES = ("qwen3", "qwen3_moe")
+
 # (our Qwen3Config field, its config.json key, the value when the key is absent: _REQUIRED, or a
 # function of the config dict) and the type it is read as.
 _REQUIRED = object()
@@ -42,8 +45,8 @@ _FIXED_HF = {
 
 def check_supported(d: Mapping[str, Any]) -> None:
     model_type = d.get("model_type", "qwen3")
-    if model_type != "qwen3":
-        raise ValueError(f"config.model_type={model_type!r}: only dense 'qwen3' is supported")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"config.model_type={model_type!r}: only {list(MODEL_TYPES)} are supported")
     if d.get("attention_bias", False):
         raise ValueError("config.attention_bias=true is not supported (Qwen3 has no attention biases)")
     act = d.get("hidden_act", "silu")

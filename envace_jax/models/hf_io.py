@@ -157,6 +157,21 @@ def _stacked_builder(shape: tuple[int, ...], dtype: Any, sharding):
     return zeros, write
 
 
+def _layer_slices(reader: "_Reader", m: TensorMap, cfg: qwen3.Qwen3Config, pdt):
+    """One host array per layer of a stacked param, in its order (a per-expert family: that layer's experts
+    read one at a time into one ``[E, ...]`` array)."""
+    for i in m.layers(cfg):
+        if not m.per_expert:
+            yield np.asarray(m.to_ours(reader.read(m.name(i)), cfg), dtype=pdt)
+            continue
+        first = np.asarray(m.to_ours(reader.read(m.name(i, 0)), cfg), dtype=pdt)
+        layer = np.empty((cfg.num_experts, *first.shape), pdt)
+        layer[0] = first
+        for e in range(1, cfg.num_experts):
+            layer[e] = m.to_ours(reader.read(m.name(i, e)), cfg)
+        yield layer
+
+
 def load_hf(
     path: str | os.PathLike,
     dtype: str | None = "float32",
@@ -166,7 +181,8 @@ def load_hf(
     compute_dtype: str | None = None,
     **config_overrides,
 ) -> qwen3.Qwen3:
-    """Builds a Qwen3 from a Hugging Face directory, streaming tensors into their shardings.
+    """Builds a Qwen3 (or, from a ``qwen3_moe`` config.json, a ``qwen3_moe.Qwen3Moe``) from a Hugging Face
+    directory, streaming tensors into their shardings.
 
     Args:
       path: a directory with config.json and model.safetensors (or an index + shards).
@@ -192,7 +208,7 @@ def load_hf(
     with contextlib.ExitStack() as stack:
         reader = _Reader(path, stack)
         reader.check(cfg)  # every name, shape and dtype, before any device memory is touched
-        model = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)))
+        model = nnx.eval_shape(lambda: qwen3.model_class(cfg)(cfg, rngs=nnx.Rngs(0)))
         for m in active_mapping(cfg):
             var = _variable(model, m.path)
             shape = tuple(var.get_value().shape)
@@ -201,7 +217,7 @@ def load_hf(
                 host = np.asarray(m.to_ours(reader.read(m.name()), cfg), dtype=pdt)
                 var.set_value(_from_host(host, sharding))
                 continue
-            layers = (np.asarray(m.to_ours(reader.read(m.name(i)), cfg), dtype=pdt) for i in range(cfg.num_layers))
+            layers = _layer_slices(reader, m, cfg, pdt)
             if mesh is None:
                 # One device: the stacked host buffer *is* the target, so no compiled writes needed.
                 host = np.empty(shape, pdt)

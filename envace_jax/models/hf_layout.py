@@ -29,16 +29,35 @@ class TensorMap:
     ``to_hf(a, cfg)`` is its inverse.
     """
 
-    hf_name: str  # "{i}" marks the layer index
+    hf_name: str  # "{i}" marks the layer index, "{e}" the expert's
     path: tuple[str, ...]
     layered: bool
     hf_shape: Callable[[qwen3.Qwen3Config], tuple[int, ...]]
     to_ours: Callable[[np.ndarray, qwen3.Qwen3Config], np.ndarray]
     to_hf: Callable[[np.ndarray, qwen3.Qwen3Config], np.ndarray]
     untied_only: bool = False
+    # The HF layers our stacked param holds, in its order (None: every layer). A Qwen3-MoE stacks its sparse
+    # and its dense layers' MLPs apart.
+    layer_ids: Callable[[qwen3.Qwen3Config], tuple[int, ...]] | None = None
+    # One HF tensor per expert (Qwen3-MoE): our layer slice is [E, ...], expert e's tensor mapped into row e.
+    per_expert: bool = False
 
-    def name(self, layer: int | None = None) -> str:
-        return self.hf_name.format(i=layer) if self.layered else self.hf_name
+    def name(self, layer: int | None = None, expert: int | None = None) -> str:
+        return self.hf_name.format(i=layer, e=expert) if self.layered else self.hf_name
+
+    def layers(self, cfg: qwen3.Qwen3Config) -> tuple[int, ...]:
+        return tuple(range(cfg.num_layers)) if self.layer_ids is None else tuple(self.layer_ids(cfg))
+
+    def entries(self, cfg: qwen3.Qwen3Config) -> list[tuple[str, tuple[int, ...]]]:
+        """Every HF tensor of this family: (its name, its index into our param: () unstacked, (slot,) a layer
+        of the stack, (slot, expert) one expert of a layer)."""
+        if not self.layered:
+            return [(self.name(), ())]
+        if self.per_expert:
+            return [
+                (self.name(i, e), (slot, e)) for slot, i in enumerate(self.layers(cfg)) for e in range(cfg.num_experts)
+            ]
+        return [(self.name(i), (slot,)) for slot, i in enumerate(self.layers(cfg))]
 
 
 _ident = lambda a, c: a
@@ -137,16 +156,74 @@ MAPPING: tuple[TensorMap, ...] = (
 )
 
 
+_DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
+_sparse = lambda c: c.sparse_layers
+_dense = lambda c: c.dense_layers
+
+# Qwen3-MoE (qwen3_moe.Qwen3Moe): the dense model's attention and norms, the dense layers' MLPs in their own
+# stack, and each sparse layer's router (HF [E, D], ours [D, E]) and experts (HF one [out, in] tensor per expert,
+# ours [E, in, out]).
+MOE_MAPPING: tuple[TensorMap, ...] = (
+    *(m for m in MAPPING if m.path[-1] not in _DENSE_MLP),
+    *(
+        dataclasses.replace(m, path=("dense_mlp", m.path[-1]), layer_ids=_dense)
+        for m in MAPPING
+        if m.path[-1] in _DENSE_MLP
+    ),
+    TensorMap(
+        "model.layers.{i}.mlp.gate.weight",
+        ("experts", "router"),
+        True,
+        lambda c: (c.num_experts, c.hidden_size),
+        _T,
+        _T,
+        layer_ids=_sparse,
+    ),
+    TensorMap(
+        "model.layers.{i}.mlp.experts.{e}.gate_proj.weight",
+        ("experts", "expert_gate"),
+        True,
+        lambda c: (c.moe_intermediate_size, c.hidden_size),
+        _T,
+        _T,
+        layer_ids=_sparse,
+        per_expert=True,
+    ),
+    TensorMap(
+        "model.layers.{i}.mlp.experts.{e}.up_proj.weight",
+        ("experts", "expert_up"),
+        True,
+        lambda c: (c.moe_intermediate_size, c.hidden_size),
+        _T,
+        _T,
+        layer_ids=_sparse,
+        per_expert=True,
+    ),
+    TensorMap(
+        "model.layers.{i}.mlp.experts.{e}.down_proj.weight",
+        ("experts", "expert_down"),
+        True,
+        lambda c: (c.hidden_size, c.moe_intermediate_size),
+        _T,
+        _T,
+        layer_ids=_sparse,
+        per_expert=True,
+    ),
+)
+
+
 def active_mapping(cfg: qwen3.Qwen3Config) -> list[TensorMap]:
-    return [m for m in MAPPING if not (m.untied_only and cfg.tie_word_embeddings)]
+    table = MOE_MAPPING if hasattr(cfg, "num_experts") else MAPPING
+    maps = [m for m in table if not (m.untied_only and cfg.tie_word_embeddings)]
+    return [m for m in maps if not m.layered or m.layers(cfg)]  # a MoE without dense layers has no dense MLPs
 
 
 def expected_hf_tensors(cfg: qwen3.Qwen3Config) -> dict[str, tuple[int, ...]]:
     """HF tensor name -> shape, for every tensor a checkpoint of ``cfg`` must hold."""
     out: dict[str, tuple[int, ...]] = {}
     for m in active_mapping(cfg):
-        for i in range(cfg.num_layers) if m.layered else [None]:
-            out[m.name(i)] = tuple(m.hf_shape(cfg))
+        for name, _ in m.entries(cfg):
+            out[name] = tuple(m.hf_shape(cfg))
     return out
 
 

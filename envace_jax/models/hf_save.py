@@ -172,17 +172,18 @@ def _to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def _plan(cfg: qwen3.Qwen3Config, itemsize: int, max_bytes: int) -> list[list[tuple[TensorMap, int | None]]]:
-    """Groups HF tensors (in our param order, so each param is gathered once) into shards."""
-    shards: list[list[tuple[TensorMap, int | None]]] = [[]]
+def _plan(cfg: qwen3.Qwen3Config, itemsize: int, max_bytes: int) -> list[list[tuple[TensorMap, str, tuple[int, ...]]]]:
+    """Groups HF tensors (in our param order, so each param is gathered once) into shards: (family, HF name,
+    index into our param) each."""
+    shards: list[list[tuple[TensorMap, str, tuple[int, ...]]]] = [[]]
     size = 0
     for m in active_mapping(cfg):
         nbytes = int(np.prod(m.hf_shape(cfg))) * itemsize
-        for i in range(cfg.num_layers) if m.layered else [None]:
+        for name, index in m.entries(cfg):
             if shards[-1] and size + nbytes > max_bytes:
                 shards.append([])
                 size = 0
-            shards[-1].append((m, i))
+            shards[-1].append((m, name, index))
             size += nbytes
     return shards
 
@@ -261,16 +262,15 @@ def save_hf(
     cached: tuple[tuple[str, ...], np.ndarray] | None = None
     for fname, entries in zip(names, plan):
         tensors: dict[str, np.ndarray] = {}
-        for m, i in entries:
+        for m, name, index in entries:
             if cached is None or cached[0] != m.path:
                 cached = None  # drop the previous param before gathering the next
                 cached = (m.path, _to_host(_variable(model, m.path)[...]))
-            ours = cached[1] if i is None else cached[1][i]
-            hf = np.ascontiguousarray(m.to_hf(ours, cfg).astype(pdt))
+            hf = np.ascontiguousarray(m.to_hf(cached[1][index], cfg).astype(pdt))
             if hf.shape != tuple(m.hf_shape(cfg)):
-                raise ValueError(f"tensor {m.name(i)}: produced shape {hf.shape}, expected {m.hf_shape(cfg)}")
-            tensors[m.name(i)] = hf
-            weight_map[m.name(i)] = fname
+                raise ValueError(f"tensor {name}: produced shape {hf.shape}, expected {m.hf_shape(cfg)}")
+            tensors[name] = hf
+            weight_map[name] = fname
             total += hf.nbytes
         if writer:  # a single file's rename is the switch; a shard's name is one nothing reads yet
             _write_atomic(out_dir, fname, lambda tmp, shard=tensors: save_file(shard, tmp, metadata={"format": "pt"}))
@@ -294,5 +294,5 @@ def iter_hf_tensors(model: qwen3.Qwen3) -> Iterator[tuple[str, np.ndarray]]:
     cfg = model.config
     for m in active_mapping(cfg):
         host = _to_host(_variable(model, m.path)[...])
-        for i in range(cfg.num_layers) if m.layered else [None]:
-            yield m.name(i), m.to_hf(host if i is None else host[i], cfg)
+        for name, index in m.entries(cfg):
+            yield name, m.to_hf(host[index], cfg)

@@ -94,9 +94,10 @@ class RMSNorm(nnx.Module):
 
 
 class DecoderStack(nnx.Module):
-    """Parameters of all decoder layers, stacked along a leading ``layers`` axis."""
+    """Parameters of all decoder layers, stacked along a leading ``layers`` axis. ``mlp=False``: the attention
+    halves only (a Qwen3-MoE keeps its MLPs in stacks of their own, ``qwen3_moe``)."""
 
-    def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3Config, rngs: nnx.Rngs, mlp: bool = True):
         L, D, F, N, K, H = (
             cfg.num_layers,
             cfg.hidden_size,
@@ -115,6 +116,8 @@ class DecoderStack(nnx.Module):
         self.q_norm = p((H,), ("norm",), None)
         self.k_norm = p((H,), ("norm",), None)
         self.post_norm = p((D,), ("norm",), None)
+        if not mlp:
+            return
         self.gate_proj = p((D, F), ("embed", "mlp"))
         self.up_proj = p((D, F), ("embed", "mlp"))
         self.down_proj = p((F, D), ("mlp", "embed"))
@@ -158,6 +161,8 @@ class Qwen3(nnx.Module):
     """Qwen3ForCausalLM. Call with int32 ids ``[B, T]``; returns float32 logits ``[B, T, V]``."""
 
     def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs | None = None):
+        if hasattr(cfg, "num_experts"):  # a Qwen3MoeConfig: built as a dense model it would have no experts
+            raise TypeError("a Qwen3MoeConfig builds qwen3_moe.Qwen3Moe (qwen3.model_class(cfg)), not Qwen3")
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         self.config = cfg
         self.embed = Embedding(cfg, rngs)
@@ -399,6 +404,15 @@ class Qwen3(nnx.Module):
         return KVCache.init(self.config, batch, size, dtype)
 
 
+def model_class(cfg: Qwen3Config) -> type:
+    """The model a config builds: ``Qwen3``, or ``qwen3_moe.Qwen3Moe`` for a ``Qwen3MoeConfig``."""
+    if hasattr(cfg, "num_experts"):
+        from envace_jax.models.qwen3_moe import Qwen3Moe  # imports this module
+
+        return Qwen3Moe
+    return Qwen3
+
+
 def init_model(
     cfg: Qwen3Config,
     *,
@@ -407,24 +421,25 @@ def init_model(
     rules: shd.Rules | None = None,
     one_program: bool = False,
 ) -> Qwen3:
-    """Random init; with a mesh the parameters are created directly in their shardings.
+    """Random init of ``model_class(cfg)``; with a mesh the parameters are created directly in their shardings.
 
     Without a mesh the default builds the parameters eagerly (one small program per parameter shape);
     ``one_program=True`` compiles the whole init once instead, which is faster on a busy CPU but draws
     different values (XLA fuses the random ops differently), so a given seed's weights depend on it.
     """
+    cls = model_class(cfg)
     if mesh is None and not one_program:
-        return Qwen3(cfg, rngs=nnx.Rngs(seed))
+        return cls(cfg, rngs=nnx.Rngs(seed))
     if mesh is None:
-        graphdef, _ = nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(seed))))
-        return nnx.merge(graphdef, jax.jit(lambda: nnx.state(Qwen3(cfg, rngs=nnx.Rngs(seed))))())
+        graphdef, _ = nnx.split(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(seed))))
+        return nnx.merge(graphdef, jax.jit(lambda: nnx.state(cls(cfg, rngs=nnx.Rngs(seed))))())
     rules = shd.TRAIN_RULES if rules is None else rules
-    abstract = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(seed)))
+    abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(seed)))
     shardings = param_shardings(abstract, mesh, rules)
 
     @jax.jit
     def make():
-        m = Qwen3(cfg, rngs=nnx.Rngs(seed))
+        m = cls(cfg, rngs=nnx.Rngs(seed))
         return nnx.state(m)
 
     graphdef, _ = nnx.split(abstract)

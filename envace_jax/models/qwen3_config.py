@@ -195,7 +195,8 @@ class Qwen3Config:
     # ---- Hugging Face config.json (the key table is hf_config.CONFIG_KEYS) ----
     @classmethod
     def from_hf(cls, path_or_dict: str | os.PathLike | Mapping[str, Any], **overrides) -> "Qwen3Config":
-        """Reads a transformers Qwen3 config (4.x or 5.x spelling) from a dir, a config.json or a dict."""
+        """Reads a transformers Qwen3 config (4.x or 5.x spelling) from a dir, a config.json or a dict. A
+        ``model_type='qwen3_moe'`` config gives a ``Qwen3MoeConfig`` (``qwen3_moe_config``)."""
         if isinstance(path_or_dict, Mapping):
             d = dict(path_or_dict)
         elif hasattr(path_or_dict, "to_dict"):
@@ -207,6 +208,17 @@ class Qwen3Config:
             with open(p) as f:
                 d = json.load(f)
         kw = hf_config.fields_from_hf(d)
+        moe = d.get("model_type") == "qwen3_moe"
+        if moe and not hasattr(cls, "fields_from_hf"):  # a Qwen3-MoE config.json builds a Qwen3MoeConfig
+            from envace_jax.models.qwen3_moe_config import Qwen3MoeConfig
+
+            cls = Qwen3MoeConfig
+        if hasattr(cls, "fields_from_hf"):
+            if not moe:
+                raise ValueError(
+                    f"{cls.__name__}.from_hf: config.model_type is {d.get('model_type')!r}, not 'qwen3_moe'"
+                )
+            kw.update(cls.fields_from_hf(d))
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown Qwen3Config override(s): {sorted(unknown)}")

@@ -130,12 +130,19 @@ def fuse_projections(p: dict[str, jax.Array]) -> dict[str, jax.Array]:
     with the model's ``[in, out]`` layout at every shape of a 0.6B step we timed (``docs/performance.md``).
     Both copy the weights, so the layout is made once per weights version (the sampler's prepared weights),
     never per call."""
-    out = {k: v for k, v in p.items() if k not in _FUSED_AWAY}
+    out = fuse_attention(p)
+    out[FUSED_GATE_UP] = jnp.concatenate([out.pop("gate_proj"), out.pop("up_proj")], axis=1).T
+    out[DOWN_OUT_IN] = out.pop("down_proj").T
+    return out
+
+
+def fuse_attention(p: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """``fuse_projections`` of the attention weights only (q/k/v one ``[out, in]`` matrix, o_proj ``[D, N * H]``);
+    every other weight as it is (a sparse layer's experts: ``qwen3_moe``)."""
+    out = {k: v for k, v in p.items() if k not in ("q_proj", "k_proj", "v_proj", "o_proj")}
     D = p["q_proj"].shape[0]
     out[FUSED_QKV] = jnp.concatenate([p[n].reshape(D, -1) for n in ("q_proj", "k_proj", "v_proj")], axis=1).T
-    out[FUSED_GATE_UP] = jnp.concatenate([p["gate_proj"], p["up_proj"]], axis=1).T
     out[O_OUT_IN] = p["o_proj"].reshape(-1, D).T
-    out[DOWN_OUT_IN] = p["down_proj"].T
     return out
 
 
@@ -175,17 +182,33 @@ def _split_heads(qkv: jax.Array, cfg: Qwen3Config):
     return q, k, v
 
 
+_NORMS = ("input_norm", "post_norm", "q_norm", "k_norm")
+
+
+def layer_weights(cfg: Qwen3Config, p: dict) -> dict:
+    """One layer's weights as its sublayers read them: LoRA adapters, if any, merged (``models/lora.py``), every
+    matrix cast to the compute dtype (the norms' scales stay as stored)."""
+    dt = as_dtype(cfg.dtype)
+    p = lora.merged(p, cfg.lora_scale)  # LoRA adapters, if any: this layer's W + scale * A @ B (models/lora.py)
+    return {k: v.astype(dt) if k not in _NORMS else v for k, v in p.items()}
+
+
 def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, rope, mask, cache_kv):
     """One decoder layer. ``rope``: the chunk's ``rope_tables`` (cos, sin), made once for all layers.
     ``cache_kv``: None, or this layer's ``(k_cache, v_cache, end)`` (then ``mask`` is the ``[B, T, S]``
     visible-slot mask): the chunk's keys and values are written at ``end + t`` first, then attended to
     with the rest. Returns (x, the layer's new (k_cache, v_cache) or None)."""
-    dt = as_dtype(cfg.dtype)
-    p = lora.merged(p, cfg.lora_scale)  # LoRA adapters, if any: this layer's W + scale * A @ B (models/lora.py)
-    w = {k: v.astype(dt) if k not in ("input_norm", "post_norm", "q_norm", "k_norm") else v for k, v in p.items()}
+    w = layer_weights(cfg, p)
+    x, new_kv = attention_sublayer(cfg, mesh, rules, w, x, rope, mask, cache_kv)
+    return dense_mlp_sublayer(cfg, mesh, rules, w, x), new_kv
+
+
+def attention_sublayer(cfg: Qwen3Config, mesh, rules, w: dict, x, rope, mask, cache_kv):
+    """The attention half of a layer (``layer_weights``' ``w``): x + attention(input_norm(x)); arguments and
+    result as in ``_layer``."""
     eps = cfg.rms_norm_eps
     h = rms_norm(x, w["input_norm"], eps)
-    fused = FUSED_QKV in w  # fuse_projections(): four [out, in] products, q/k/v and gate/up one each
+    fused = FUSED_QKV in w  # fuse_projections(): q/k/v one [out, in] product, o_proj [out, in]
     if fused:
         q, k, v = _split_heads(_project_out_in(h, w[FUSED_QKV]), cfg)
     else:
@@ -203,9 +226,14 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, rope, mask, cache_kv):
         new_kv = write_chunk(k_cache, v_cache, k, v, end)
         attn = cached_attention(q, *new_kv, mask)  # a float32 cache is read as it lies (kv_cache.cache_dtype)
     x = x + (_project_out_in(attn, w[O_OUT_IN]) if fused else _project(attn, w["o_proj"], "btnh,nhd->btd", 2))
-    x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
-    h = rms_norm(x, w["post_norm"], eps)
-    if fused:
+    return shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules), new_kv
+
+
+def dense_mlp_sublayer(cfg: Qwen3Config, mesh, rules, w: dict, x):
+    """The dense MLP half of a layer: x + SwiGLU(post_norm(x))."""
+    dt = as_dtype(cfg.dtype)
+    h = rms_norm(x, w["post_norm"], cfg.rms_norm_eps)
+    if FUSED_GATE_UP in w:
         # SiLU(gate) * up on the product's float32 result, rounded once: XLA CPU runs this elementwise
         # chain about 3x slower in bfloat16 than in float32 (a 2,048-token chunk of the 0.6B width:
         # 13 against 4.5 ms per layer).
@@ -217,6 +245,7 @@ def _layer(cfg: Qwen3Config, mesh, rules, p: dict, x, rope, mask, cache_kv):
         u = _project(h, w["up_proj"], "btd,df->btf", 1)
         act = jax.nn.silu(g) * u
     act = shd.constrain(act, ("batch", "length", "act_mlp"), mesh, rules)
-    x = x + (_project_out_in(act, w[DOWN_OUT_IN]) if fused else _project(act, w["down_proj"], "btf,fd->btd", 1))
-    x = shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)
-    return x, new_kv
+    x = x + (
+        _project_out_in(act, w[DOWN_OUT_IN]) if DOWN_OUT_IN in w else _project(act, w["down_proj"], "btf,fd->btd", 1)
+    )
+    return shd.constrain(x, ("batch", "length", "act_embed"), mesh, rules)

@@ -102,7 +102,7 @@ def weights_copy(model: qwen3.Qwen3, mesh=None) -> qwen3.Qwen3:
     if mesh is not None and (mesh is not model.mesh or jax.process_count() > 1):
         copy = qwen3.init_model(cfg, seed=0, mesh=mesh)
     else:
-        abstract = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)))
+        abstract = nnx.eval_shape(lambda: qwen3.model_class(cfg)(cfg, rngs=nnx.Rngs(0)))
         abstract.set_sharding(model.mesh, model.rules)
         src = lora.merged_state(model, ...)
         state = nnx.state(abstract)
