@@ -104,6 +104,59 @@ def make_tiny_hf_qwen3(
     return model
 
 
+def make_tiny_hf_qwen3_moe(
+    out_dir,
+    *,
+    seed: int = 0,
+    vocab_size: int = 256,
+    num_layers: int = 3,
+    num_experts: int = 6,
+    top_k: int = 2,
+    norm_topk_prob: bool = True,
+    mlp_only_layers: tuple[int, ...] = (),
+    decoder_sparse_step: int = 1,
+    tie: bool = False,
+    **extra,
+):
+    """A random transformers Qwen3MoeForCausalLM (HF_TEST's attention, experts of 40), random norms, saved to
+    out_dir in the Hub's per-expert layout; returns the torch model."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3MoeConfig(
+        vocab_size=vocab_size,
+        hidden_size=HF_TEST.hidden_size,
+        intermediate_size=HF_TEST.intermediate_size,
+        moe_intermediate_size=40,
+        num_hidden_layers=num_layers,
+        num_attention_heads=HF_TEST.num_heads,
+        num_key_value_heads=HF_TEST.num_kv_heads,
+        head_dim=HF_TEST.head_dim,
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=norm_topk_prob,
+        mlp_only_layers=list(mlp_only_layers),
+        decoder_sparse_step=decoder_sparse_step,
+        tie_word_embeddings=tie,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        **extra,
+    )
+    model = Qwen3MoeForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith("mlp.gate.weight"):  # a router spread wide enough that its top k are not near ties
+                p.mul_(8.0)
+    model.save_pretrained(str(out_dir))
+    return model
+
+
 _ON_TWO_DEVICES = """
 import jax, numpy as np
 from flax import nnx
