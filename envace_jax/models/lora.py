@@ -68,6 +68,12 @@ def add_adapters(model, rank: int, alpha: float, targets=DEFAULT_TARGETS, *, see
         raise ValueError("the model already has LoRA adapters")
     layers = model.layers
     key = jax.random.key(seed)
+    missing = [t for t in targets if not hasattr(layers, t)]
+    if missing:  # a Qwen3-MoE's MLPs are experts (models/qwen3_moe.py), outside model.layers
+        raise ValueError(
+            f"LoRA targets {missing}: this model's layers have no such weights; a Qwen3-MoE adapts its attention "
+            "(q_proj, k_proj, v_proj, o_proj)"
+        )
     for i, name in enumerate(targets):
         n_in = TARGETS[name][0]
         w = getattr(layers, name)

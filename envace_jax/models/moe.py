@@ -33,25 +33,28 @@ DISPATCHES = ("dense", "ragged", "blocked")
 
 class Routing(NamedTuple):
     weights: jax.Array  # float32 [T, k]: each token's weight for each of its experts
-    experts: jax.Array  # int32 [T, k]: the chosen experts, most probable first
+    experts: jax.Array  # int32 [T, k]: the experts used, most probable first unless replayed
     logits: jax.Array  # float32 [T, E]: the router logits (for the load-balancing loss)
+    own: jax.Array  # int32 [T, k]: the router's own top k (equal to experts without replay)
 
 
 def route(h2: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool, replay: jax.Array | None = None):
-    """``Routing`` of tokens ``h2`` ``[T, D]`` under ``router`` ``[D, E]``. ``replay`` (int32 ``[T, k]``):
-    use these experts instead of the top k (routing replay); their weights are this forward's probabilities."""
+    """``Routing`` of tokens ``h2`` ``[T, D]`` under ``router`` ``[D, E]``. ``replay`` (int ``[T, k]``): use
+    these experts instead of the top k (routing replay), their weights this forward's probabilities; a token
+    whose row holds -1 (nothing recorded) takes its own top k."""
     logits = jnp.dot(h2, router.astype(h2.dtype), preferred_element_type=jnp.float32).astype(h2.dtype)
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    if replay is None:
-        weights, experts = jax.lax.top_k(probs, top_k)
-    else:
+    weights, own = jax.lax.top_k(probs, top_k)
+    experts = own
+    if replay is not None:
         if replay.shape != (h2.shape[0], top_k):
             raise ValueError(f"routing replay: expert ids {replay.shape}, expected {(h2.shape[0], top_k)}")
-        experts = replay.astype(jnp.int32)
+        recorded = replay[:, :1] >= 0
+        experts = jnp.where(recorded, replay.astype(jnp.int32), own)
         weights = jnp.take_along_axis(probs, experts, axis=-1)
     if norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    return Routing(weights, experts.astype(jnp.int32), logits.astype(jnp.float32))
+    return Routing(weights, experts.astype(jnp.int32), logits.astype(jnp.float32), own.astype(jnp.int32))
 
 
 def _swiglu(x, gate, up, down):

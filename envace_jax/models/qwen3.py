@@ -261,7 +261,7 @@ class Qwen3(nnx.Module):
             )
             ks.append(k_cache)
             vs.append(v_cache)
-        return x, tuple(ks), tuple(vs)
+        return x, tuple(ks), tuple(vs), None  # no experts to report (qwen3_moe.Qwen3Moe reports its routing)
 
     def _run_layers(self, x, positions, mask, collect_hidden: bool):
         cfg, mesh, rules = self.config, self.mesh, self.rules
@@ -348,6 +348,7 @@ class Qwen3(nnx.Module):
         logits_at: jax.Array | None = None,
         return_hidden_states: bool = False,
         decode_weights: "DecodeWeights | None" = None,
+        return_routing: bool = False,
     ):
         """Forward pass.
 
@@ -364,6 +365,8 @@ class Qwen3(nnx.Module):
             (embeddings, then each layer's output; the last one before the final norm; no-cache mode).
           decode_weights: cache mode: ``decode_weights()`` computed once outside a decode loop, so the
             loop body reads each layer's weights where they lie instead of slicing them every step.
+          return_routing: cache mode, a Qwen3-MoE (``qwen3_moe``): also return the experts each token of the
+            chunk was routed to, int32 ``[Ls, B, T, k]`` (sparse layers, rows, tokens, experts per token).
 
         Returns:
           float32 logits ``[B, T, V]`` (or ``[B, V]``); with a cache, ``(logits, new_cache)``;
@@ -379,13 +382,15 @@ class Qwen3(nnx.Module):
                 raise ValueError("return_hidden_states is not supported with a KV cache")
             if positions is None:
                 positions = cache.end[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+        if return_routing and (cache is None or not hasattr(self.config, "num_experts")):
+            raise ValueError("return_routing: the cached pass of a Qwen3-MoE only (a dense Qwen3 has no experts)")
         x = self.embed_tokens(input_ids, decode_weights)
         if cache is None:
             x, hidden = self._run_layers(x, positions, mask, return_hidden_states)
         else:
             # Built once per call, shared by every layer.
             visible = visible_slots(cache.end, T, cache.size)
-            x, k_all, v_all = self._run_layers_cached(
+            x, k_all, v_all, routing = self._run_layers_cached(
                 x, positions, visible, cache, decode_weights.layers if decode_weights is not None else None
             )
         if logits_at is not None:
@@ -398,6 +403,8 @@ class Qwen3(nnx.Module):
         if return_hidden_states:
             emb = self.embed_tokens(input_ids)
             out += (jnp.concatenate([emb[None], hidden], axis=0),)
+        if return_routing:
+            out += (routing,)
         return out[0] if len(out) == 1 else out
 
     def init_cache(self, batch: int, size: int, dtype: Any = None) -> KVCache:

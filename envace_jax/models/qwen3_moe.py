@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from envace_jax import sharding as shd
-from envace_jax.models import moe, qwen3
+from envace_jax.models import lora, moe, qwen3
 from envace_jax.models.kv_cache import KVCache
 from envace_jax.models.numerics import as_dtype
 from envace_jax.models.qwen3_layer import (
@@ -84,15 +84,21 @@ class DenseMlpStack(nnx.Module):
 class RoutingRecord:
     """What ``Qwen3Moe.final_hidden_routed`` reports of its routing.
 
-    ``experts``: int32 ``[Ls, B, T, k]``, the experts of each token in each sparse layer (a ``replay=`` input
-    of the same shape); ``expert_tokens``: float32 ``[k, E]``, valid tokens whose ``j``-th choice was each
+    ``experts``: int32 ``[Ls, B, T, k]``, the experts each token used in each sparse layer (the shape of a
+    ``recorded=`` input); ``expert_tokens``: float32 ``[k, E]``, valid tokens whose ``j``-th choice was each
     expert, summed over the sparse layers; ``expert_probs``: float32 ``[E]``, the router probabilities of the
-    valid tokens, summed likewise; ``tokens``: float32, valid tokens times sparse layers."""
+    valid tokens, summed likewise; ``tokens``: float32, valid tokens times sparse layers. Against a
+    ``recorded=`` routing: ``recorded_tokens``, the valid tokens it holds; ``changed_tokens``, those whose own
+    top-k set differs from the recorded one in at least one layer; ``changed_choices``, (token, layer) pairs
+    that differ (zeros without a record)."""
 
     experts: jax.Array
     expert_tokens: jax.Array
     expert_probs: jax.Array
     tokens: jax.Array
+    recorded_tokens: jax.Array
+    changed_tokens: jax.Array
+    changed_choices: jax.Array
 
     def aux_loss(self) -> jax.Array:
         """transformers' ``load_balancing_loss_func`` over every sparse layer at once: E * sum_{j,e} f_je P_e, with
@@ -108,6 +114,12 @@ def _routing_sums(r: moe.Routing, valid: jax.Array, num_experts: int):
     onehot = jax.nn.one_hot(r.experts, num_experts, dtype=jnp.float32)  # [T, k, E]
     probs = jax.nn.softmax(r.logits, axis=-1)
     return jnp.einsum("t,tke->ke", v, onehot), jnp.einsum("t,te->e", v, probs), jnp.sum(v)
+
+
+def _changed(r: moe.Routing, recorded: jax.Array, valid: jax.Array) -> jax.Array:
+    """bool ``[B, T]``: valid recorded tokens whose own top-k set is not the recorded set."""
+    own = jnp.sort(r.own.reshape(recorded.shape), axis=-1)
+    return jnp.any(own != jnp.sort(recorded, axis=-1), axis=-1) & (recorded[..., 0] >= 0) & valid
 
 
 def sparse_mlp_sublayer(cfg: Qwen3MoeConfig, mesh, rules, w: dict, x, replay=None):
@@ -176,11 +188,10 @@ class Qwen3Moe(qwen3.Qwen3):
         return {**att, **mlp}
 
     def layer_params(self) -> list[dict[str, jax.Array]]:
-        if self.config.lora_scale:
-            raise NotImplementedError("LoRA adapters on a Qwen3-MoE are not supported yet")
+        """Each layer's weights (attention and its MLP), LoRA adapters (attention only) merged once here."""
         out = []
         for sparse, first, count, k0 in _runs(self.config):
-            run = self._run_params(sparse, first, count, k0)
+            run = lora.merged(self._run_params(sparse, first, count, k0), self.config.lora_scale, stacked=True)
             out += [{k: a[i] for k, a in run.items()} for i in range(count)]
         return out
 
@@ -206,63 +217,85 @@ class Qwen3Moe(qwen3.Qwen3):
         return dense_mlp_sublayer(cfg, mesh, rules, w, x), new_kv, None
 
     def _run_layers_cached(self, x, positions, visible, cache: KVCache, layer_params):
+        """The cache path (see ``Qwen3``): also the experts of the chunk's tokens, int32 ``[Ls, B, T, k]``."""
         layers = self.layer_params() if layer_params is None else layer_params
         rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
-        ks, vs = [], []
+        ks, vs, experts = [], [], []
+        B, T = x.shape[:2]
         for p, k_cache, v_cache in zip(layers, cache.k, cache.v, strict=True):
-            x, (k_cache, v_cache), _ = self._layer(p, x, rope, visible, (k_cache, v_cache, cache.end))
+            x, (k_cache, v_cache), r = self._layer(p, x, rope, visible, (k_cache, v_cache, cache.end))
             ks.append(k_cache)
             vs.append(v_cache)
-        return x, tuple(ks), tuple(vs)
+            if r is not None:
+                experts.append(r.experts.reshape(B, T, -1))
+        routing = jnp.stack(experts) if experts else jnp.zeros((0, B, T, self.config.num_experts_per_tok), jnp.int32)
+        return x, tuple(ks), tuple(vs), routing
 
-    def _run_layers_routed(self, x, positions, mask, collect_hidden: bool, valid, replay):
+    def _run_layers_routed(self, x, positions, mask, collect_hidden: bool, valid, recorded, replay: bool):
         """The cache-free pass: (x, hidden ``[L, B, T, D]`` or None, ``RoutingRecord``). ``valid`` ``[B, T]``:
-        the tokens the load-balancing sums count; ``replay`` int32 ``[Ls, B, T, k]`` or None."""
+        the tokens the load-balancing sums count; ``recorded``: int ``[Ls, B, T, k]`` (-1: nothing recorded)
+        or None, compared with this pass's routing, and with ``replay`` used in its place."""
         cfg = self.config
         B, T = x.shape[:2]
-        k, E = cfg.num_experts_per_tok, cfg.num_experts
-        if replay is not None and replay.shape != (len(cfg.sparse_layers), B, T, k):
+        k, E, Ls = cfg.num_experts_per_tok, cfg.num_experts, len(cfg.sparse_layers)
+        if recorded is not None and recorded.shape != (Ls, B, T, k):
             raise ValueError(
-                f"routing replay: expert ids of shape {tuple(replay.shape)}, expected "
-                f"{(len(cfg.sparse_layers), B, T, k)} (sparse layers, rows, tokens, experts per token)"
+                f"routing replay: expert ids of shape {tuple(recorded.shape)}, expected {(Ls, B, T, k)} "
+                "(sparse layers, rows, tokens, experts per token)"
             )
+        if replay and recorded is None:
+            raise ValueError("routing replay needs the recorded experts (recorded=)")
         rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
-        hidden, experts = [], []
+        hidden, experts, changed = [], [], []
         sums = (jnp.zeros((k, E), jnp.float32), jnp.zeros((E,), jnp.float32), jnp.zeros((), jnp.float32))
         for sparse, first, count, k0 in _runs(cfg):
             params = self._run_params(sparse, first, count, k0)
-            rep = None if replay is None or not sparse else replay[k0 : k0 + count]
+            rec = None if recorded is None or not sparse else recorded[k0 : k0 + count].astype(jnp.int32)
 
             def body(y, xs, sparse=sparse):
-                p, rp = xs
-                y, _, r = self._layer(p, y, rope, mask, None, rp)
-                if sparse:
-                    out = (r.experts.reshape(B, T, k), _routing_sums(r, valid, E))
-                else:
-                    out = (None, None)
-                return y, ((y if collect_hidden else None), *out)
+                p, rc = xs
+                y, _, r = self._layer(p, y, rope, mask, None, rc if replay else None)
+                if not sparse:
+                    return y, ((y if collect_hidden else None), None, None, None)
+                diff = None if rc is None else _changed(r, rc, valid)
+                return y, (
+                    (y if collect_hidden else None),
+                    r.experts.reshape(B, T, k),
+                    _routing_sums(r, valid, E),
+                    diff,
+                )
 
             body = qwen3._remat(body, cfg.remat_policy)
             if cfg.scans():
-                x, (hid, ex, s) = jax.lax.scan(body, x, (params, rep))
+                x, (hid, ex, s, diff) = jax.lax.scan(body, x, (params, rec))
             else:
                 outs = []
                 for i in range(count):
-                    x, o = body(x, jax.tree.map(lambda a, i=i: a[i], (params, rep)))
+                    x, o = body(x, jax.tree.map(lambda a, i=i: a[i], (params, rec)))
                     outs.append(o)
-                hid, ex, s = jax.tree.map(lambda *a: jnp.stack(a), *outs) if outs else (None, None, None)
+                hid, ex, s, diff = jax.tree.map(lambda *a: jnp.stack(a), *outs)
             if collect_hidden:
                 hidden.append(hid)
             if sparse:
                 experts.append(ex)
                 sums = jax.tree.map(lambda a, b: a + jnp.sum(b, axis=0), sums, s)
+                if diff is not None:
+                    changed.append(diff)
         ex = jnp.concatenate(experts) if experts else jnp.zeros((0, B, T, k), jnp.int32)
-        record = RoutingRecord(ex, *sums)
+        zero = jnp.zeros((), jnp.float32)
+        if changed:
+            diff = jnp.concatenate(changed)  # [Ls, B, T]
+            has = (recorded[0, ..., 0] >= 0) & valid
+            stats = (jnp.sum(has, dtype=jnp.float32), jnp.sum(jnp.any(diff, 0), dtype=jnp.float32))
+            stats += (jnp.sum(diff, dtype=jnp.float32),)
+        else:
+            stats = (zero, zero, zero)
+        record = RoutingRecord(ex, *sums, *stats)
         return x, (jnp.concatenate(hidden) if collect_hidden else None), record
 
     def _run_layers(self, x, positions, mask, collect_hidden: bool):
         valid = jnp.ones(x.shape[:2], bool)
-        x, hidden, _ = self._run_layers_routed(x, positions, mask, collect_hidden, valid, None)
+        x, hidden, _ = self._run_layers_routed(x, positions, mask, collect_hidden, valid, None, False)
         return x, hidden
 
     # -- forward -----------------------------------------------------------------------------
@@ -272,12 +305,16 @@ class Qwen3Moe(qwen3.Qwen3):
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         *,
-        replay: jax.Array | None = None,
+        recorded: jax.Array | None = None,
+        replay: bool = False,
     ) -> tuple[jax.Array, RoutingRecord]:
-        """``final_hidden`` and the ``RoutingRecord`` of the pass (the load-balancing sums count the tokens with
-        a non-zero segment id). ``replay``: int32 ``[Ls, B, T, k]`` experts to route every token to (routing
-        replay), weighted by this pass's router probabilities."""
+        """``final_hidden`` and the ``RoutingRecord`` of the pass (its sums count the tokens with a non-zero
+        segment id). ``recorded``: int ``[Ls, B, T, k]`` experts a sampler routed each token to (-1 where it
+        recorded nothing), compared with this pass's own choice; ``replay``: route the recorded tokens to
+        them (routing replay), weighted by this pass's router probabilities."""
         positions, mask = self._no_cache_mask(input_ids, positions, segment_ids)
         valid = jnp.ones(input_ids.shape, bool) if segment_ids is None else segment_ids != 0
-        x, _, record = self._run_layers_routed(self.embed_tokens(input_ids), positions, mask, False, valid, replay)
+        x, _, record = self._run_layers_routed(
+            self.embed_tokens(input_ids), positions, mask, False, valid, recorded, replay
+        )
         return self._final_norm(x), record

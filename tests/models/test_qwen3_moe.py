@@ -129,23 +129,36 @@ def test_routing_replay_reuses_recorded_experts_and_keeps_the_router_gradient(pa
     c = model.config
     ids = jnp.asarray(np.random.RandomState(4).randint(3, V, (2, 10)), jnp.int32)
     h0, rec = model.final_hidden_routed(ids)
-    h1, rec1 = model.final_hidden_routed(ids, replay=rec.experts)
+    h1, rec1 = model.final_hidden_routed(ids, recorded=rec.experts, replay=True)
     np.testing.assert_allclose(np.asarray(h1), np.asarray(h0), rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(rec1.experts), np.asarray(rec.experts))
-    # other experts than the router's: the output moves, the recorded choice is kept
-    other = (rec.experts + 1) % c.num_experts
-    h2, rec2 = model.final_hidden_routed(ids, replay=other)
-    np.testing.assert_array_equal(np.asarray(rec2.experts), np.asarray(other))
-    assert np.abs(np.asarray(h2) - np.asarray(h0)).max() > 1e-3
+    assert float(rec1.recorded_tokens) == 20 and float(rec1.changed_tokens) == 0 == float(rec1.changed_choices)
+    # other experts than the router's, recorded for the first row only (-1: nothing recorded for the second)
+    other = np.array((rec.experts + 1) % c.num_experts)
+    other[:, 1] = -1
+    other = jnp.asarray(other)
+    h2, rec2 = model.final_hidden_routed(ids, recorded=other, replay=True)
+    np.testing.assert_array_equal(np.asarray(rec2.experts[:, 0]), np.asarray(other[:, 0]))
+    assert np.abs(np.asarray(h2[0]) - np.asarray(h0[0])).max() > 1e-3
+    # the second row routes itself, so it computes what it computed before
+    np.testing.assert_allclose(np.asarray(h2[1]), np.asarray(h0[1]), rtol=1e-6, atol=1e-6)
+    Ls = len(c.sparse_layers)
+    assert float(rec2.recorded_tokens) == 10 and float(rec2.changed_tokens) == 10
+    # the first sparse layer's own choice is the record's before the shift; deeper layers see other inputs
+    assert 10 <= float(rec2.changed_choices) <= 10 * Ls
+    # without replay the record is only compared: the same output as no record
+    h3, rec3 = model.final_hidden_routed(ids, recorded=other)
+    np.testing.assert_allclose(np.asarray(h3), np.asarray(h0), rtol=1e-6, atol=1e-6)
+    assert float(rec3.changed_tokens) == 10
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def loss(p):
-        return jnp.sum(nnx.merge(graphdef, p, rest).final_hidden_routed(ids, replay=other)[0] ** 2)
+        return jnp.sum(nnx.merge(graphdef, p, rest).final_hidden_routed(ids, recorded=other, replay=True)[0] ** 2)
 
     g = jax.grad(loss)(params)
     assert float(jnp.abs(g["experts"]["router"][...]).max()) > 0
     with pytest.raises(ValueError, match="routing replay"):
-        model.final_hidden_routed(ids, replay=other[:, :1])
+        model.final_hidden_routed(ids, recorded=other[:, :1], replay=True)
 
 
 def test_config_reading_and_refusals(tmp_path):
