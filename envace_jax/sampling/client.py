@@ -66,6 +66,9 @@ class Sampler(PrefillWrites):
         next-token logits to the rows that repeat it; every row still samples with its own seed.
         Same tokens as writing every row, up to float32 summation order. On one device only. Default
         (None): on without a mesh or on a mesh of one device (``envace_jax.fast_defaults``).
+      record_routing: a Qwen3-MoE's sampler records the experts each generated token was routed to, in
+        every sparse layer (``SamplerOutput.routing``), for routing replay in the update; default (None):
+        on for a Qwen3-MoE. Costs ``rows x budget x sparse layers x k`` bytes of device memory per call.
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class Sampler(PrefillWrites):
         fuse_projections: bool | None = None,
         share_prompts: bool | None = None,
         programs_of: "Sampler | None" = None,
+        record_routing: bool | None = None,
     ):
         if not isinstance(model, qwen3.Qwen3):
             raise TypeError(f"Sampler(model): expected a qwen3.Qwen3, got {type(model).__name__}")
@@ -133,6 +137,10 @@ class Sampler(PrefillWrites):
         self.fuse_projections = bool(fuse_projections)
         self.cache_dtype = qwen3.cache_dtype(self.cfg, cpu)
         self.compiler_options = dict(compiler_options) if compiler_options else None
+        moe = hasattr(self.cfg, "num_experts")
+        if record_routing and not moe:
+            raise ValueError("Sampler(record_routing=True): a dense Qwen3 has no experts to record")
+        self.record_routing = moe if record_routing is None else bool(record_routing)
         if programs_of is not None:
             self._programs = self._shared_programs(programs_of, nnx.graphdef(shadow))
         else:
@@ -151,6 +159,7 @@ class Sampler(PrefillWrites):
             cpu=cpu,
             fuse=self.fuse_projections,
             compiler_options=self.compiler_options,
+            record_routing=self.record_routing,
             weight_shardings=weight_shardings(model, self.mesh, self.rules, transpose_head=cpu)
             if self.prepare_weights
             else None,
@@ -158,7 +167,15 @@ class Sampler(PrefillWrites):
 
     def _shared_programs(self, other: "Sampler", graphdef) -> SamplerPrograms:
         """``other``'s programs, after checking they compute what this sampler's own would."""
-        mine = (graphdef, self.mesh, self.rules, self.k_max, self.fuse_projections, self.compiler_options)
+        mine = (
+            graphdef,
+            self.mesh,
+            self.rules,
+            self.k_max,
+            self.fuse_projections,
+            self.compiler_options,
+            self.record_routing,
+        )
         theirs = (
             other._programs._graphdef,
             other.mesh,
@@ -166,8 +183,9 @@ class Sampler(PrefillWrites):
             other.k_max,
             other.fuse_projections,
             other.compiler_options,
+            other.record_routing,
         )
-        names = ("model graph", "mesh", "rules", "k_max", "fuse_projections", "compiler_options")
+        names = ("model graph", "mesh", "rules", "k_max", "fuse_projections", "compiler_options", "record_routing")
         differ = [n for n, a, b in zip(names, mine, theirs) if a != b]
         if differ or self.prepare_weights != other.prepare_weights:
             raise ValueError(f"Sampler(programs_of=...): the other sampler differs in {differ or ['prepare_weights']}")
@@ -363,12 +381,14 @@ class Sampler(PrefillWrites):
         if self.timed:
             logits.block_until_ready()
         t1 = time.perf_counter()
-        tokens, lps, n_gen, reason, k, v, _, last_logits = self._run_decode(
+        tokens, lps, n_gen, reason, k, v, _, last_logits, *routes = self._run_decode(
             params, weights, k, v, end, logits, plan, min_done
         )
-        tokens, lps, n_gen, reason = jax.device_get((tokens, lps, n_gen, reason))
+        tokens, lps, n_gen, reason, routes = jax.device_get((tokens, lps, n_gen, reason, routes))
         self._count(plan, n_gen, t0, t1, prefill_plan=shared[0] if shared is not None else plan)
         out = self._output(plan, tokens, lps, n_gen, reason, logits)
+        if routes:  # [B, budget, Ls, k]: each row's generated tokens' experts
+            out.routing = [routes[0][i, : n_gen[i]] for i in range(plan.n)]
         if return_state:
             out.state = self._next_state(plan, tokens, n_gen, reason, carry, k, v, last_logits)
         else:

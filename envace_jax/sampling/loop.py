@@ -45,6 +45,11 @@ from envace_jax.sampling.ops import sample_tokens
 from envace_jax.sampling.plan import STOP
 
 
+def routing_dtype(num_experts: int):
+    """The dtype a sampler records expert ids in: uint8 up to 256 experts (Qwen3-MoE has 128), else int16."""
+    return jnp.uint8 if num_experts <= 256 else jnp.int16
+
+
 def _resize(x: jax.Array, axis: int, size: int) -> jax.Array:
     """Truncates or zero-pads ``x`` along ``axis`` to ``size``."""
     n = x.shape[axis]
@@ -97,7 +102,8 @@ class SamplerPrograms:
     ``cpu``: the devices are CPUs (the unfused decode loop then keeps the output head transposed, see
     ``qwen3.Qwen3.decode_weights``); ``fuse``: ``prepare_weights`` lays each layer's matrices out
     ``[out, in]`` and concatenates q/k/v and gate/up (``qwen3.fuse_projections``); ``compiler_options``:
-    XLA options of every program.
+    XLA options of every program; ``record_routing``: a Qwen3-MoE's decode also returns the experts of every
+    generated token (``routing_dtype``).
 
     The jitted callables: ``prepare_weights`` (the per-layer weights every other program reads),
     ``prefill`` (gather, resize, write one chunk), ``prepare`` (gather and resize only), ``prefill_rows``
@@ -117,8 +123,10 @@ class SamplerPrograms:
         fuse: bool = False,
         compiler_options: Mapping[str, Any] | None = None,
         weight_shardings: Any = None,
+        record_routing: bool = False,
     ):
         self._graphdef = graphdef
+        self.record_routing = bool(record_routing)
         self.mesh, self.rules = mesh, rules
         self.k_max, self._cpu, self._fuse = int(k_max), bool(cpu), bool(fuse)
         self.num_compilations = 0
@@ -231,10 +239,12 @@ class SamplerPrograms:
         ``[B]``; stop_ids int32 ``[B, S_max]`` padded with -1; min_done int32 scalar: stop once this many rows that
         started live are done (the rest report ``RUNNING``). Returns tokens int32 ``[B, budget]``, logprobs float32
         ``[B, budget]``, n int32 ``[B]`` generated, reason int32 ``[B]``, k, v, end, and the logits after each row's
-        last fed token (see ``SamplerState.carried``).
+        last fed token (see ``SamplerState.carried``); with ``record_routing``, then the experts each token was
+        routed to as it was fed, ``[B, budget, Ls, k]`` in ``routing_dtype``.
         """
         B = logits.shape[0]
         model = nnx.merge(self._graphdef, params)
+        record = self.record_routing
         if weights is None:  # sliced once, outside the loop: the body then reads each layer where it lies
             weights = model.decode_weights(transpose_head=self._cpu)
 
@@ -258,14 +268,18 @@ class SamplerPrograms:
             start,
             jnp.where(start, cap_reason, 0),
         )
+        if record:
+            cfg = model.config
+            shape = (B, budget, len(cfg.sparse_layers), cfg.num_experts_per_tok)
+            routes0 = jnp.zeros(shape, routing_dtype(cfg.num_experts))
 
         def cond(carry):
-            i, *_, c = carry
+            i, c = carry[0], carry[5]
             finished = jnp.sum((c[3] & ~start).astype(jnp.int32))
             return (i < budget) & ~jnp.all(c[3]) & (finished < min_done)
 
         def body(carry):
-            i, k, v, end, logits, c = carry
+            i, k, v, end, logits, c, *routes = carry
             tok, c = emit(i, logits, c)
             live = ~c[3]
 
@@ -273,21 +287,25 @@ class SamplerPrograms:
             # hold, and a later chunk overwrites it before any valid query can see it.
             # The step that finishes the last row does one forward nobody reads: cheaper than a
             # lax.cond, whose branches may copy the whole cache on CPU.
-            logits, cache = model(
+            logits, cache, *step_routes = model(
                 tok[:, None],
                 cache=qwen3.KVCache(k, v, end),
                 chunk_lengths=live.astype(jnp.int32),
                 logits_at=jnp.zeros((B,), jnp.int32),
                 decode_weights=weights,
+                return_routing=record,
             )
-            return i + 1, cache.k, cache.v, cache.end, logits, c
+            if record:  # token i's experts [Ls, B, 1, k] -> column i (entries past a row's count are never read)
+                routes = [routes[0].at[:, i].set(jnp.moveaxis(step_routes[0][:, :, 0], 0, 1).astype(routes[0].dtype))]
+            return i + 1, cache.k, cache.v, cache.end, logits, c, *routes
 
-        _, k, v, end, last, c = jax.lax.while_loop(cond, body, (jnp.int32(0), k, v, end, logits, c0))
+        init = (jnp.int32(0), k, v, end, logits, c0, *((routes0,) if record else ()))
+        _, k, v, end, last, c, *routes = jax.lax.while_loop(cond, body, init)
         tokens, lps, n, _, reason = c
         # Rows still running fed their last token: `last` holds their next-token logits. Rows that never
         # decoded keep the logits they came with (a carried row may sit out a call).
         last = shd.constrain(jnp.where(start[:, None], logits, last), ("batch", None), self.mesh, self.rules)
-        return tokens, lps, n, reason, *self._cache_constrain(k, v), end, last
+        return tokens, lps, n, reason, *self._cache_constrain(k, v), end, last, *routes
 
     def decode_setup(self, params):
         """What ``decode`` called with ``weights=None`` does once per call before its loop (the weights it

@@ -76,6 +76,9 @@ class SamplerOutput:
     lengths: list[int]
     state: SamplerState | None = None
     prefill_logits: jax.Array | None = None  # float32 [B, V]: next-token logits the decode started from
+    # A Qwen3-MoE sampler's record (Sampler(record_routing=)): per row, the experts each generated token was
+    # routed to as it was fed back, [n, sparse layers, k] (uint8, or int16 past 256 experts)
+    routing: list[np.ndarray] | None = None
 
 
 @dataclasses.dataclass
