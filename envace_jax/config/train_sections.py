@@ -189,6 +189,7 @@ class LossConfig(Checked):
         ("kl_coef", _NONNEG, ">= 0"),
         ("entropy_coef", _NONNEG, ">= 0"),
         ("agg_norm", _NONNEG, ">= 0"),
+        ("router_aux_coef", _NONNEG, ">= 0"),
     )
 
     clip_low: float = 0.2
@@ -207,6 +208,13 @@ class LossConfig(Checked):
     # agg = "seq_mean_token_sum_norm" (Dr. GRPO): the constant each row's token sum is divided by, in tokens
     # (Dr. GRPO divides by the generation budget, e.g. rollout.act.max_new_tokens); unused by the other modes
     agg_norm: float = 0.0
+    # Qwen3-MoE policies (models/qwen3_moe.py). router_aux_coef: weight of transformers' load-balancing loss
+    # (load_balancing_loss_func) added to the update's loss; 0 in the faithful setting (the reference trains
+    # dense Qwen3, and transformers adds it only with output_router_logits; the checkpoints' own coefficient
+    # is 0.001). routing_replay: the update routes each generated token to the experts the sampler routed it to
+    # (R3, arXiv 2510.11370), weighted by the update's own router; prompt tokens route themselves.
+    router_aux_coef: float = 0.0
+    routing_replay: bool = False
 
     def __post_init__(self):
         super().__post_init__()

@@ -34,6 +34,9 @@ class TrainBatch:
     # float32 [B, L]: the sampler's log-probs (the behaviour policy mu), kept beside old_logprobs once those are
     # the proximal policy's (rl.behaviour_is: the update weighs each token by pi_prox / mu); None: not used
     behaviour_logprobs: np.ndarray | None = None
+    # int16 [B, L, sparse layers, k]: the experts a Qwen3-MoE sampler routed each generated token to, at the
+    # token's own position (it is the input there), -1 where nothing was recorded (prompt, padding); None: none
+    routing: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -72,7 +75,7 @@ class TrainBatch:
 
 # What a padding row holds: zero everywhere (segment 0, loss weight 0: it adds nothing to any loss sum
 # or count), except a neutral temperature and no GRPO group.
-PAD_FILL = {"temperature": 1.0, "group_ids": -1}
+PAD_FILL = {"temperature": 1.0, "group_ids": -1, "routing": -1}
 
 
 def pad_rows(arrays: dict[str, np.ndarray], rows: int, width: int | None = None) -> dict[str, np.ndarray]:
@@ -83,7 +86,9 @@ def pad_rows(arrays: dict[str, np.ndarray], rows: int, width: int | None = None)
     for k, v in arrays.items():
         if v.shape[0] > rows or (width is not None and v.ndim > 1 and v.shape[1] > width):
             raise ValueError(f"pad_rows: {k} has shape {v.shape}, larger than ({rows}, {width})")
-        pad = [(0, rows - v.shape[0])] + [(0, (width if width is not None else d) - d) for d in v.shape[1:]]
+        pad = [(0, rows - v.shape[0])] + [(0, 0)] * (v.ndim - 1)
+        if width is not None and v.ndim > 1:  # the token axis; a routing record's trailing axes stay
+            pad[1] = (0, width - v.shape[1])
         out[k] = np.pad(v, pad, constant_values=np.asarray(PAD_FILL.get(k, 0), v.dtype))
     return out
 
@@ -181,4 +186,26 @@ def build_batch(
     temps = np.ones((B,), np.float32)
     t = np.asarray([g.temperature for g in gens], np.float32)
     temps[: len(gens)] = np.where(t > 0, t, 1.0)
-    return TrainBatch(tokens, pos, seg, targets, weights, old, adv, roles, groups, temps, truncated)
+    routing = _routing(gens, starts, B, L)
+    return TrainBatch(tokens, pos, seg, targets, weights, old, adv, roles, groups, temps, truncated, routing=routing)
+
+
+def _routing(gens: Sequence[Generation], starts: Sequence[int], rows: int, width: int) -> np.ndarray | None:
+    """``TrainBatch.routing`` of the rows whose generation carries a record (None when none does): generated
+    token ``j`` of a row whose kept prompt has ``p`` tokens sits at position ``p + j``."""
+    recorded = [g.routing for g in gens if g.routing is not None]
+    if not recorded:
+        return None
+    shape = np.asarray(recorded[0]).shape[1:]
+    out = np.full((rows, width, *shape), -1, np.int16)
+    for i, (g, p) in enumerate(zip(gens, starts)):
+        if g.routing is None:
+            continue
+        r = np.asarray(g.routing)
+        if r.shape != (len(g.gen_ids), *shape):
+            raise ValueError(
+                f"generation of episode {g.episode} ({g.role}): routing of shape {r.shape}, expected "
+                f"{(len(g.gen_ids), *shape)} (generated tokens, sparse layers, experts per token)"
+            )
+        out[i, p : p + len(g.gen_ids)] = r
+    return out

@@ -66,6 +66,8 @@ class GenOutput:
     ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    # a Qwen3-MoE sampler's experts of each generated token, [len(ids), sparse layers, k] (routing replay)
+    routing: Any = None
 
 
 class PolicyClient(Protocol):
@@ -188,10 +190,14 @@ class SamplerClient:
         stats.row_tokens = [(r.role, w, len(t)) for r, w, t in zip(requests, written, out.tokens)]
         self.calls.append(stats)
         self._remember(requests, out, rows_after)
+        routing = out.routing or [None] * len(requests)
         return [
-            GenOutput(list(t), list(lp), fr)
-            for t, lp, fr in zip(
-                out.tokens[: len(requests)], out.logprobs[: len(requests)], out.finish_reasons[: len(requests)]
+            GenOutput(list(t), list(lp), fr, rt)
+            for t, lp, fr, rt in zip(
+                out.tokens[: len(requests)],
+                out.logprobs[: len(requests)],
+                out.finish_reasons[: len(requests)],
+                routing[: len(requests)],
             )
         ]
 

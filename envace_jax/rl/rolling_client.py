@@ -35,6 +35,8 @@ import dataclasses
 import math
 from typing import Sequence
 
+import numpy as np
+
 from envace_jax.rl.policy_client import CallStats, GenOutput, GenRequest, check_request
 from envace_jax.rl.types import ACT, REHEARSE
 from envace_jax.sampling import Sampler, SamplerState, SamplingParams
@@ -47,6 +49,7 @@ class _Job:
     params: SamplingParams
     ids: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    routing: list = dataclasses.field(default_factory=list)  # a Qwen3-MoE's records, one per call
     row: int = -1  # row of the current state while running
 
 
@@ -224,6 +227,8 @@ class RollingSamplerClient:
         for i, j in enumerate(jobs):
             j.ids += out.tokens[i]
             j.logprobs += out.logprobs[i]
+            if out.routing is not None:  # a row spread over several calls: its pieces in order
+                j.routing.append(out.routing[i])
             reason = out.finish_reasons[i]
             if reason == "running":
                 j.row = i
@@ -235,7 +240,8 @@ class RollingSamplerClient:
                 # A row that could not be extended (cache_full) holds something else: forget it.
                 if held[i] == len(ids):
                     self._parked[r.cache_key] = (i, ids)
-            done.append((j.ticket, r, GenOutput(list(j.ids), list(j.logprobs), reason)))
+            routing = np.concatenate(j.routing) if j.routing else None
+            done.append((j.ticket, r, GenOutput(list(j.ids), list(j.logprobs), reason, routing)))
         self._state = state
         return done
 

@@ -348,6 +348,7 @@ class RolloutEngine:
                 out.finish_reason,
                 text,
                 temperature=float(req.sampling.temperature),
+                routing=out.routing,
             )
         )
         e.caller_ids = list(req.prompt_ids) + list(out.ids) + list(self.codec.close_assistant(list(out.ids)))
@@ -397,6 +398,7 @@ class RolloutEngine:
                 out.finish_reason,
                 text,
                 temperature=float(req.sampling.temperature),
+                routing=out.routing,
             )
         )
         result, error = self.codec.parse_simulator_output(text)

@@ -85,6 +85,13 @@ class Trainer:
         self.model, self.optim_cfg, self.loss_cfg = model, optim, loss
         self.pad_micro_batches = bool(pad_micro_batches)
         self.gather_trained = bool(gather_trained)
+        # A Qwen3-MoE's forward also reports its routing (the load-balancing loss, routing replay and its metric)
+        self.moe = hasattr(model, "final_hidden_routed")
+        if not self.moe and (loss.router_aux_coef or loss.routing_replay):
+            raise ValueError("loss.router_aux_coef and loss.routing_replay apply to a Qwen3-MoE; this model is dense")
+        if self.moe and share_prefixes:
+            raise ValueError("share_prefixes: a Qwen3-MoE's update runs its rows as they are (routing is per row)")
+        share_prefixes = False if self.moe else share_prefixes
         self.share_prefixes = fast_defaults.share_repeated_prompts(share_prefixes, mesh)
         if self.share_prefixes and mesh is not None and mesh.size > 1:
             raise ValueError(f"share_prefixes runs on one device, not on a mesh of {mesh.size} devices")
@@ -177,14 +184,44 @@ class Trainer:
 
     # ------------------------------------------------------------------ losses
     def _forward_logp(self, params, mb, frozen=None):
+        return self._forward_routed(params, mb, frozen)[0]
+
+    def _forward_routed(self, params, mb, frozen=None):
+        """(token log-probs ``[B, L]``, a Qwen3-MoE's ``RoutingRecord`` or None)."""
         states = (params, frozen, self.rest) if frozen is not None else (params, self.rest)
         model = nnx.merge(self.graphdef, *states)
+        record = None
         # The vocabulary projection is fused with the log-softmax (no [B, T, V] logits kept twice).
         if "full_index" in mb:  # a prefix_plan: each shared prompt computed once
             shared = prefix_plan.layout(mb)
             hidden = model.final_hidden_shared(mb["prefix_tokens"], mb["suffix_tokens"], shared, mb["full_index"])
+        elif self.moe:
+            # the sampler's record [B, L, Ls, k] -> [Ls, B, L, k]; replayed with loss.routing_replay, else compared
+            recorded = jnp.moveaxis(mb["routing"], 2, 0) if "routing" in mb else None
+            replay = self.loss_cfg.routing_replay and recorded is not None
+            hidden, record = model.final_hidden_routed(
+                mb["tokens"], mb["positions"], mb["segment_ids"], recorded=recorded, replay=replay
+            )
         else:
             hidden = model.final_hidden(mb["tokens"], mb["positions"], mb["segment_ids"])
+        return self._token_logprobs(model, hidden, mb), record
+
+    def _moe_terms(self, out: dict, record) -> None:
+        """Adds a Qwen3-MoE's load-balancing loss (``loss.router_aux_coef`` times the loss count of this
+        micro-batch, so the update divides it back to the coefficient times the mean) and its routing metrics."""
+        if record is None:
+            return
+        aux = record.aux_loss()
+        one = jnp.ones((), jnp.float32)
+        if self.loss_cfg.router_aux_coef:
+            s, n = out["loss"]
+            out["loss"] = (s + self.loss_cfg.router_aux_coef * aux * n, n)
+        out["router_aux_loss"] = (aux, one)
+        sparse = record.experts.shape[0]
+        out["routing/changed_tokens"] = (record.changed_tokens, record.recorded_tokens)
+        out["routing/changed_choices"] = (record.changed_choices, record.recorded_tokens * sparse)
+
+    def _token_logprobs(self, model, hidden, mb):
         head, layout = model.head_weight()
         if "trained_index" in mb:
             return gathered_token_logprobs(
@@ -209,7 +246,7 @@ class Trainer:
         self, params, mb, ref_params, frozen=None, old_from_update: bool = False, behaviour: tuple | None = None
     ):
         c = self.loss_cfg
-        logp = self._forward_logp(params, mb, frozen)
+        logp, record = self._forward_routed(params, mb, frozen)
         ref_logp = None
         if ref_params is not None:
             ref_logp = jax.lax.stop_gradient(self._forward_logp(ref_params, mb, frozen))
@@ -248,13 +285,15 @@ class Trainer:
         for name, rid in ROLE_ID.items():
             rw = w * (mb["role_ids"][:, None] == rid)
             out[f"logp_mismatch/{name}"] = (jnp.sum(diff * rw), jnp.sum(rw))
+        self._moe_terms(out, record)
         return out["loss"][0], out
 
     def _sft_sums(self, params, mb, ref_params, frozen=None):
         del ref_params
-        logp = self._forward_logp(params, mb, frozen)
+        logp, record = self._forward_routed(params, mb, frozen)
         w = mb["loss_weights"]
         out = {"loss": (-jnp.sum(logp * w), jnp.sum(w))}
+        self._moe_terms(out, record)
         for name, rid in ROLE_ID.items():
             rw = w * (mb["role_ids"][:, None] == rid)
             out[f"nll/{name}"] = (-jnp.sum(jax.lax.stop_gradient(logp) * rw), jnp.sum(rw))

@@ -64,6 +64,9 @@ class Generation:
     text: str = ""  # decoded gen_ids, special tokens skipped ("" = an empty output, penalised)
     score: float = 0.0  # filled in after the episode: the episode's score, the same on every row
     temperature: float = 1.0  # the sampling temperature of gen_ids: the trainer scores the row at it
+    # A Qwen3-MoE sampler's experts of each of gen_ids as it was fed back, [len(gen_ids), sparse layers, k]
+    # (routing replay, models/qwen3_moe.py); None: not recorded
+    routing: Any = None
 
     @property
     def role_id(self) -> int:
