@@ -39,6 +39,8 @@ from envace_jax.config.choices import (  # noqa: F401  (public names of envace_j
     KL_TYPES,
     MODEL_PRESETS,
     MODES,
+    MOE_DISPATCHES,
+    MOE_PRESETS,
     RATIO_LEVELS,
     REMAT_POLICIES,
     SCHEDULES,
@@ -49,6 +51,13 @@ from envace_jax.config.train_sections import LossConfig, OptimConfig, RLSection
 
 # model.lora_targets: the projections a LoRA adapter may sit on (models/lora.py TARGETS, PEFT's module names)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _layer_list_ok(v) -> bool:
+    try:
+        return all(int(i) >= 0 for i in str(v).split(",") if i.strip())
+    except ValueError:
+        return False
 
 
 def _lora_targets_ok(v) -> bool:
@@ -71,7 +80,7 @@ class ModelSection(Checked):
 
     LABEL: ClassVar[str] = "model"
     RULES: ClassVar[tuple[Rule, ...]] = (
-        ("preset", *one_of(MODEL_PRESETS)),
+        ("preset", *one_of(MODEL_PRESETS + MOE_PRESETS)),
         ("vocab_size", _POS, "> 0"),
         ("hidden_size", _POS, "> 0"),
         ("intermediate_size", _POS, "> 0"),
@@ -90,6 +99,12 @@ class ModelSection(Checked):
             "0 (adapters are merged into each layer's weights, where no dropout of their input can act)",
         ),
         ("lora_targets", lambda v: _lora_targets_ok(v), f"a comma-separated subset of {LORA_TARGETS}"),
+        ("num_experts", _NONNEG, ">= 0"),
+        ("num_experts_per_tok", _POS, "> 0"),
+        ("moe_intermediate_size", _POS, "> 0"),
+        ("decoder_sparse_step", _POS, "> 0"),
+        ("mlp_only_layers", lambda v: _layer_list_ok(v), "a comma-separated list of layer indices (or empty)"),
+        ("moe_dispatch", *one_of(MOE_DISPATCHES)),
     )
 
     hf_path: str = ""  # local Hugging Face directory; empty = random init
@@ -116,6 +131,36 @@ class ModelSection(Checked):
     lora_targets: str = ",".join(LORA_TARGETS)
     lora_rslora: bool = False
     lora_adapter: str = ""
+    # Qwen3-MoE (models/qwen3_moe.py). A tiny preset with num_experts > 0 is a Qwen3-MoE of these sizes (every
+    # layer sparse unless mlp_only_layers / decoder_sparse_step say otherwise, as in transformers); the MoE presets
+    # (qwen3_30b_a3b, ...) and checkpoints carry their own. moe_dispatch: how the experts run (auto: blocked on
+    # CPU, ragged_dot elsewhere), for presets and checkpoints too.
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 64
+    decoder_sparse_step: int = 1
+    mlp_only_layers: str = ""
+    norm_topk_prob: bool = True
+    moe_dispatch: str = "auto"
+
+    @property
+    def moe(self) -> bool:
+        return bool(self.num_experts) or self.preset in MOE_PRESETS
+
+    def moe_kwargs(self) -> dict:
+        """The tiny preset's Qwen3MoeConfig fields (empty for a dense tiny model)."""
+        if not self.num_experts:
+            return {}
+        layers = tuple(int(i) for i in str(self.mlp_only_layers).split(",") if i.strip())
+        return dict(
+            num_experts=self.num_experts,
+            num_experts_per_tok=self.num_experts_per_tok,
+            moe_intermediate_size=self.moe_intermediate_size,
+            decoder_sparse_step=self.decoder_sparse_step,
+            mlp_only_layers=layers,
+            norm_topk_prob=self.norm_topk_prob,
+            moe_dispatch=self.moe_dispatch,
+        )
 
     @property
     def lora(self) -> bool:

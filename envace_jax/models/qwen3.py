@@ -146,6 +146,15 @@ class DecodeWeights:
         return bool(self.layers) and FUSED_QKV in self.layers[0]
 
 
+def _stack_axes(stack: nnx.Module) -> dict[str, tuple[tuple, tuple]]:
+    """name -> (logical axes, shape) of one layer of a stacked module's Params (adapters left out)."""
+    return {
+        name: (tuple(var.logical_axes)[1:], tuple(var.get_value().shape[1:]))
+        for name, var in vars(stack).items()
+        if isinstance(var, nnx.Param) and not isinstance(var, nnx.LoRAParam)
+    }
+
+
 def _remat(fn, policy: str):
     if policy == "none":
         return fn
@@ -224,6 +233,11 @@ class Qwen3(nnx.Module):
         merged into their weights here, once per weights version a sampler prepares."""
         stacked = lora.merged(self.layers.arrays(), self.config.lora_scale, stacked=True)
         return [{name: a[i] for name, a in stacked.items()} for i in range(self.config.num_layers)]
+
+    def layer_axes(self) -> list[dict[str, tuple[tuple, tuple]]]:
+        """Each layer's weights as ``layer_params`` gives them: name -> (logical axes, shape), the ``layers``
+        axis left out (LoRA adapters are merged in there, so they are not listed)."""
+        return [_stack_axes(self.layers)] * self.config.num_layers
 
     def decode_weights(self, transpose_head: bool = False, fuse: bool = False) -> "DecodeWeights":
         """The weights a decode loop reads, prepared once outside it (pass as ``decode_weights=``).

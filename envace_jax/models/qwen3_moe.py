@@ -195,6 +195,13 @@ class Qwen3Moe(qwen3.Qwen3):
             out += [{k: a[i] for k, a in run.items()} for i in range(count)]
         return out
 
+    def layer_axes(self) -> list[dict[str, tuple[tuple, tuple]]]:
+        att = qwen3._stack_axes(self.layers)
+        sparse = {ROUTER: "router", EXPERT_GATE: "expert_gate", EXPERT_UP: "expert_up", EXPERT_DOWN: "expert_down"}
+        mlp = {k: qwen3._stack_axes(self.experts)[v] for k, v in sparse.items()}
+        dense = qwen3._stack_axes(self.dense_mlp) if self.dense_mlp is not None else {}
+        return [{**att, **(mlp if self.config.is_sparse(i) else dense)} for i in range(self.config.num_layers)]
+
     def decode_weights(self, transpose_head: bool = False, fuse: bool = False) -> qwen3.DecodeWeights:
         w = super().decode_weights(transpose_head=transpose_head, fuse=False)
         if not fuse:

@@ -70,14 +70,13 @@ def weight_shardings(
     Projections are never fused on a mesh (``Sampler``), so the layer keys are the model's own."""
     if mesh is None:
         return None
-    one = {}
-    for name, var in vars(model.layers).items():
-        if isinstance(var, nnx.Param) and not isinstance(var, nnx.LoRAParam):  # adapters are merged in
-            shape = var.get_value().shape[1:]
-            one[name] = shd.named_sharding(mesh, tuple(var.logical_axes)[1:], rules, shape)
+    layers = [
+        {name: shd.named_sharding(mesh, axes, rules, shape) for name, (axes, shape) in one.items()}
+        for one in model.layer_axes()
+    ]
     head = None
     cfg = model.config
     if transpose_head and cfg.tie_word_embeddings:
         shape = (cfg.hidden_size, cfg.vocab_size)
         head = shd.named_sharding(mesh, ("embed", "vocab"), rules, shape)
-    return qwen3.DecodeWeights([dict(one) for _ in range(cfg.num_layers)], head)
+    return qwen3.DecodeWeights(layers, head)
