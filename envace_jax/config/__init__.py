@@ -27,7 +27,6 @@ from envace_jax.config.rules import (
     Checked,
     ConfigError,
     Rule,
-    check_rules,
     one_of,
 )
 from envace_jax.config.choices import (  # noqa: F401  (public names of envace_jax.config)
@@ -47,6 +46,7 @@ from envace_jax.config.choices import (  # noqa: F401  (public names of envace_j
     TOOL_CALL_SYNTAXES,
 )
 from envace_jax.config.convert import _build, _convert, load_section, to_config_dict  # noqa: F401
+from envace_jax.config.judge_sections import JUDGE_KINDS, HttpJudgeConfig, JudgeSection, LocalJudgeConfig  # noqa: F401
 from envace_jax.config.train_sections import LossConfig, OptimConfig, RLSection
 
 # model.lora_targets: the projections a LoRA adapter may sit on (models/lora.py TARGETS, PEFT's module names)
@@ -272,57 +272,6 @@ class RolloutConfig(Checked):
 
 
 @dataclasses.dataclass(frozen=True)
-class HttpJudgeConfig(Checked):
-    """An OpenAI-compatible judge endpoint. Defaults are the reference's (spec section 4.1)."""
-
-    LABEL: ClassVar[str] = "judge.http"
-    RULES: ClassVar[tuple[Rule, ...]] = (
-        ("base_url", lambda v: v.startswith(("http://", "https://")), "an http:// or https:// URL"),
-        ("max_attempts", _POS, ">= 1"),
-        ("max_concurrency", _POS, ">= 1"),
-        ("max_tokens", _POS, ">= 1"),
-        ("timeout_s", _NONNEG, ">= 0"),
-        ("backoff_base_s", _NONNEG, ">= 0"),
-        ("backoff_max_s", _NONNEG, ">= 0"),
-    )
-
-    base_url: str = "http://127.0.0.1:8000"
-    model: str = "Qwen/Qwen3-30B-A3B"
-    temperature: float = 0.6
-    top_p: float = 0.8
-    max_tokens: int = 6000
-    max_attempts: int = 5  # total attempts per verdict, first one included
-    backoff_base_s: float = 1.0  # sleep after the a-th failure (a from 0): min(base*2^a, max)
-    backoff_max_s: float = 30.0
-    timeout_s: float = 300.0  # per HTTP attempt, applied to connect and to each socket read
-    max_concurrency: int = 32  # HTTP requests in flight at once, across all callers
-    api_key_env: str | None = None  # name of an env var holding a bearer token
-    use_response_format: bool = True  # send the strict json_schema (servers without it: False)
-
-    def validate(self) -> None:
-        """The construction-time checks again (kept for callers that validate explicitly)."""
-        check_rules(self, self.LABEL, self.RULES)
-
-
-@dataclasses.dataclass(frozen=True)
-class JudgeSection(Checked):
-    LABEL: ClassVar[str] = "judge"
-    RULES: ClassVar[tuple[Rule, ...]] = (
-        ("kind", *one_of(("rule", "http", "rule_then_http"))),
-        ("outage_share", lambda v: 0 <= v <= 1, "in [0, 1]"),
-        ("outage_steps", _POS, "> 0"),
-    )
-
-    kind: str = "rule"  # rule | http | rule_then_http (rules first, HTTP for items without one)
-    http: HttpJudgeConfig = dataclasses.field(default_factory=HttpJudgeConfig)
-    # The run stops (rl.judge_outage.JudgeOutageError) once more than ``outage_share`` of a step's episodes
-    # ended without a verdict (termination ``judge_api_failure``) on ``outage_steps`` consecutive steps: an
-    # unreachable judge must not pass for a policy that scores 0. 1.0 never stops.
-    outage_share: float = 0.5
-    outage_steps: int = 2
-
-
-@dataclasses.dataclass(frozen=True)
 class MeshSection(Checked):
     """The training mesh ``(data, fsdp, tensor)`` (-1: the rest of the chips) and where rollouts sample.
 
@@ -395,6 +344,14 @@ _TAKES_EFFECT: tuple[tuple[Callable[[Any], bool], Callable[[Any], bool], Callabl
         lambda c: (
             f"config.data.path={c.data.path!r} is never read with config.data.source='demo' (the demo tasks are "
             f"generated): set data.source to jsonl, parquet or tfds, or leave data.path empty"
+        ),
+    ),
+    (
+        lambda c: bool(c.judge.local.hf_path),
+        lambda c: c.judge.kind.endswith("local"),
+        lambda c: (
+            f"config.judge.local.hf_path={c.judge.local.hf_path!r} is never read with "
+            f"config.judge.kind={c.judge.kind!r}; set config.judge.kind='local' (or 'rule_then_local') to judge with it"
         ),
     ),
     (

@@ -258,12 +258,14 @@ def build_judge(cfg: config_lib.ExperimentConfig):
 
     kind = cfg.judge.kind
     if kind == "rule":
-        judge = RuleJudge()
-    elif kind == "http":
-        judge = HttpJudge(cfg.judge.http)
+        return ChecklistTurnJudge(RuleJudge())
+    if kind.endswith("local"):  # a judge model in-process (rl/local_judge.py)
+        from envace_jax.rl.local_judge import build_local_judge
+
+        model_judge = build_local_judge(cfg.judge.local)
     else:
-        judge = RuleJudge(fallback=HttpJudge(cfg.judge.http))
-    return ChecklistTurnJudge(judge)
+        model_judge = HttpJudge(cfg.judge.http)
+    return ChecklistTurnJudge(RuleJudge(fallback=model_judge) if kind.startswith("rule_then") else model_judge)
 
 
 def resolve_judge_streaming(cfg: config_lib.ExperimentConfig) -> str:
