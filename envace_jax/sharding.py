@@ -56,6 +56,11 @@ TRAIN_RULES: dict[str, tuple[str, ...]] = {
     "cache_length": (),
 }
 
+# Expert parallelism for a Qwen3-MoE (models/qwen3_moe.py): each fsdp group holds its share of every layer's
+# experts whole, instead of a slice of every expert's hidden axis (``embed``, then, is not split: a mesh axis is
+# used once per array). Merged over TRAIN_RULES or SAMPLE_RULES: ``dict(TRAIN_RULES, **EXPERT_PARALLEL_RULES)``.
+EXPERT_PARALLEL_RULES: dict[str, tuple[str, ...]] = {"expert": ("fsdp",)}
+
 SAMPLE_RULES: dict[str, tuple[str, ...]] = {
     **TRAIN_RULES,
     # Decoding is memory-bound on the weights: gather them once (replicate over

@@ -124,22 +124,70 @@ def _changed(r: moe.Routing, recorded: jax.Array, valid: jax.Array) -> jax.Array
 
 def sparse_mlp_sublayer(cfg: Qwen3MoeConfig, mesh, rules, w: dict, x, replay=None):
     """The sparse MLP half of a layer: (x + experts(post_norm(x)), the ``moe.Routing`` of its ``B * T`` tokens).
-    ``replay``: int32 ``[B, T, k]`` recorded experts, or None."""
+    ``replay``: int ``[B, T, k]`` recorded experts (-1: none), or None. On a mesh of several devices each device
+    routes its own tokens through the whole layer's experts (``_local_tokens``)."""
     h = rms_norm(x, w["post_norm"], cfg.rms_norm_eps)
-    out, r = moe.sparse_block(
-        h,
-        w[ROUTER],
-        w[EXPERT_GATE],
-        w[EXPERT_UP],
-        w[EXPERT_DOWN],
-        top_k=cfg.num_experts_per_tok,
-        norm_topk_prob=cfg.norm_topk_prob,
-        dispatch=cfg.dispatch(jax.default_backend()),
-        block=cfg.moe_block or None,
-        replay=None if replay is None else replay.reshape(-1, cfg.num_experts_per_tok),
-    )
+    weights = (w[ROUTER], w[EXPERT_GATE], w[EXPERT_UP], w[EXPERT_DOWN])
+    if mesh is not None and rules is not None and mesh.size > 1:
+        out, r = _local_tokens(cfg, mesh, rules, h, weights, replay)
+    else:
+        out, r = _block(cfg, h, weights, replay, _platform(mesh))
     x = shd.constrain(x + out, ("batch", "length", "act_embed"), mesh, rules)
     return x, r
+
+
+def _platform(mesh) -> str:
+    """Where the program runs: the mesh's devices (an ahead-of-time TPU compile on a CPU host), else the default."""
+    return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+
+
+def _block(cfg: Qwen3MoeConfig, h, weights, replay, platform: str, tensor_axes: tuple[str, ...] = ()):
+    """``moe.sparse_block`` of ``h`` ``[B, T, D]``; with ``tensor_axes`` the experts' hidden width is split over
+    those mesh axes and the partial outputs are summed over them."""
+    k = cfg.num_experts_per_tok
+    out, r = moe.sparse_block(
+        h,
+        *weights,
+        top_k=k,
+        norm_topk_prob=cfg.norm_topk_prob,
+        dispatch=cfg.dispatch(platform),
+        block=cfg.moe_block or None,
+        replay=None if replay is None else replay.reshape(-1, k),
+    )
+    if tensor_axes:
+        out = jax.lax.psum(out, tensor_axes)
+    return out, r
+
+
+def _local_tokens(cfg: Qwen3MoeConfig, mesh, rules, h, weights, replay):
+    """The sparse block under ``shard_map``: each device sorts and runs only the tokens it holds, through every
+    expert of the layer, whose weights it gathers over the FSDP axes like a dense layer's (their hidden width
+    stays split over the tensor axes, the partial outputs summed there). Tokens never move between devices;
+    without this, XLA partitions the global sort of all tokens by expert, and gathers every token on every
+    device (docs/moe.md, the AOT comparison)."""
+    B, T, D = h.shape
+    bs, ls = shd.logical_to_spec(("batch", "length"), rules, mesh, (B, T))
+    F = weights[1].shape[-1]
+    ms = shd.logical_to_spec(("mlp",), rules, mesh, (F,))[0] if "mlp" in rules else None
+    tensor_axes = () if ms is None else ((ms,) if isinstance(ms, str) else tuple(ms))
+    taken = set(tensor_axes)
+    if taken & set(jax.tree.leaves((bs, ls))):  # a token axis and the experts' width on one mesh axis
+        ms, tensor_axes = None, ()
+    P = jax.sharding.PartitionSpec
+    w_specs = (P(), P(None, None, ms), P(None, None, ms), P(None, ms, None))
+    tok = P(bs, ls, None)
+
+    def local(h, *args):
+        *ws, rep = args
+        out, r = _block(cfg, h, ws, rep, _platform(mesh), tensor_axes)
+        b, t = h.shape[:2]
+        return out, moe.Routing(*(a.reshape(b, t, -1) for a in r))
+
+    args = (h, *weights, replay)
+    specs = (tok, *w_specs, None if replay is None else tok)
+    routing_specs = moe.Routing(tok, tok, tok, tok)
+    out, r = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(tok, routing_specs), check_vma=False)(*args)
+    return out, moe.Routing(*(a.reshape(B * T, -1) for a in r))
 
 
 def _runs(cfg: Qwen3MoeConfig) -> list[tuple[bool, int, int, int]]:
