@@ -64,6 +64,13 @@ class Qwen3MoeConfig(Qwen3Config):
         if not isinstance(self.moe_block, (int, np.integer)) or self.moe_block < 0:
             raise ValueError(f"Qwen3MoeConfig.moe_block must be an int >= 0, got {self.moe_block!r}")
 
+    def replace(self, **kw) -> "Qwen3MoeConfig":
+        """``dataclasses.replace``; a new ``num_layers`` keeps the dense layers that still exist (a shallower copy
+        for cost fits, ``envace_jax.aot``) unless ``mlp_only_layers`` is given too."""
+        if "num_layers" in kw and "mlp_only_layers" not in kw:
+            kw["mlp_only_layers"] = tuple(i for i in self.mlp_only_layers if i < kw["num_layers"])
+        return dataclasses.replace(self, **kw)
+
     # ---- which layers are sparse ----
     def is_sparse(self, layer: int) -> bool:
         return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
