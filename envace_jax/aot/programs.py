@@ -103,10 +103,16 @@ def _abstract_like(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
-def micro_batch_spec(rows: int, width: int, mesh: Mesh, role_balanced: bool) -> dict[str, jax.ShapeDtypeStruct]:
-    """A micro-batch as ``Trainer._device_batch`` places it: rows over the batch axes of the mesh."""
+def micro_batch_spec(
+    rows: int, width: int, mesh: Mesh, role_balanced: bool, routing: tuple[int, int] | None = None
+) -> dict[str, jax.ShapeDtypeStruct]:
+    """A micro-batch as ``Trainer._device_batch`` places it: rows over the batch axes of the mesh. ``routing``:
+    (sparse layers, experts per token) of a Qwen3-MoE's routing record, which the batch then carries."""
     out = {}
-    for k, v in TrainBatch.padding(rows, width).arrays().items():
+    arrays = TrainBatch.padding(rows, width).arrays()
+    if routing is not None:
+        arrays["routing"] = np.zeros((rows, width, *routing), np.int16)
+    for k, v in arrays.items():
         spec = shd.logical_to_spec(("batch",) + (None,) * (v.ndim - 1), shd.TRAIN_RULES, mesh, v.shape)
         out[k] = jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(mesh, spec))
     if role_balanced:
@@ -163,7 +169,9 @@ def build_programs(
     params = trainer.params
     ref = trainer.ref_params
     frozen = trainer.frozen  # LoRA: the base weights, an argument of train_step and logprobs (None without)
-    mb = micro_batch_spec(shapes.train_rows, shapes.train_width, mesh, cfg.loss.role_balanced)
+    # a Qwen3-MoE's batch carries the sampler's routing record (compared with the update's, or replayed)
+    routing = (len(mcfg.sparse_layers), mcfg.num_experts_per_tok) if hasattr(mcfg, "num_experts") else None
+    mb = micro_batch_spec(shapes.train_rows, shapes.train_width, mesh, cfg.loss.role_balanced, routing)
 
     # Sampling mesh and model: the training model itself with one process, colocated and synchronous; else
     # each process samples from a copy on its own chips (rl.rollout_weights): a host's chips (several

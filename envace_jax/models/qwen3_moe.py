@@ -128,7 +128,7 @@ def sparse_mlp_sublayer(cfg: Qwen3MoeConfig, mesh, rules, w: dict, x, replay=Non
     routes its own tokens through the whole layer's experts (``_local_tokens``)."""
     h = rms_norm(x, w["post_norm"], cfg.rms_norm_eps)
     weights = (w[ROUTER], w[EXPERT_GATE], w[EXPERT_UP], w[EXPERT_DOWN])
-    if mesh is not None and rules is not None and mesh.size > 1:
+    if mesh is not None and rules is not None and mesh.size > 1 and cfg.moe_local_tokens:
         out, r = _local_tokens(cfg, mesh, rules, h, weights, replay)
     else:
         out, r = _block(cfg, h, weights, replay, _platform(mesh))

@@ -44,6 +44,11 @@ class Qwen3MoeConfig(Qwen3Config):
     router_aux_loss_coef: float = 0.001
     moe_dispatch: str = "auto"
     moe_block: int = 0  # rows per block of the "blocked" dispatch; 0 = moe.auto_block
+    # On a mesh of several devices, each device routes its own tokens through the whole layer's experts
+    # (qwen3_moe._local_tokens: the experts' weights gathered like a dense layer's, tokens never move). False
+    # leaves the partitioning of the global sort and grouped matmul to XLA (benchmarks/moe_dispatch_aot.py
+    # compares the two; docs/moe.md).
+    moe_local_tokens: bool = True
 
     def __post_init__(self):
         super().__post_init__()
