@@ -344,6 +344,12 @@ class Trainer:
 
     def _local_micro_batches(self, batch: TrainBatch) -> list[dict[str, np.ndarray]]:
         loss_lib.check_temperature(batch.temperature)  # the jitted forward divides by it
+        if self.moe and batch.routing is None:
+            # every micro-batch of a Qwen3-MoE carries a routing record (-1: none), so a batch without one (an
+            # SFT batch, another policy's rows, a process's placeholder row) runs the same program as the rest
+            cfg = self.model.config
+            shape = (*batch.tokens.shape, len(cfg.sparse_layers), cfg.num_experts_per_tok)
+            batch = TrainBatch(**{**batch.arrays(), "routing": np.full(shape, -1, np.int16)})
         parts = placement.local_micro_batches(batch, self.micro_batch_size, pad_last=self.pad_micro_batches)
         if self.share_prefixes:
             for mb in parts:

@@ -163,7 +163,7 @@ BASE_HF = dict(
     [
         ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, r"rope_scaling.*'yarn'"),
         ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}, r"rope_parameters.*'yarn'"),
-        ("model_type", "qwen3_moe", r"model_type.*'qwen3_moe'"),
+        ("model_type", "mixtral", r"model_type.*'mixtral'"),
         ("use_sliding_window", True, r"use_sliding_window"),
         ("hidden_act", "gelu", r"hidden_act.*'gelu'"),
         ("attention_bias", True, r"attention_bias"),
