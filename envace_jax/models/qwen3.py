@@ -425,12 +425,20 @@ class Qwen3(nnx.Module):
         return KVCache.init(self.config, batch, size, dtype)
 
 
+# config class -> the model class it builds, for the architectures beside dense Qwen3; each registers itself
+# when its module is imported (``envace_jax.models`` imports them all), so this module imports none of them
+_MODEL_CLASSES: dict[type, type] = {}
+
+
+def register_model_class(config_class: type, model: type) -> None:
+    _MODEL_CLASSES[config_class] = model
+
+
 def model_class(cfg: Qwen3Config) -> type:
     """The model a config builds: ``Qwen3``, or ``qwen3_moe.Qwen3Moe`` for a ``Qwen3MoeConfig``."""
-    if hasattr(cfg, "num_experts"):
-        from envace_jax.models.qwen3_moe import Qwen3Moe  # imports this module
-
-        return Qwen3Moe
+    for config_class, model in _MODEL_CLASSES.items():
+        if isinstance(cfg, config_class):
+            return model
     return Qwen3
 
 

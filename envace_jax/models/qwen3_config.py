@@ -15,6 +15,9 @@ from envace_jax.models import hf_config
 from envace_jax.models.numerics import as_dtype
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# config.json model_type -> its config class; qwen3_moe_config registers "qwen3_moe" when imported
+# (``envace_jax.models`` imports it), so this module imports no other architecture's
+CONFIG_CLASSES: dict[str, type] = {}
 # Deepest layer stack whose cache-free pass is unrolled when Qwen3Config.scan_layers is None.
 UNROLL_MAX_LAYERS = 8
 
@@ -208,16 +211,12 @@ class Qwen3Config:
             with open(p) as f:
                 d = json.load(f)
         kw = hf_config.fields_from_hf(d)
-        moe = d.get("model_type") == "qwen3_moe"
-        if moe and not hasattr(cls, "fields_from_hf"):  # a Qwen3-MoE config.json builds a Qwen3MoeConfig
-            from envace_jax.models.qwen3_moe_config import Qwen3MoeConfig
-
-            cls = Qwen3MoeConfig
+        model_type = d.get("model_type", "qwen3")
+        if cls is Qwen3Config:  # the config class of the checkpoint's architecture (qwen3_moe: Qwen3MoeConfig)
+            cls = CONFIG_CLASSES.get(model_type, cls)
+        if cls is not CONFIG_CLASSES.get(model_type):
+            raise ValueError(f"{cls.__name__}.from_hf: config.model_type is {model_type!r}")
         if hasattr(cls, "fields_from_hf"):
-            if not moe:
-                raise ValueError(
-                    f"{cls.__name__}.from_hf: config.model_type is {d.get('model_type')!r}, not 'qwen3_moe'"
-                )
             kw.update(cls.fields_from_hf(d))
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
@@ -227,3 +226,6 @@ class Qwen3Config:
     def to_hf(self) -> dict[str, Any]:
         """A transformers-5 style config.json dict (also readable by transformers 4.51+)."""
         return hf_config.config_to_hf(self)
+
+
+CONFIG_CLASSES["qwen3"] = Qwen3Config

@@ -373,3 +373,6 @@ class Qwen3Moe(qwen3.Qwen3):
             self.embed_tokens(input_ids), positions, mask, False, valid, recorded, replay
         )
         return self._final_norm(x), record
+
+
+qwen3.register_model_class(Qwen3MoeConfig, Qwen3Moe)

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from envace_jax.models import moe
-from envace_jax.models.qwen3_config import Qwen3Config
+from envace_jax.models.qwen3_config import CONFIG_CLASSES, Qwen3Config
 
 # ("auto": "blocked" on CPU, where XLA expands ragged_dot into a dense product over every expert; "ragged",
 # the grouped matmul, elsewhere)
@@ -149,3 +149,6 @@ class Qwen3MoeConfig(Qwen3Config):
             out[key] = list(value) if isinstance(value, tuple) else value
         out["output_router_logits"] = False
         return out
+
+
+CONFIG_CLASSES["qwen3_moe"] = Qwen3MoeConfig
