@@ -17,5 +17,5 @@ JUDGE_STREAMING = ("auto", "on", "off")  # rollout.judge_streaming (rl/judge_str
 MODEL_PRESETS = ("tiny", "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_4b_2507", "qwen3_8b", "qwen3_14b", "qwen3_32b")
 # ... and the Qwen3-MoE presets (a Qwen3MoeConfig preset of the same name, models/qwen3_moe_config.py)
 MOE_PRESETS = ("qwen3_30b_a3b", "qwen3_235b_a22b")
-MOE_DISPATCHES = ("auto", "dense", "ragged", "blocked")  # model.moe_dispatch (models/moe.py)
+MOE_DISPATCHES = ("auto", "dense", "ragged", "blocked", "megablox")  # model.moe_dispatch (models/moe.py)
 SCHEDULES = ("constant", "cosine", "linear")  # optim.schedule: learning-rate schedules after warmup (rl/optim.py)

@@ -15,8 +15,9 @@ import numpy as np
 from envace_jax.models import moe
 from envace_jax.models.qwen3_config import CONFIG_CLASSES, Qwen3Config
 
-# ("auto": "blocked" on CPU, where XLA expands ragged_dot into a dense product over every expert; "ragged",
-# the grouped matmul, elsewhere)
+# ("auto": "blocked" on CPU, where XLA expands ragged_dot into a dense product over every expert; "megablox",
+# the Pallas grouped matmul, on TPU, where XLA's ragged_dot weight gradient is dense over every expert; "ragged",
+# XLA's grouped matmul, elsewhere)
 MOE_DISPATCHES = ("auto", *moe.DISPATCHES)
 
 # (our field, config.json key, default when absent, cast)
@@ -92,7 +93,7 @@ class Qwen3MoeConfig(Qwen3Config):
         """The expert dispatch on ``backend`` (``jax.default_backend()``)."""
         if self.moe_dispatch != "auto":
             return self.moe_dispatch
-        return "blocked" if backend == "cpu" else "ragged"
+        return {"cpu": "blocked", "tpu": "megablox"}.get(backend, "ragged")
 
     def num_params(self) -> int:
         d, e, fm = self.hidden_size, self.num_experts, self.moe_intermediate_size
