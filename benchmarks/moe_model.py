@@ -94,7 +94,7 @@ def _inputs(rows: int, tokens: int, vocab: int, seed: int = 1):
     return ids, adv
 
 
-def worker_ours(path: str, rows: int, tokens: int, new: int, reps: int) -> dict:
+def worker_ours(path: str, rows: int, tokens: int, new: int, reps: int, workloads: tuple[str, ...]) -> dict:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -125,16 +125,21 @@ def worker_ours(path: str, rows: int, tokens: int, new: int, reps: int) -> dict:
         trainer = Trainer(model, OptimConfig(lr=1e-6), LossConfig(), micro_batch_size=rows)
         return _medians(lambda: trainer.update(batch), reps)
 
-    out = {"forward": forward(), "update": update()}
-    sampler = Sampler(model, cache_size=half + new)
-    prompts = [ids[i, :half].tolist() for i in range(rows)]
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=new)
-    out["sampler"] = _medians(lambda: sampler.generate(prompts, greedy), reps)
-    out["first_tokens"] = sampler.generate(prompts, greedy).tokens[0][:8]
+    out = {}
+    if "forward" in workloads:
+        out["forward"] = forward()
+    if "update" in workloads:
+        out["update"] = update()
+    if "sampler" in workloads:
+        sampler = Sampler(model, cache_size=half + new)
+        prompts = [ids[i, :half].tolist() for i in range(rows)]
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=new)
+        out["sampler"] = _medians(lambda: sampler.generate(prompts, greedy), reps)
+        out["first_tokens"] = sampler.generate(prompts, greedy).tokens[0][:8]
     return out
 
 
-def worker_hf(path: str, rows: int, tokens: int, new: int, reps: int, threads: int) -> dict:
+def worker_hf(path: str, rows: int, tokens: int, new: int, reps: int, threads: int, workloads: tuple[str, ...]) -> dict:
     import torch
     from transformers import Qwen3MoeForCausalLM
 
@@ -165,7 +170,11 @@ def worker_hf(path: str, rows: int, tokens: int, new: int, reps: int, threads: i
 
         return _medians(update, reps)
 
-    out = {"forward": _medians(forward, reps), "update": update_seconds()}
+    out = {}
+    if "forward" in workloads:
+        out["forward"] = _medians(forward, reps)
+    if "update" in workloads:
+        out["update"] = update_seconds()
     model.eval()
     prompt = x[:, :half]
 
@@ -173,8 +182,9 @@ def worker_hf(path: str, rows: int, tokens: int, new: int, reps: int, threads: i
         with torch.no_grad():
             return model.generate(prompt, do_sample=False, max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
 
-    out["sampler"] = _medians(sample, reps)
-    out["first_tokens"] = sample()[0, half : half + 8].tolist()
+    if "sampler" in workloads:
+        out["sampler"] = _medians(sample, reps)
+        out["first_tokens"] = sample()[0, half : half + 8].tolist()
     return out
 
 
@@ -188,15 +198,21 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     ap.add_argument("--checkpoint", default=None, help="a checkpoint this script wrote before (default: a new one)")
+    ap.add_argument(
+        "--workloads", default=",".join(WORKLOADS), help="a comma-separated subset of " + ",".join(WORKLOADS)
+    )
     ap.add_argument("--small", action="store_true", help="a toy width, to check the script (not a result)")
     ap.add_argument("--out", default=None, help="write the medians and ratios here as JSON")
     ap.add_argument("--worker", choices=("ours", "hf"), default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    workloads = tuple(w for w in a.workloads.split(",") if w)
+    if not workloads or set(workloads) - set(WORKLOADS):
+        ap.error(f"--workloads: choose from {WORKLOADS}, got {a.workloads!r}")
     if a.worker:
         if a.worker == "ours":
-            res = worker_ours(a.checkpoint, a.rows, a.tokens, a.new, a.reps)
+            res = worker_ours(a.checkpoint, a.rows, a.tokens, a.new, a.reps, workloads)
         else:
-            res = worker_hf(a.checkpoint, a.rows, a.tokens, a.new, a.reps, a.threads)
+            res = worker_hf(a.checkpoint, a.rows, a.tokens, a.new, a.reps, a.threads, workloads)
         print("RESULT " + json.dumps(res), flush=True)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -209,7 +225,7 @@ def main(argv=None) -> int:
             for side in ("ours", "hf"):
                 cmd = [sys.executable, __file__, "--worker", side, "--checkpoint", path]
                 cmd += ["--rows", str(a.rows), "--tokens", str(a.tokens), "--new", str(a.new), "--reps", str(a.reps)]
-                cmd += ["--threads", str(a.threads)]
+                cmd += ["--threads", str(a.threads), "--workloads", ",".join(workloads)]
                 env = dict(os.environ, JAX_PLATFORMS="cpu")
                 t0 = time.perf_counter()
                 p = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -219,15 +235,16 @@ def main(argv=None) -> int:
                     return 1
                 runs[side].append(json.loads(line[0][7:]))
                 print(f"round {r + 1} {side}: {runs[side][-1]} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    med = {s: {w: statistics.median(x[w] for x in runs[s]) for w in WORKLOADS} for s in runs}
-    same = runs["ours"][0]["first_tokens"] == runs["hf"][0]["first_tokens"]
+    med = {s: {w: statistics.median(x[w] for x in runs[s]) for w in workloads} for s in runs}
+    same = runs["ours"][0].get("first_tokens") == runs["hf"][0].get("first_tokens")
     width = "toy width (--small, not a result)" if a.small else "Qwen3-30B-A3B width"
     print(f"\n{width}, {a.layers} layer(s), {a.rows} rows x {a.tokens} tokens, {a.new} new tokens, float32")
     print("| workload | ours s | transformers s | transformers / ours |")
     print("|---|---|---|---|")
-    for w in WORKLOADS:
+    for w in workloads:
         print(f"| {w} | {med['ours'][w]:.3f} | {med['hf'][w]:.3f} | {med['hf'][w] / med['ours'][w]:.2f}x |")
-    print(f"greedy tokens equal: {same}")
+    if "sampler" in workloads:
+        print(f"greedy tokens equal: {same}")
     if a.out:
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with open(a.out, "w") as f:

@@ -175,7 +175,9 @@ def test_config_reading_and_refusals(tmp_path):
     with pytest.raises(ValueError, match="mlp_only_layers"):
         Qwen3MoeConfig.tiny(64, num_layers=2, mlp_only_layers=(2,))
     with pytest.raises(ValueError, match="moe_dispatch"):
-        Qwen3MoeConfig.tiny(64, moe_dispatch="megablox")
+        Qwen3MoeConfig.tiny(64, moe_dispatch="tokamax")
+    auto = Qwen3MoeConfig.tiny(64)
+    assert (auto.dispatch("cpu"), auto.dispatch("tpu"), auto.dispatch("gpu")) == ("blocked", "megablox", "ragged")
     with pytest.raises(TypeError, match="Qwen3Moe"):
         qwen3.Qwen3(Qwen3MoeConfig.tiny(64))
     with pytest.raises(ValueError, match="model_type"):
