@@ -55,6 +55,17 @@ def jit_forward(model, **static_kw):
     return lambda *args: f(state, *args)
 
 
+def _random_norms(model):
+    """Random norm weights, so a q/k-norm or RMSNorm weight mix-up cannot hide behind ones (in place)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    return model
+
+
 def make_tiny_hf_qwen3(
     out_dir,
     *,
@@ -93,12 +104,7 @@ def make_tiny_hf_qwen3(
         pad_token_id=0,
         **extra,
     )
-    model = Qwen3ForCausalLM(cfg).eval()
-    # Random norms too, so a q/k-norm or RMSNorm weight mix-up cannot hide behind ones.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    model = _random_norms(Qwen3ForCausalLM(cfg).eval())
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(str(out_dir))
     return model
@@ -146,12 +152,10 @@ def make_tiny_hf_qwen3_moe(
         pad_token_id=0,
         **extra,
     )
-    model = Qwen3MoeForCausalLM(cfg).eval()
+    model = _random_norms(Qwen3MoeForCausalLM(cfg).eval())
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif name.endswith("mlp.gate.weight"):  # a router spread wide enough that its top k are not near ties
+            if name.endswith("mlp.gate.weight"):  # a router spread wide enough that its top k are not near ties
                 p.mul_(8.0)
     model.save_pretrained(str(out_dir))
     return model

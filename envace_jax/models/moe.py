@@ -93,14 +93,23 @@ def _combine(y_sorted, order, r: Routing):
     return jnp.einsum("tkd,tk->td", y.reshape(T, k, -1).astype(jnp.float32), r.weights)
 
 
-def _ragged(h2, r: Routing, gate, up, down):
+def _grouped(h2, r: Routing, gate, up, down, matmul, row_multiple: int = 1):
+    """The SwiGLU experts over the token copies sorted by expert, ``matmul(x, w, group_sizes)`` a grouped matmul
+    with a float32 result. ``row_multiple``: the copies are padded with zero rows to a multiple of it, the padding
+    counted in the last expert's group and dropped after."""
     token, order, _, sizes = _sorted_copies(r, gate.shape[0])
-    x = h2[token]
-    g = jax.lax.ragged_dot(x, gate, sizes, preferred_element_type=jnp.float32)
-    u = jax.lax.ragged_dot(x, up, sizes, preferred_element_type=jnp.float32)
-    a = (jax.nn.silu(g) * u).astype(h2.dtype)
-    y = jax.lax.ragged_dot(a, down, sizes, preferred_element_type=jnp.float32).astype(h2.dtype)
+    M = token.shape[0]
+    pad = (-M) % row_multiple
+    x = jnp.pad(h2[token], ((0, pad), (0, 0)))
+    sizes = sizes.at[-1].add(pad)
+    a = (jax.nn.silu(matmul(x, gate, sizes)) * matmul(x, up, sizes)).astype(h2.dtype)
+    y = matmul(a, down, sizes).astype(h2.dtype)[:M]
     return _combine(y, order, r)
+
+
+def _ragged(h2, r: Routing, gate, up, down):
+    mm = lambda x, w, sizes: jax.lax.ragged_dot(x, w, sizes, preferred_element_type=jnp.float32)
+    return _grouped(h2, r, gate, up, down, mm)
 
 
 @jax.custom_vjp
@@ -135,18 +144,11 @@ _MEGABLOX_ROWS = 128  # megablox's row tile: the sorted copies are padded to a m
 def _megablox(h2, r: Routing, gate, up, down, interpret: bool):
     from jax.experimental.pallas.ops.tpu.megablox import gmm
 
-    token, order, _, sizes = _sorted_copies(r, gate.shape[0])
-    M = token.shape[0]
-    pad = (-M) % _MEGABLOX_ROWS
-    x = jnp.pad(h2[token], ((0, pad), (0, 0)))
-    sizes = sizes.at[-1].add(pad)  # the padding rows (zeros) ride with the last expert and are dropped below
     tile = lambda n: n if n < 128 else 128
-    mm = lambda a, w: gmm(
-        a, w, sizes, jnp.float32, (_MEGABLOX_ROWS, tile(w.shape[1]), tile(w.shape[2])), interpret=interpret
+    mm = lambda x, w, sizes: gmm(
+        x, w, sizes, jnp.float32, (_MEGABLOX_ROWS, tile(w.shape[1]), tile(w.shape[2])), interpret=interpret
     )
-    a = (jax.nn.silu(mm(x, gate)) * mm(x, up)).astype(h2.dtype)
-    y = mm(a, down).astype(h2.dtype)[:M]
-    return _combine(y, order, r)
+    return _grouped(h2, r, gate, up, down, mm, _MEGABLOX_ROWS)
 
 
 def _block_matmul_bwd(res, dy):

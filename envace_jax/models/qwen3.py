@@ -262,7 +262,11 @@ class Qwen3(nnx.Module):
         bits = None
         if is_16bit_float(table.dtype):
             bits = jax.lax.bitcast_convert_type(table, jnp.uint16)
-        return DecodeWeights([fuse_projections(p) for p in layers], head, bits)
+        return DecodeWeights([self._fuse_layer(p) for p in layers], head, bits)
+
+    def _fuse_layer(self, p: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """One layer's weights in ``decode_weights(fuse=True)``'s layout (``fuse_projections``)."""
+        return fuse_projections(p)
 
     def _run_layers_cached(self, x, positions, visible, cache: KVCache, layer_params):
         """The cache path: layers unrolled over the per-layer cache buffers (see ``kv_cache``)."""

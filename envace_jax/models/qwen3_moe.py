@@ -252,15 +252,9 @@ class Qwen3Moe(qwen3.Qwen3):
         dense = qwen3._stack_axes(self.dense_mlp) if self.dense_mlp is not None else {}
         return [{**att, **(mlp if self.config.is_sparse(i) else dense)} for i in range(self.config.num_layers)]
 
-    def decode_weights(self, transpose_head: bool = False, fuse: bool = False) -> qwen3.DecodeWeights:
-        w = super().decode_weights(transpose_head=transpose_head, fuse=False)
-        if not fuse:
-            return w
-        head, layout = self.head_weight()
-        table = self.embed.embedding[...]
-        bits = jax.lax.bitcast_convert_type(table, jnp.uint16) if qwen3.is_16bit_float(table.dtype) else None
-        layers = [fuse_attention(p) if ROUTER in p else fuse_projections(p) for p in w.layers]
-        return qwen3.DecodeWeights(layers, jnp.transpose(head) if layout == "dv" else None, bits)
+    def _fuse_layer(self, p: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """A sparse layer fuses its attention only; its experts stay as they are."""
+        return fuse_attention(p) if ROUTER in p else fuse_projections(p)
 
     # -- layers ------------------------------------------------------------------------------
     def _layer(self, p: dict, x, rope, mask, cache_kv, replay=None):

@@ -107,8 +107,8 @@ def model_config(m: config_lib.ModelSection, vocab: int) -> qwen3.Qwen3Config:
     """The architecture ``model.preset`` selects: ``tiny`` sizes it from the model section (its vocabulary
     grown to the tokenizer's), a named preset is that Qwen3 model. Dtypes and remat come from the section."""
     common = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy)
-    if m.preset == "tiny" and m.num_experts:  # a tiny Qwen3-MoE
-        return Qwen3MoeConfig.tiny(
+    if m.preset == "tiny":  # with model.num_experts > 0, a tiny Qwen3-MoE (moe_kwargs is empty otherwise)
+        return (Qwen3MoeConfig if m.num_experts else qwen3.Qwen3Config).tiny(
             max(m.vocab_size, vocab),
             hidden_size=m.hidden_size,
             intermediate_size=m.intermediate_size,
@@ -117,17 +117,6 @@ def model_config(m: config_lib.ModelSection, vocab: int) -> qwen3.Qwen3Config:
             num_kv_heads=m.num_kv_heads,
             head_dim=m.head_dim,
             **m.moe_kwargs(),
-            **common,
-        )
-    if m.preset == "tiny":
-        return qwen3.Qwen3Config.tiny(
-            max(m.vocab_size, vocab),
-            hidden_size=m.hidden_size,
-            intermediate_size=m.intermediate_size,
-            num_layers=m.num_layers,
-            num_heads=m.num_heads,
-            num_kv_heads=m.num_kv_heads,
-            head_dim=m.head_dim,
             **common,
         )
     if m.preset in config_lib.MOE_PRESETS:
