@@ -14,7 +14,9 @@ times after an untimed first call. Workloads, the same on both sides:
   under ``no_grad``);
 - update: one optimizer step of a policy-gradient loss (the trainer's RL loss on our side; on transformers' a
   sum of each generated token's log-prob times its row's advantage over the same tokens, ``loss.backward()`` and
-  ``torch.optim.AdamW.step``), every parameter trained, the prompt half of each row untrained;
+  ``torch.optim.AdamW.step``), every parameter trained, the prompt half of each row untrained; both sides run
+  the vocabulary head on the scored positions only (ours: the trainer's ``gather_trained``; transformers:
+  ``logits_to_keep``), and it runs last, since it changes the weights;
 - sampler: greedy ``--new`` tokens after ``rows`` prompts of ``tokens / 2`` (ours: ``Sampler.generate``;
   transformers: ``generate(do_sample=False)``).
 
@@ -26,6 +28,7 @@ is faster).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -125,17 +128,21 @@ def worker_ours(path: str, rows: int, tokens: int, new: int, reps: int, workload
         trainer = Trainer(model, OptimConfig(lr=1e-6), LossConfig(), micro_batch_size=rows)
         return _medians(lambda: trainer.update(batch), reps)
 
-    out = {}
-    if "forward" in workloads:
-        out["forward"] = forward()
-    if "update" in workloads:
-        out["update"] = update()
-    if "sampler" in workloads:
+    def sample() -> None:
         sampler = Sampler(model, cache_size=half + new)
         prompts = [ids[i, :half].tolist() for i in range(rows)]
         greedy = SamplingParams(temperature=0.0, max_new_tokens=new)
         out["sampler"] = _medians(lambda: sampler.generate(prompts, greedy), reps)
         out["first_tokens"] = sampler.generate(prompts, greedy).tokens[0][:8]
+
+    out = {}
+    if "forward" in workloads:
+        out["forward"] = forward()
+    if "sampler" in workloads:
+        sample()
+    gc.collect()
+    if "update" in workloads:  # last: it changes the weights the other two read
+        out["update"] = update()
     return out
 
 
@@ -161,7 +168,8 @@ def worker_hf(path: str, rows: int, tokens: int, new: int, reps: int, threads: i
         model.train()
 
         def update():
-            logits = model(x).logits[:, half - 1 : -1].float()
+            # the head over the scored positions only (half - 1 .. L - 2), as our trainer's gather_trained does
+            logits = model(x, logits_to_keep=tokens - half + 1).logits[:, :-1].float()
             logp = torch.log_softmax(logits, -1).gather(-1, x[:, half:, None])[..., 0]
             loss = -(logp * advantage).sum() / logp.numel()
             loss.backward()
@@ -170,21 +178,21 @@ def worker_hf(path: str, rows: int, tokens: int, new: int, reps: int, threads: i
 
         return _medians(update, reps)
 
-    out = {}
-    if "forward" in workloads:
-        out["forward"] = _medians(forward, reps)
-    if "update" in workloads:
-        out["update"] = update_seconds()
-    model.eval()
     prompt = x[:, :half]
 
     def sample():
         with torch.no_grad():
             return model.generate(prompt, do_sample=False, max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
 
+    out = {}
+    if "forward" in workloads:
+        out["forward"] = _medians(forward, reps)
     if "sampler" in workloads:
         out["sampler"] = _medians(sample, reps)
         out["first_tokens"] = sample()[0, half : half + 8].tolist()
+    gc.collect()
+    if "update" in workloads:  # last: it changes the weights the other two read
+        out["update"] = update_seconds()
     return out
 
 

@@ -35,7 +35,7 @@ from envace_jax.rl import loss as loss_lib
 from envace_jax.rl import placement, prefix_plan
 from envace_jax.rl.batch import TrainBatch
 from envace_jax.rl.head_logprobs import fused_token_logprobs, gathered_token_logprobs
-from envace_jax.rl.optim import make_optimizer, make_schedule  # re-exported
+from envace_jax.rl.optim import make_optimizer, make_schedule, scaled_norm  # make_*: re-exported
 from envace_jax.rl.placement import opt_state_shardings, process_micro_batch_rows  # noqa: F401  (re-exported)
 from envace_jax.rl.types import ROLE_ID
 
@@ -332,9 +332,16 @@ class Trainer:
         return fn
 
     def _apply_impl(self, params, opt_state, grads, count):
-        grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), grads)
-        gnorm = optax.tree.norm(grads)
-        updates, opt_state = self.tx.update(grads, opt_state, params)
+        # the mean gradient is grads / count; the optimizer takes the scale instead of a divided copy, so the
+        # step holds no parameter-sized temporary (optim.make_optimizer)
+        scale = 1.0 / jnp.maximum(count, 1.0)
+        if getattr(self.tx.update, "takes_grad_scale", False):
+            gnorm = scaled_norm(grads, scale)
+            updates, opt_state = self.tx.update(grads, opt_state, params, grad_scale=scale)
+        else:  # another optax transformation: the divided copy
+            grads = jax.tree.map(lambda g: g * scale, grads)
+            gnorm = optax.tree.norm(grads)
+            updates, opt_state = self.tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return params, opt_state, gnorm
 

@@ -174,10 +174,11 @@ def _update_temporaries(monkeypatch, optimizer=None) -> tuple[int, int]:
     return compiled.memory_analysis().temp_size_in_bytes, sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(p))
 
 
-def test_the_optimizer_step_holds_no_more_temporaries_than_without_the_skip(monkeypatch):
-    """The skip costs no memory: the Trainer's update needs the temporaries of clip + AdamW alone (the
-    averaged gradient, one parameter-sized copy), where apply_if_finite's cond holds a second copy."""
+def test_the_optimizer_step_holds_no_parameter_sized_temporary(monkeypatch):
+    """The Trainer's step holds no parameter-sized temporary. An optax chain of clip + AdamW handed the
+    averaged gradient holds one (the divided or clipped copy); apply_if_finite's cond holds a second."""
     ours, weights = _update_temporaries(monkeypatch)
+    assert ours < weights // 100, (ours, weights)
 
     def plain(cfg):  # the same chain, with no skip at all
         adamw = optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
@@ -187,3 +188,29 @@ def test_the_optimizer_step_holds_no_more_temporaries_than_without_the_skip(monk
     with_cond, _ = _update_temporaries(monkeypatch, reference)
     assert ours <= floor + 64 * 1024, (ours, floor, weights)
     assert with_cond >= floor + weights // 2, (with_cond, floor, weights)  # the copy this replaces
+
+
+def test_a_scaled_gradient_steps_as_the_divided_one_through_clips_and_skips():
+    """``update(grads, ..., grad_scale=s)`` (what the Trainer passes: the gradient sum and 1 / count) takes
+    the step apply_if_finite(clip + AdamW) takes on ``grads * s``, through clipped, skipped and given-up
+    steps: the counters equal, the values within rounding (the clip's factor is folded into one scalar)."""
+    scale = jnp.float32(1 / 3)
+    ours, ref = make_optimizer(CFG), reference(CFG)
+    p_ours = p_ref = start_params()
+    s_ours, s_ref = ours.init(p_ours), ref.init(p_ref)
+    update_ours, update_ref = jax.jit(ours.update), jax.jit(ref.update)
+    clipped = 0
+    for i, (label, g) in enumerate(gradient_sequence()):
+        # the sequence's gradients are sums of 3: some clip after the division, some do not
+        g = jax.tree.map(lambda x: 3 * x, g)
+        u_ours, s_ours = update_ours(g, s_ours, p_ours, grad_scale=scale)
+        u_ref, s_ref = update_ref(jax.tree.map(lambda x: x * scale, g), s_ref, p_ref)
+        p_ours, p_ref = optax.apply_updates(p_ours, u_ours), optax.apply_updates(p_ref, u_ref)
+        for name, a, b in (("updates", u_ours, u_ref), ("params", p_ours, p_ref), ("state", s_ours, s_ref)):
+            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+                np.testing.assert_allclose(
+                    np.asarray(x), np.asarray(y), rtol=2e-6, atol=1e-7, err_msg=f"{i} {label} {name}"
+                )
+        norm = float(optax.tree.norm(jax.tree.map(lambda x: x * scale, g)))
+        clipped += np.isfinite(norm) and norm > CFG.grad_clip
+    assert clipped >= 2 and int(s_ours.total_notfinite) == 7
