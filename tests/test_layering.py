@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("data", ("envace_jax.data",)),
     ("models", ("envace_jax.models", "envace_jax.sharding", "envace_jax.checkpoint", "envace_jax.jit_maps")),
     ("sampling", ("envace_jax.sampling",)),
+    ("serve", ("envace_jax.serve",)),
     ("rl", ("envace_jax.rl",)),
     ("eval", ("envace_jax.eval",)),
     ("demo", ("envace_jax.demo",)),

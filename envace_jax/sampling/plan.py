@@ -238,8 +238,18 @@ def split_rows(
     return tuple(groups)
 
 
+_GOLDEN = 0x9E3779B9
+
+
 def _row_key(seed: int, i: int) -> tuple[int, int]:
-    return seed % 2**32, (i + 0x9E3779B9 * (seed >> 32)) % 2**32
+    return seed % 2**32, (i + _GOLDEN * (seed >> 32)) % 2**32
+
+
+def seed_at_row(seed: int, stream: int, row: int) -> int:
+    """The seed that gives a fresh row at position ``row`` of a call the key that row ``stream`` of a call with
+    ``seed`` gets: a request's draws then do not depend on where a server batched it (``envace_jax.serve``)."""
+    hi = ((stream - row) * pow(_GOLDEN, -1, 2**32) + (seed >> 32)) % 2**32
+    return seed % 2**32 + (hi << 32)
 
 
 def plan_batch(
