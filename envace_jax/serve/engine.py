@@ -57,6 +57,7 @@ class ServeEngine:
         self.stats = EngineStats()
         self._seeds = np.random.default_rng(seed)
         self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._held: Job | None = None  # a request that did not fit the last call: first in the next
         self._thread = threading.Thread(target=self._run, name="serve-engine", daemon=True)
         self._thread.start()
 
@@ -94,7 +95,7 @@ class ServeEngine:
 
     # ------------------------------------------------------------------ worker
     def _take(self) -> list[Job] | None:
-        first = self._queue.get()
+        first, self._held = self._held or self._queue.get(), None
         if first is None:
             return None
         jobs, rows = [first], first.request.n
@@ -105,7 +106,7 @@ class ServeEngine:
                     self._queue.put(None)  # stop after this call
                     break
                 if rows + job.request.n > self.max_rows:
-                    self._queue.put(job)  # goes first next time (order among waiting jobs may change)
+                    self._held = job
                     break
                 jobs.append(job)
                 rows += job.request.n
