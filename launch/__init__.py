@@ -2,7 +2,7 @@
 
     python launch/train.py --config=configs/demo_cpu.py        python -m launch.train --config=configs/demo_cpu.py
 
-``launch/<name>.py`` for train, eval, export_hf, pretrain, aot_compile: each runs the ``cli()`` of
+``launch/<name>.py`` for train, eval, export_hf, pretrain, aot_compile, paired_stats, serve: each runs the ``cli()`` of
 ``envace_jax/cli/<name>.py``, as the console script ``envace-<name>`` does. ``launch/demo.py`` (``make demo``;
 its default config is the repository's configs/demo.py) and the cluster scripts ``launch/gpu/<name>.py`` and
 ``launch/tpu_vm/<name>.py`` (create, setup, run) hold their own mains: run as a file, a cluster script's folder

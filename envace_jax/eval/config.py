@@ -20,7 +20,8 @@ from envace_jax.envs import bfcl, tau2
 from envace_jax.model_sizes import TINY
 
 SUITES = ("bfcl", "tau2", "demo", "rehearsal_sweep", "fidelity")
-POLICIES = ("oracle", "model")
+POLICIES = ("oracle", "model", "http")
+HTTP_SUITES = ("bfcl", "tau2")  # the suites whose agent a served model can be
 TOKENIZER_CORPORA = ("demo", "demo+bfcl")
 PRE_SPLITS = ("qwen", "lines")
 TAU2_USERS = ("scripted", "model")
@@ -89,6 +90,20 @@ class ModelSpec:
     random_tiny: bool = False
     dtype: str = "float32"
     tiny: TinySpec = TinySpec()
+
+
+@dataclasses.dataclass(frozen=True)
+class HttpPolicySpec:
+    """``policy=http``: a model behind an OpenAI-compatible chat-completions endpoint (``launch/serve.py``, vLLM,
+    SGLang). Each turn sends the conversation's messages and tools; the reply's content and tool calls are turned
+    back into Qwen3 text, which the suite parses as it parses an in-process model's."""
+
+    base_url: str = ""  # e.g. http://127.0.0.1:8000 (``/v1/chat/completions`` is appended)
+    model: str = ""  # the served model name
+    api_key_env: str = ""  # environment variable holding the API key; empty: no key is sent
+    timeout_s: float = 600.0
+    max_concurrency: int = 16  # requests in flight
+    max_attempts: int = 3  # tries of a request that got no answer or a 5xx
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,11 +305,12 @@ class FidelityBenchConfig:
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     suite: str = "bfcl"  # bfcl | tau2 | demo | rehearsal_sweep
-    policy: str = "oracle"  # oracle (replays ground truth) | model
+    policy: str = "oracle"  # oracle (replays ground truth) | model | http (a served model)
     output_dir: str = ""  # results.json, results.md, <category>.jsonl go here
     seed: int = 0
     write_entries: bool = True  # per-entry <category>.jsonl files
     model: ModelSpec = ModelSpec()
+    http: HttpPolicySpec = HttpPolicySpec()  # policy=http
     sampling: RoleSampling = RoleSampling(temperature=0.0, max_new_tokens=1024)  # greedy
     sampler: SamplerShapes = SamplerShapes()
     max_model_len: int = 32768  # prompt + generated tokens per conversation
@@ -310,6 +326,13 @@ class EvalConfig:
             raise ValueError(f"config.suite={self.suite!r}; choose one of {SUITES}")
         if self.policy not in POLICIES:
             raise ValueError(f"config.policy={self.policy!r}; choose one of {POLICIES}")
+        if self.policy == "http":
+            if self.suite not in HTTP_SUITES:
+                raise ValueError(f"config.policy='http' evaluates the suites {HTTP_SUITES}, not {self.suite!r}")
+            if not self.http.base_url or not self.http.model:
+                raise ValueError("config.policy='http' needs config.http.base_url and config.http.model")
+            if self.http.timeout_s <= 0 or self.http.max_concurrency < 1 or self.http.max_attempts < 1:
+                raise ValueError("config.http: timeout_s must be > 0, max_concurrency and max_attempts >= 1")
         if self.max_model_len <= self.sampling.max_new_tokens:
             raise ValueError(
                 f"config.max_model_len={self.max_model_len} must exceed "

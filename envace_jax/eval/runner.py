@@ -1,7 +1,8 @@
 """``run_eval(config)``: one evaluation from an ml-collections config (used by launch/eval.py).
 
 The config (``configs/eval_*.py``, a dict, or an ``EvalConfig``) is read into the typed ``EvalConfig``
-of ``eval.config``: ``suite`` (bfcl | tau2 | demo | rehearsal_sweep | fidelity), ``policy`` (oracle | model),
+of ``eval.config``: ``suite`` (bfcl | tau2 | demo | rehearsal_sweep | fidelity), ``policy`` (oracle | model |
+http: a served model, bfcl and tau2),
 ``output_dir``, ``model``, ``sampling``, ``sampler`` shape buckets, ``max_model_len``, ``enable_thinking``,
 ``rehearsal`` and one section per suite. A field that is misspelt or out of range is an error naming it.
 """
@@ -33,6 +34,15 @@ def _agent(cfg: EvalConfig, out_dir: str, model_path: str | None = None):
             seed=cfg.seed,
             shapes=cfg.sampler,
         )
+
+
+def _policy_agent(cfg: EvalConfig, out_dir: str):
+    """The agent of the bfcl and tau2 suites: our model in-process, or a served one (``policy=http``)."""
+    if cfg.policy == "http":
+        from envace_jax.eval.http_agent import HttpAgent
+
+        return HttpAgent(cfg.http, cfg.sampling, enable_thinking=cfg.enable_thinking, seed=cfg.seed)
+    return _agent(cfg, out_dir)[0]
 
 
 def _rollout_cfg(cfg: EvalConfig):
@@ -78,7 +88,7 @@ def _run_suite(cfg: EvalConfig, out_dir: str) -> tuple[list[R.CategoryResult], s
     if cfg.suite == "bfcl":
         from envace_jax.eval import bfcl_eval
 
-        agent = "oracle" if cfg.policy == "oracle" else _agent(cfg, out_dir)[0]
+        agent = "oracle" if cfg.policy == "oracle" else _policy_agent(cfg, out_dir)
         cats = bfcl_eval.evaluate(agent, cfg.bfcl)
     elif cfg.suite == "tau2":
         from envace_jax.eval import tau2_eval
@@ -86,11 +96,15 @@ def _run_suite(cfg: EvalConfig, out_dir: str) -> tuple[list[R.CategoryResult], s
         if cfg.policy == "oracle":
             cats = tau2_eval.evaluate("oracle", cfg.tau2)
         else:
-            agent = _agent(cfg, out_dir)[0]
+            agent = _policy_agent(cfg, out_dir)
             user_agent = None
             if cfg.tau2.user == "model":
-                # Without a separate user model the policy's own weights play the user (separate caches).
-                user_agent = _agent(cfg, out_dir, cfg.tau2.user_model_path or None)[0]
+                # Without a separate user model the policy's own weights play the user (separate caches); a
+                # served policy plays it through its server.
+                if cfg.policy == "http" and not cfg.tau2.user_model_path:
+                    user_agent = _policy_agent(cfg, out_dir)
+                else:
+                    user_agent = _agent(cfg, out_dir, cfg.tau2.user_model_path or None)[0]
             cats = tau2_eval.evaluate(agent, cfg.tau2, user_agent)
     elif cfg.suite == "fidelity":
         # REHEARSE on the benchmarks' logged calls; the rehearser (oracle | constant | model) names the run

@@ -9,13 +9,15 @@ agent tools, every call executed in ``Tau2Env``). The user is either
 * ``user="model"``: a local model through our sampler, prompted with tau2's own user-simulator system
   prompt (tau2's guidelines + the task's scenario, built by ``tau2.user.user_simulator.UserSimulator``);
   it sees the dialogue with roles flipped, and ends it by writing one of tau2's stop tokens; or
-* ``user="scripted"`` (CI): one opening message made of the scenario's reason for call and known info;
-  the first tool-free reply of the agent ends the dialogue (``user_stop``). It cannot answer follow-up
-  questions, so it understates what a model could do; it exists to run the agent side offline.
+* ``user="scripted"`` (CI): an opening message made of the scenario's reason for call and known info, then the
+  task's known user actions as the agent's own actions allow them, then tau2's stop token
+  (``eval.tau2_user_side.ScriptedUser``). It cannot answer follow-up questions, so it understates what a model
+  could do; it exists to run the agent side offline.
 
-Telecom users act on their own phone through user-side tools; neither user kind here calls them, so
-telecom tasks that need user actions fail honestly. Termination follows tau2: a user stop token ends
-the run as ``user_stop``; the step cap as ``max_steps`` (which tau2 scores 0).
+Telecom users act on their own phone through user-side tools: both user kinds call them (the model user is given
+their schemas), routed as tau2's orchestrator routes them (``eval.tau2_user_side``): the user sees the results,
+the agent does not, and tau2's evaluator grades the whole trajectory. Termination follows tau2: a user stop token
+ends the run as ``user_stop``; the step cap as ``max_steps`` (which tau2 scores 0).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from envace_jax.eval import progress
 from envace_jax.eval.config import Tau2Config  # the suite's knobs live with every eval knob
 from envace_jax.eval.harness import LENGTH_BUDGET, Agent, AgentTurn, Conversation, number_calls, parse_turn
 from envace_jax.eval.results import CategoryResult, EntryResult, is_success
+from envace_jax.eval.tau2_user_side import ScriptedUser, run_user_calls
 
 GREETING = "Hi! How can I help you today?"  # tau2's orchestrator opens with the agent's greeting too
 
@@ -93,8 +96,11 @@ def _means(rows: Sequence[EntryResult]) -> dict[str, Any]:
 class _Episode:
     task: Any
     env: T.Tau2Env
-    agent: Conversation  # the agent's view (our messages, graded by tau2)
+    agent: Conversation  # the agent's view
     user: Conversation  # the user's view (roles flipped)
+    graded: list  # the trajectory tau2 grades: the agent's view plus the user's own tool calls
+    scripted: ScriptedUser | None = None
+    user_results: list = dataclasses.field(default_factory=list)  # tool results the scripted user has not seen
     phase: str = "user"
     steps: int = 0
     calls: int = 0
@@ -102,7 +108,7 @@ class _Episode:
     termination: str = ""
 
 
-def _start(domain: str, task: Any, k: int) -> _Episode:
+def _start(domain: str, task: Any, k: int, scripted_user: bool = False) -> _Episode:
     env = T.Tau2Env(domain, task)
     agent = Conversation(
         key=f"tau2/{domain}/{task.id}/agent/{k}",
@@ -112,9 +118,10 @@ def _start(domain: str, task: Any, k: int) -> _Episode:
     user = Conversation(
         key=f"tau2/{domain}/{task.id}/user/{k}",
         messages=[{"role": "system", "content": user_system_prompt(task)}, {"role": "user", "content": GREETING}],
-        tools=[],
+        tools=env.user_tool_schemas,  # telecom's phone; none in airline and retail
     )
-    return _Episode(task, env, agent, user)
+    scripted = ScriptedUser(task, scripted_opening(task), _stop_tokens()[0]) if scripted_user else None
+    return _Episode(task, env, agent, user, copy.deepcopy(agent.messages), scripted)
 
 
 def _on_agent(ep: _Episode, out: AgentTurn) -> None:
@@ -124,12 +131,12 @@ def _on_agent(ep: _Episode, out: AgentTurn) -> None:
         return
     msg, calls, error = parse_turn(out.text)
     number_calls(msg, f"call_{ep.steps}")
-    ep.agent.messages.append(msg)
+    _log(ep, msg)
     if calls and error is None:
         for (name, args), tc in zip(calls, msg["tool_calls"]):
             res = ep.env.execute(name, copy.deepcopy(args))  # the env must not alias our record
-            ep.agent.messages.append(
-                {"role": "tool", "name": name, "tool_call_id": tc["id"], "content": res.content, "error": res.error}
+            _log(
+                ep, {"role": "tool", "name": name, "tool_call_id": tc["id"], "content": res.content, "error": res.error}
             )
         ep.calls += len(calls)
         return
@@ -138,23 +145,33 @@ def _on_agent(ep: _Episode, out: AgentTurn) -> None:
     ep.phase = "user"
 
 
+def _log(ep: _Episode, msg: dict[str, Any]) -> None:
+    """A message of the agent's view, which the graded trajectory holds too."""
+    ep.agent.messages.append(msg)
+    ep.graded.append(copy.deepcopy(msg))
+
+
 def _on_user(ep: _Episode, text: str) -> None:
     ep.steps += 1
+    if ep.user.tools:  # the user may act on its phone: a turn of tool calls stays with the user
+        msg, calls, error = parse_turn(text)
+        if calls and error is None:
+            number_calls(msg, f"user_call_{ep.steps}")
+            run_user_calls(ep.env, ep.user.messages, ep.graded, msg, calls)
+            ep.user_results = [m["content"] for m in ep.user.messages[-len(calls) :]]
+            return
     text = strip_think(text).strip()
     if any(s in text for s in _stop_tokens()):
         ep.done, ep.termination = True, "user_stop"
         return
-    ep.agent.messages.append({"role": "user", "content": text})
+    _log(ep, {"role": "user", "content": text})
     ep.user.messages.append({"role": "assistant", "content": text})
     ep.phase = "agent"
 
 
 def _scripted_user(ep: _Episode) -> str:
-    from tau2.user.base import STOP
-
-    if len(ep.user.messages) <= 2:  # nothing said yet beyond the greeting
-        return scripted_opening(ep.task)
-    return STOP
+    results, ep.user_results = ep.user_results, []
+    return ep.scripted.turn(ep.graded, results)
 
 
 def play(
@@ -166,7 +183,9 @@ def play(
     bar = progress.EpisodeBar(len(tasks), f"tau2 {domain}")  # counts the tasks played to their end
     bar.start()
     for lo in range(0, len(tasks), cfg.batch_size):
-        group = [_start(domain, t, lo + i) for i, t in enumerate(tasks[lo : lo + cfg.batch_size])]
+        group = [
+            _start(domain, t, lo + i, cfg.user == "scripted") for i, t in enumerate(tasks[lo : lo + cfg.batch_size])
+        ]
         while True:
             for ep in group:
                 if not ep.done and ep.steps >= cfg.max_steps:
@@ -204,9 +223,10 @@ def evaluate_model(
 ) -> CategoryResult:
     rows = []
     for ep in play(domain, tasks, agent, cfg, user_agent):
-        detail = {"termination": ep.termination, "steps": ep.steps, "calls": ep.calls}
+        user_calls = sum(len(m.get("tool_calls") or []) for m in ep.graded if m.get("role") == "user")
+        detail = {"termination": ep.termination, "steps": ep.steps, "calls": ep.calls, "user_calls": user_calls}
         try:
-            res = T.evaluate(domain, ep.task, ep.agent.messages, termination=ep.termination)
+            res = T.evaluate(domain, ep.task, ep.graded, termination=ep.termination)
         except Exception as e:  # tau2 rejects trajectories it cannot replay; that is a failed run, not a crash
             rows.append(
                 EntryResult(

@@ -12,7 +12,7 @@ import pytest
 
 from tests import helpers_loop as h
 
-MAINS = ["train", "eval", "export_hf", "pretrain", "demo", "aot_compile", "paired_stats"]
+MAINS = ["train", "eval", "export_hf", "pretrain", "demo", "aot_compile", "paired_stats", "serve"]
 ABSL = {
     "train",
     "eval",
@@ -20,7 +20,7 @@ ABSL = {
     "demo",
     "aot_compile",
     "paired_stats",
-}  # the absl mains; pretrain and the cluster scripts: argparse
+}  # the absl mains; pretrain, serve and the cluster scripts: argparse
 CLUSTER = [f"{where}.{name}" for where in ("gpu", "tpu_vm") for name in ("create", "setup", "run")]
 
 

@@ -1,0 +1,98 @@
+"""``policy=http``: BFCL through a served model (launch/serve.py's server over a tiny random checkpoint) against
+the same checkpoint in process, greedy; the pieces that turn OpenAI messages into Qwen3 text and back."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from envace_jax.eval import run_eval
+from envace_jax.eval.config import EvalConfig, ModelSpec, TinySpec, load_eval_config
+from envace_jax.eval.harness import load_policy, parse_turn, tool_call_text
+from envace_jax.eval.http_agent import reply_text, wire_message
+from envace_jax.models import hf_io
+from envace_jax.serve import build_server
+
+
+@pytest.fixture(scope="module")
+def bfcl_ckpt(tmp_path_factory):
+    """A tiny random Qwen3 with a line-level tokenizer trained on BFCL's schemas (eval_bfcl_tiny.py's), as a
+    checkpoint folder both the in-process eval and the server load."""
+    d = str(tmp_path_factory.mktemp("bfcl_ckpt"))
+    tiny = TinySpec(
+        hidden=32,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        head_dim=8,
+        vocab_size=8192,
+        tokenizer_corpus="demo+bfcl",
+        pre_split="lines",
+        max_token_chars=64,
+    )
+    model, tok = load_policy(ModelSpec(random_tiny=True, tiny=tiny), os.path.join(d, "work"), seed=3)
+    out = os.path.join(d, "hf")
+    hf_io.save_hf(model, out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _cfg(out_dir, **kw):
+    return {
+        "suite": "bfcl",
+        "output_dir": str(out_dir),
+        "bfcl": {"categories": "multi_turn_base", "limit": 6, "max_steps_per_turn": 2, "batch_size": 6},
+        "sampling": {"temperature": 0.0, "max_new_tokens": 16},
+        "max_model_len": 2048,
+        "enable_thinking": False,
+        **kw,
+    }
+
+
+def _entries(out_dir):
+    with open(os.path.join(out_dir, "multi_turn_base.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_bfcl_through_the_server_gives_the_in_process_greedy_outcomes(bfcl_ckpt, tmp_path):
+    local = run_eval(_cfg(tmp_path / "local", policy="model", model={"model_path": bfcl_ckpt}))
+    server = build_server(
+        bfcl_ckpt, model_name="tiny", dtype="float32", max_model_len=2048, port=0, enable_thinking=False
+    )
+    with server:
+        served = run_eval(_cfg(tmp_path / "http", policy="http", http={"base_url": server.url, "model": "tiny"}))
+        assert server.counts["ok"] > 0 and server.counts["client_errors"] == 0
+    a, b = _entries(tmp_path / "local"), _entries(tmp_path / "http")
+    assert [e["id"] for e in a] == [e["id"] for e in b] and len(a) == 6
+    assert [(e["valid"], e["error_type"]) for e in a] == [(e["valid"], e["error_type"]) for e in b]
+    # turns, steps, calls, generated tokens and termination of every entry
+    assert [e["detail"] for e in a] == [e["detail"] for e in b]
+    row_a, row_b = local["categories"]["multi_turn_base"], served["categories"]["multi_turn_base"]
+    assert row_a["valid"] == row_b["valid"] and row_b["generated_tokens_mean"] > 0
+    assert served["policy"] == "http"
+
+
+def test_messages_go_out_as_openai_clients_send_them_and_replies_come_back_as_qwen3_text():
+    msg, _, _ = parse_turn('ok\n<tool_call>\n{"name": "cd", "arguments": {"folder": "döc"}}\n</tool_call>')
+    wire = wire_message({**msg, "tool_calls": [{**c, "id": f"x{i}"} for i, c in enumerate(msg["tool_calls"])]})
+    assert wire["role"] == "assistant" and wire["content"] == "ok"
+    assert wire["tool_calls"] == [
+        {"id": "x0", "type": "function", "function": {"name": "cd", "arguments": '{"folder": "döc"}'}}
+    ]
+    reply = {"content": "ok", "tool_calls": wire["tool_calls"]}
+    assert reply_text(reply) == tool_call_text([("cd", {"folder": "döc"})], "ok")
+    assert parse_turn(reply_text(reply))[1] == [("cd", {"folder": "döc"})]
+    assert reply_text({"content": "plain", "tool_calls": []}) == "plain"
+    bad = {"content": None, "tool_calls": [{"function": {"name": "cd", "arguments": "{oops"}}]}
+    assert parse_turn(reply_text(bad))[2] is not None  # our parser rejects what the server passed on
+
+
+def test_policy_http_is_checked_when_the_config_is_read():
+    with pytest.raises(ValueError, match="base_url"):
+        load_eval_config({"suite": "bfcl", "policy": "http"})
+    with pytest.raises(ValueError, match="evaluates the suites"):
+        EvalConfig(suite="demo", policy="http")
+    cfg = load_eval_config({"suite": "tau2", "policy": "http", "http": {"base_url": "http://h:1", "model": "m"}})
+    assert cfg.http.max_concurrency == 16
