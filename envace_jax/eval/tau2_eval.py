@@ -43,11 +43,13 @@ def _stop_tokens() -> tuple[str, ...]:
     return (STOP, TRANSFER, OUT_OF_SCOPE)
 
 
-def user_system_prompt(task: Any) -> str:
-    """tau2's own user-simulator system prompt for ``task`` (its guidelines plus the scenario)."""
+def user_system_prompt(task: Any, user_tools: Sequence[Any] | None = None) -> str:
+    """tau2's own user-simulator system prompt for ``task`` (its guidelines plus the scenario); with the user's
+    tools (telecom's phone), tau2's guidelines for a user who acts through tools."""
     from tau2.user.user_simulator import UserSimulator
 
-    return UserSimulator(instructions=task.user_scenario.instructions, llm=None).system_prompt
+    tools = list(user_tools) if user_tools else None
+    return UserSimulator(tools=tools, instructions=task.user_scenario.instructions, llm=None).system_prompt
 
 
 def scripted_opening(task: Any) -> str:
@@ -110,6 +112,7 @@ class _Episode:
 
 def _start(domain: str, task: Any, k: int, scripted_user: bool = False) -> _Episode:
     env = T.Tau2Env(domain, task)
+    phone = env.environment.get_user_tools() if env.user_tool_schemas else None
     agent = Conversation(
         key=f"tau2/{domain}/{task.id}/agent/{k}",
         messages=[{"role": "system", "content": env.policy}, {"role": "assistant", "content": GREETING}],
@@ -117,7 +120,10 @@ def _start(domain: str, task: Any, k: int, scripted_user: bool = False) -> _Epis
     )
     user = Conversation(
         key=f"tau2/{domain}/{task.id}/user/{k}",
-        messages=[{"role": "system", "content": user_system_prompt(task)}, {"role": "user", "content": GREETING}],
+        messages=[
+            {"role": "system", "content": user_system_prompt(task, phone)},
+            {"role": "user", "content": GREETING},
+        ],
         tools=env.user_tool_schemas,  # telecom's phone; none in airline and retail
     )
     scripted = ScriptedUser(task, scripted_opening(task), _stop_tokens()[0]) if scripted_user else None

@@ -83,6 +83,8 @@ def test_a_model_users_tool_calls_reach_the_phone_and_the_grader_but_not_the_age
             out = []
             for c in convs:
                 assert c.tools and any(s["function"]["name"] == "check_status_bar" for s in c.tools)
+                # tau2's guidelines for a user who acts through tools, which the tool-free prompt lacks
+                assert "You have some tools to perform the actions on your end" in c.messages[0]["content"]
                 tools = [m for m in c.messages if m["role"] == "tool"]
                 if not tools:
                     out.append(AgentTurn(tool_call_text([("check_status_bar", {})])))
