@@ -20,6 +20,7 @@ PACKAGES = (
     "envace_jax.envs",
     "envace_jax.data",
     "envace_jax.rl",
+    "envace_jax.serve",
     "envace_jax.eval",
     "envace_jax.demo",
     "envace_jax.aot",
