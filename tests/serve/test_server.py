@@ -60,6 +60,8 @@ def server(ckpt):
         port=0,
         sampler_kwargs={"max_chunk": 128},
     )
+    # a wide window for a call to gather requests, so that concurrent test clients share calls on a loaded machine
+    srv.engine.batch_wait_s = 0.25
     with srv:
         yield srv
 
