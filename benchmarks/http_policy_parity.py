@@ -4,10 +4,10 @@
     python benchmarks/http_policy_parity.py                          # all 200 multi_turn_base entries, a tiny model
     python benchmarks/http_policy_parity.py --model DIR --limit 20 --max-new-tokens 256 --max-model-len 16384
 
-Without ``--model`` it writes a tiny random Qwen3 with a line-level tokenizer trained on BFCL's schemas (the
-shape of configs/eval_bfcl_tiny.py) to a temp dir: it writes no tool calls, so the run checks the path (the same
-turns, steps, calls and tokens per entry), not scores. Prints per-entry agreement and both accuracies, wall
-seconds of each run, and the server's request counts.
+Without ``--model`` it writes a tiny random Qwen3 with a line-level tokenizer trained on BFCL's schemas
+(``eval.config.BFCL_TINY``, the sizes of configs/eval_bfcl_tiny.py) to a temp dir: it writes no tool calls, so the
+run checks the path (the same turns, steps, calls and tokens per entry), not scores. Prints per-entry agreement,
+both accuracies, wall seconds of each run, and the server's request counts.
 """
 
 from __future__ import annotations
@@ -18,29 +18,6 @@ import os
 import sys
 import tempfile
 import time
-
-
-def tiny_checkpoint(out: str) -> str:
-    from envace_jax.eval.config import ModelSpec, TinySpec
-    from envace_jax.eval.harness import load_policy
-    from envace_jax.models import hf_io
-
-    tiny = TinySpec(
-        hidden=32,
-        layers=1,
-        heads=2,
-        kv_heads=1,
-        head_dim=8,
-        vocab_size=8192,
-        tokenizer_corpus="demo+bfcl",
-        pre_split="lines",
-        max_token_chars=64,
-    )
-    model, tok = load_policy(ModelSpec(random_tiny=True, tiny=tiny), os.path.join(out, "work"), seed=3)
-    path = os.path.join(out, "hf")
-    hf_io.save_hf(model, path)
-    tok.save_pretrained(path)
-    return path
 
 
 def _entries(out_dir: str, category: str) -> list[dict]:
@@ -60,10 +37,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     a = ap.parse_args(argv)
     from envace_jax.eval import run_eval
+    from envace_jax.eval.config import BFCL_TINY
+    from envace_jax.eval.harness import save_tiny_checkpoint
     from envace_jax.serve import build_server
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = a.model or tiny_checkpoint(tmp)
+        path = a.model or save_tiny_checkpoint(BFCL_TINY, tmp, seed=3)
         base = {
             "suite": "bfcl",
             "bfcl": {

@@ -3,32 +3,18 @@
 Scores are expected near zero; the run must finish and write results.json.
 """
 
+import dataclasses
 import os
 
 from envace_jax.config import config_from_file
+from envace_jax.eval.config import BFCL_TINY
 
 
 def get_config():
     c = config_from_file(os.path.join(os.path.dirname(__file__), "eval_bfcl.py"))
     c.policy = "model"
     c.model.random_tiny = True
-    # BFCL prompts are ~17k characters (~30 tool schemas): 7k-11k tokens with the demo tokenizer, ~4k
-    # with Qwen3's word-level pre-split even when trained on BFCL. A line-level BPE trained on the
-    # schemas and questions (tokens up to 64 characters) brings them to ~300-800 tokens (mean ~540),
-    # so prefill no longer dominates the run. The model is as small as Qwen3's shape allows.
-    c.model.tiny.update(
-        dict(
-            hidden=32,
-            layers=1,
-            heads=2,
-            kv_heads=1,
-            head_dim=8,
-            vocab_size=8192,
-            tokenizer_corpus="demo+bfcl",
-            pre_split="lines",
-            max_token_chars=64,
-        )
-    )
+    c.model.tiny.update(dataclasses.asdict(BFCL_TINY))  # eval.config.BFCL_TINY says why these sizes
     c.bfcl.categories = "multi_turn_base"
     c.bfcl.max_steps_per_turn = 2
     c.bfcl.batch_size = 32  # live entries; a finished entry's slot goes to the next one

@@ -81,6 +81,24 @@ class TinySpec:
             raise ValueError(f"config.model.tiny.pre_split={self.pre_split!r}; choose one of {PRE_SPLITS}")
 
 
+# The smallest random Qwen3 that plays BFCL (configs/eval_bfcl_tiny.py, the served-parity check). BFCL prompts are
+# ~17k characters (~30 tool schemas): 7k-11k tokens with the demo tokenizer, ~4k with Qwen3's word-level
+# pre-split even when trained on BFCL. A line-level BPE trained on the schemas and questions (tokens up to 64
+# characters) brings them to ~300-800 tokens (mean ~540), so prefill no longer dominates a run. The model is as
+# small as Qwen3's shape allows.
+BFCL_TINY = TinySpec(
+    hidden=32,
+    layers=1,
+    heads=2,
+    kv_heads=1,
+    head_dim=8,
+    vocab_size=8192,
+    tokenizer_corpus="demo+bfcl",
+    pre_split="lines",
+    max_token_chars=64,
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """Which policy to load: a local HF checkpoint (``model_path``), or ``random_tiny`` (CI)."""

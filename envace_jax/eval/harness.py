@@ -20,7 +20,13 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from envace_jax.chat.tool_parser import make_assistant_message
 from envace_jax.data.demo_tasks import demo_corpus
-from envace_jax.eval.config import PRE_SPLITS, TOKENIZER_CORPORA, ModelSpec, SamplerShapes  # noqa: F401 (re-exported)
+from envace_jax.eval.config import (  # noqa: F401 (re-exported)
+    PRE_SPLITS,
+    TOKENIZER_CORPORA,
+    ModelSpec,
+    SamplerShapes,
+    TinySpec,
+)
 from envace_jax.rl.policy_client import GenRequest
 from envace_jax.rl.rollout import RoleSampling
 from envace_jax.rl.types import ACT
@@ -162,6 +168,18 @@ def bfcl_corpus(repeat: int = 3) -> list[str]:
         render_chat_text([{"role": "user", "content": "hi"}], schemas[i : i + 10]) for i in range(0, len(schemas), 10)
     ]
     return repeat * texts + [user_turn(q) for q in questions]
+
+
+def save_tiny_checkpoint(tiny: "TinySpec", out_dir: str, seed: int = 0) -> str:
+    """A random Qwen3 of ``tiny``'s sizes and its demo tokenizer, written as a checkpoint folder ``out_dir/hf`` that
+    ``load_hf``, transformers and ``launch/serve.py`` read; returns that folder."""
+    from envace_jax.models import hf_io
+
+    model, tok = load_policy(ModelSpec(random_tiny=True, tiny=tiny), os.path.join(out_dir, "work"), seed=seed)
+    path = os.path.join(out_dir, "hf")
+    hf_io.save_hf(model, path)
+    tok.save_pretrained(path)
+    return path
 
 
 def load_policy(spec: ModelSpec, work_dir: str, seed: int = 0):

@@ -9,10 +9,9 @@ import os
 import pytest
 
 from envace_jax.eval import run_eval
-from envace_jax.eval.config import EvalConfig, ModelSpec, TinySpec, load_eval_config
-from envace_jax.eval.harness import load_policy, parse_turn, tool_call_text
+from envace_jax.eval.config import BFCL_TINY, EvalConfig, load_eval_config
+from envace_jax.eval.harness import parse_turn, save_tiny_checkpoint, tool_call_text
 from envace_jax.eval.http_agent import reply_text, wire_message
-from envace_jax.models import hf_io
 from envace_jax.serve import build_server
 
 
@@ -20,23 +19,7 @@ from envace_jax.serve import build_server
 def bfcl_ckpt(tmp_path_factory):
     """A tiny random Qwen3 with a line-level tokenizer trained on BFCL's schemas (eval_bfcl_tiny.py's), as a
     checkpoint folder both the in-process eval and the server load."""
-    d = str(tmp_path_factory.mktemp("bfcl_ckpt"))
-    tiny = TinySpec(
-        hidden=32,
-        layers=1,
-        heads=2,
-        kv_heads=1,
-        head_dim=8,
-        vocab_size=8192,
-        tokenizer_corpus="demo+bfcl",
-        pre_split="lines",
-        max_token_chars=64,
-    )
-    model, tok = load_policy(ModelSpec(random_tiny=True, tiny=tiny), os.path.join(d, "work"), seed=3)
-    out = os.path.join(d, "hf")
-    hf_io.save_hf(model, out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_checkpoint(BFCL_TINY, str(tmp_path_factory.mktemp("bfcl_ckpt")), seed=3)
 
 
 def _cfg(out_dir, **kw):
