@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -41,22 +40,6 @@ def _post(url: str, data: bytes) -> tuple[int, bytes]:
             return e.code, e.read()
     except OSError as e:
         return -1, repr(e).encode()
-
-
-def tiny_checkpoint(out: str) -> str:
-    from envace_jax.config import load_config
-    from envace_jax.models import hf_io, qwen3
-    from envace_jax.rl import train as rl_train
-
-    cfg = load_config({"run_dir": os.path.join(out, "run"), "tokenizer": {"demo_vocab_size": 480}})
-    rl_train.build_tokenizer(cfg)
-    ckpt = os.path.join(out, "tiny")
-    hf_io.save_hf(qwen3.init_model(qwen3.Qwen3Config.tiny(512, num_layers=2), seed=0), ckpt)
-    tok = os.path.join(out, "run", "tokenizer")
-    for f in os.listdir(tok):
-        with open(os.path.join(tok, f), "rb") as src, open(os.path.join(ckpt, f), "wb") as dst:
-            dst.write(src.read())
-    return ckpt
 
 
 def level(url: str, clients: int, requests: int, max_tokens: int, engine) -> dict:
@@ -126,10 +109,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     a = ap.parse_args(argv)
+    from envace_jax.eval.config import TinySpec
+    from envace_jax.eval.harness import save_tiny_checkpoint
     from envace_jax.serve import build_server
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = a.model or tiny_checkpoint(tmp)
+        path = a.model or save_tiny_checkpoint(TinySpec(), tmp)  # the demo tokenizer and model_sizes.TINY
         server = build_server(
             path, model_name="bench", dtype=a.dtype, max_model_len=a.max_model_len, max_rows=a.max_rows, port=0
         )

@@ -81,7 +81,6 @@ class HttpAgent:
                 raise ValueError(f"config.http.api_key_env names {spec.api_key_env!r}, which is not set")
             self.headers["Authorization"] = f"Bearer {key}"
         self._calls = 0
-        self.stats = {"requests": 0, "retries": 0}
 
     def body(self, c: Conversation, seed: int) -> dict[str, Any]:
         s = self.sampling
@@ -105,7 +104,6 @@ class HttpAgent:
         last = ""
         for attempt in range(self.spec.max_attempts):
             if attempt:
-                self.stats["retries"] += 1
                 time.sleep(min(2.0**attempt, 30.0))
             req = urllib.request.Request(self.url, data=data, headers=self.headers, method="POST")
             try:
@@ -125,7 +123,6 @@ class HttpAgent:
         raise RuntimeError(f"policy=http: no answer from {self.url} after {self.spec.max_attempts} tries ({last})")
 
     def _one(self, c: Conversation, seed: int) -> AgentTurn:
-        self.stats["requests"] += 1
         status, reply = self._post(self.body(c, seed))
         if status != 200:
             err = reply.get("error")

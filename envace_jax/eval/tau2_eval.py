@@ -163,8 +163,7 @@ def _on_user(ep: _Episode, text: str) -> None:
         msg, calls, error = parse_turn(text)
         if calls and error is None:
             number_calls(msg, f"user_call_{ep.steps}")
-            run_user_calls(ep.env, ep.user.messages, ep.graded, msg, calls)
-            ep.user_results = [m["content"] for m in ep.user.messages[-len(calls) :]]
+            ep.user_results = run_user_calls(ep.env, ep.user.messages, ep.graded, msg, calls)
             return
     text = strip_think(text).strip()
     if any(s in text for s in _stop_tokens()):

@@ -18,6 +18,7 @@ an agent's actions and not its conversation.
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any, Sequence
 
@@ -42,19 +43,19 @@ def performed(trajectory: Sequence[dict[str, Any]], requestor: str) -> list[tupl
     return out
 
 
-def run_user_calls(env, user_view: list[dict], trajectory: list[dict], msg: dict, calls) -> int:
+def run_user_calls(env, user_view: list[dict], trajectory: list[dict], msg: dict, calls) -> list[str]:
     """Executes a user turn's ``calls`` (``[(name, arguments)]``; ``msg`` the parsed turn with numbered
-    ``tool_calls``) on the user's toolkit; returns the number of calls (see the module docstring)."""
-    import copy
-
+    ``tool_calls``) on the user's toolkit; returns the results' contents (see the module docstring)."""
     user_view.append({"role": "assistant", "content": msg.get("content") or "", "tool_calls": msg["tool_calls"]})
     trajectory.append({"role": "user", "content": "", "tool_calls": copy.deepcopy(msg["tool_calls"])})
+    results = []
     for (name, args), tc in zip(calls, msg["tool_calls"]):
         res = env.execute(name, copy.deepcopy(args), requestor="user")
         tool = {"role": "tool", "name": name, "tool_call_id": tc["id"], "content": res.content, "error": res.error}
         user_view.append(dict(tool))
         trajectory.append(dict(tool, requestor="user"))
-    return len(calls)
+        results.append(res.content)
+    return results
 
 
 class ScriptedUser:

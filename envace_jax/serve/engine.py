@@ -128,7 +128,7 @@ class ServeEngine:
             for job, result in zip(jobs, results):
                 job.future.set_result(result)
 
-    def _row_params(self, job: Job, choice: int, row: int):
+    def _row_params(self, job: Job, choice: int, row: int, stops: tuple[int, ...]):
         from envace_jax.sampling import SamplingParams
         from envace_jax.sampling.plan import seed_at_row
 
@@ -136,7 +136,6 @@ class ServeEngine:
         seed = r.seed if r.seed is not None else int(self._seeds.integers(2**62))
         if r.seed is None:
             choice = row  # a fresh seed per row: nothing to keep independent of the batch
-        stops = tuple(self.renderer.stop_token_ids) + self._stop_string_ids(r.stop)
         return SamplingParams(
             temperature=r.temperature,
             top_p=r.top_p,
@@ -156,8 +155,9 @@ class ServeEngine:
 
         prompts, params, owners = [], [], []
         for j, job in enumerate(jobs):
+            stops = tuple(self.renderer.stop_token_ids) + self._stop_string_ids(job.request.stop)
             for c in range(job.request.n):
-                params.append(self._row_params(job, c, len(prompts)))
+                params.append(self._row_params(job, c, len(prompts), stops))
                 prompts.append(job.prompt)
                 owners.append(j)
         out = self.sampler.generate(prompts, params)

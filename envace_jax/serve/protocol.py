@@ -229,8 +229,7 @@ def parse_request(body: Any, served_model: str) -> ChatRequest:
     for key in ("stream", "parallel_tool_calls"):
         if key in body and not isinstance(body[key], bool):
             raise _bad(f"'{key}' must be a boolean", key)
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     options = body.get("stream_options") or {}
     return ChatRequest(
         messages=_messages(body.get("messages")),
@@ -241,7 +240,7 @@ def parse_request(body: Any, served_model: str) -> ChatRequest:
         temperature=_number(body, "temperature", 1.0, 0.0, 100.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
         top_k=max(0, _number(body, "top_k", 0, -1, 1 << 20, integer=True)),  # vLLM's -1 is "off", as our 0
-        max_tokens=None if max_tokens is None else _number({key: max_tokens}, key, None, 1, 1 << 20, integer=True),
+        max_tokens=_number(body, max_key, None, 1, 1 << 20, integer=True),
         stop=tuple(stop),
         seed=_number(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True),
         response_format=fmt["type"],
