@@ -112,6 +112,9 @@ class _Episode:
     termination: str = ""
     calls: int = 0
     generated_tokens: int = 0
+    prompt_tokens: int = 0
+    # every call that ran: (name, arguments, response, failed), for comparing rehearsals with the real run
+    real_calls: list[tuple[str, Any, str, bool]] = dataclasses.field(default_factory=list)
 
 
 def _open_turn(ep: _Episode) -> None:
@@ -135,22 +138,29 @@ def _end_turn(ep: _Episode) -> None:
         _open_turn(ep)
 
 
-def _start(e: Mapping[str, Any]) -> _Episode:
+def _start(e: Mapping[str, Any], memory: str = "") -> _Episode:
     env = bfcl.BfclMultiTurnEnv(e)
     ep = _Episode(
         dict(e),
         env,
         Conversation(key=f"bfcl/{e['id']}", messages=[], tools=env.tool_schemas, info={"entry_id": e["id"]}),
     )
+    if memory:  # BFCL prompts have no system message of their own: the memory is one, before the first turn
+        ep.conv.messages.append({"role": "system", "content": memory})
     _open_turn(ep)
     return ep
 
 
 def play_multi_turn(
-    entries: Sequence[Mapping[str, Any]], agent: Agent, cfg: BfclConfig, desc: str = "bfcl"
+    entries: Sequence[Mapping[str, Any]],
+    agent: Agent,
+    cfg: BfclConfig,
+    desc: str = "bfcl",
+    memories: Mapping[str, str] | None = None,
 ) -> list[_Episode]:
     """Plays every entry to its end (or force-quit); returns the episodes in entry order. A bar named
-    ``desc`` on stderr counts the entries that ended.
+    ``desc`` on stderr counts the entries that ended. ``memories``: entry id -> a test-time rehearsal memory
+    (``eval.benchmark_rehearsal``), a system message before the entry's first user message.
 
     At most ``cfg.batch_size`` entries are live at once, and an entry that ends hands its slot to the
     next one at once: entries differ a lot in turns and steps, so fixed groups would spend most agent
@@ -163,7 +173,7 @@ def play_multi_turn(
     bar.start()
     while True:
         while len(live) < cfg.batch_size and (j := next(todo, None)) is not None:
-            episodes[j] = _start(entries[j])
+            episodes[j] = _start(entries[j], (memories or {}).get(entries[j]["id"], ""))
             live.append(j)
         if not live:
             break
@@ -183,6 +193,7 @@ def play_multi_turn(
 
 def _advance(ep: _Episode, out: AgentTurn, cfg: BfclConfig) -> None:
     ep.generated_tokens += out.generated_tokens
+    ep.prompt_tokens += out.prompt_tokens
     if out.finish_reason == LENGTH_BUDGET:
         ep.done, ep.termination = True, LENGTH_BUDGET
         return
@@ -199,6 +210,7 @@ def _advance(ep: _Episode, out: AgentTurn, cfg: BfclConfig) -> None:
     ep.trajectory[-1].append([copy.deepcopy(x) for x in calls if _checkable(x)])
     for (name, args), tc in zip(calls, msg["tool_calls"]):
         res = ep.env.execute(name, copy.deepcopy(args))
+        ep.real_calls.append((name, copy.deepcopy(args), res.content, bool(res.error)))
         c.messages.append({"role": "tool", "name": name, "tool_call_id": tc["id"], "content": res.content})
     ep.calls += len(calls)
     c.step += 1
@@ -214,8 +226,13 @@ def evaluate_multi_turn(category: str, agent: Agent | str, cfg: BfclConfig) -> C
         entries = entries[: cfg.limit]
     if agent == "oracle":
         agent = BfclMultiTurnOracle(entries, gts, cfg.max_steps_per_turn)
+    return score_multi_turn(category, play_multi_turn(entries, agent, cfg, desc=category), gts)
+
+
+def score_multi_turn(category: str, episodes: Sequence[_Episode], gts: Mapping[str, Any]) -> CategoryResult:
+    """BFCL's multi-turn checker on played episodes (``play_multi_turn``), one row per entry."""
     rows = []
-    for ep in play_multi_turn(entries, agent, cfg, desc=category):
+    for ep in episodes:
         res = bfcl.check_multi_turn(ep.trajectory, ep.entry, gts[ep.entry["id"]])
         rows.append(
             EntryResult(

@@ -26,6 +26,10 @@ TOKENIZER_CORPORA = ("demo", "demo+bfcl")
 PRE_SPLITS = ("qwen", "lines")
 TAU2_USERS = ("scripted", "model")
 REHEARSAL_MODES = ("parallel", "sequential")
+# What answers a rehearsal's tool calls: REHEARSE ("imagined", EnvACE), or a private copy of the real environment
+# ("real", an upper bound: what a memory is worth when the rehearsal sees no imagination error)
+REHEARSAL_WORLDS = ("imagined", "real")
+DEMO_SWEEP_NS = (0, 1, 2, 4)  # suite rehearsal_sweep's grid when rehearsal.sweep_ns is empty
 MEMORY_KINDS = ("template", "model")
 PLACEMENTS = ("system", "note")
 # When the committed run gets the memory: "always" (EnvACE); "on_mistake": only when a rehearsal wrote a
@@ -168,6 +172,7 @@ class RehearsalConfig:
     # place_memory="on_tools": the memory is placed only when a rehearsal called one of these tools (those whose
     # effect cannot be undone and does not hang on a number REHEARSE must guess, e.g. closing an account)
     memory_tools: tuple[str, ...] = ()
+    rehearser: str = "imagined"  # or "real" (REHEARSAL_WORLDS)
 
     def __post_init__(self):
         for name in ("real_reads", "memory_tools"):
@@ -183,6 +188,7 @@ class RehearsalConfig:
             "place_memory": MEMORY_GATES,
             "grounding": ("none", "reference"),
             "user_turns": ("first", "all"),
+            "rehearser": REHEARSAL_WORLDS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -197,17 +203,32 @@ class RehearsalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RehearsalSection(RehearsalConfig):
-    """Test-time rehearsal of the demo suite, and the grid of suite ``rehearsal_sweep``."""
+    """Test-time rehearsal of the demo, BFCL and tau2 suites, and the grid of a sweep over N.
 
-    sweep_ns: tuple[int, ...] = (0, 1, 2, 4)
+    ``sweep_ns`` empty: suites ``demo``, ``bfcl`` and ``tau2`` run the one setting above (``n``, ``mode``,
+    ``rehearser``); suite ``rehearsal_sweep`` sweeps ``DEMO_SWEEP_NS``. Given (``--config.rehearsal.sweep_ns=0,1,2``):
+    ``bfcl`` and ``tau2`` sweep N x ``sweep_modes`` x ``sweep_rehearsers`` (``eval.benchmark_rehearsal``), and
+    ``rehearsal_sweep`` sweeps N x ``sweep_modes`` on the demo."""
+
+    sweep_ns: tuple[int, ...] = ()
     sweep_modes: tuple[str, ...] = REHEARSAL_MODES
+    sweep_rehearsers: tuple[str, ...] = ()  # empty: ``rehearser`` alone
 
     def __post_init__(self):
         super().__post_init__()
-        if not self.sweep_ns or any(n < 0 for n in self.sweep_ns):
-            raise ValueError(f"config.rehearsal.sweep_ns must be non-empty and >= 0, got {self.sweep_ns}")
+        if any(not isinstance(n, int) or n < 0 for n in self.sweep_ns) or len(set(self.sweep_ns)) < len(self.sweep_ns):
+            raise ValueError(f"config.rehearsal.sweep_ns must be distinct ints >= 0, got {self.sweep_ns}")
         if not self.sweep_modes or any(m not in REHEARSAL_MODES for m in self.sweep_modes):
             raise ValueError(f"config.rehearsal.sweep_modes must be some of {REHEARSAL_MODES}, got {self.sweep_modes}")
+        if any(r not in REHEARSAL_WORLDS for r in self.sweep_rehearsers):
+            raise ValueError(
+                f"config.rehearsal.sweep_rehearsers must be some of {REHEARSAL_WORLDS}, got {self.sweep_rehearsers}"
+            )
+
+    @property
+    def rehearses(self) -> bool:
+        """Does a bfcl or tau2 run rehearse (a sweep, or one setting with N > 0)?"""
+        return bool(self.sweep_ns) or self.n > 0
 
     def rehearsal(self) -> RehearsalConfig:
         """The settings of one rehearsal run (without the sweep grid)."""
@@ -351,6 +372,20 @@ class EvalConfig:
                 raise ValueError("config.policy='http' needs config.http.base_url and config.http.model")
             if self.http.timeout_s <= 0 or self.http.max_concurrency < 1 or self.http.max_attempts < 1:
                 raise ValueError("config.http: timeout_s must be > 0, max_concurrency and max_attempts >= 1")
+        if self.suite in ("bfcl", "tau2") and self.rehearsal.rehearses:
+            if self.policy != "model":
+                raise ValueError(
+                    f"config.rehearsal (n={self.rehearsal.n}, sweep_ns={self.rehearsal.sweep_ns}) rehearses with our "
+                    f"in-process model: it needs config.policy='model', not {self.policy!r} (imagined episodes are "
+                    "token-level rollouts; set rehearsal.n=0 and sweep_ns='' to evaluate without rehearsal)"
+                )
+            if self.suite == "bfcl":
+                single = [c for c in self.bfcl.categories if c not in bfcl.MULTI_TURN_CATEGORIES]
+                if single:
+                    raise ValueError(
+                        f"config.bfcl.categories: rehearsal runs on BFCL's multi-turn categories; {single} are "
+                        "single-turn (evaluate them in a run without rehearsal)"
+                    )
         if self.max_model_len <= self.sampling.max_new_tokens:
             raise ValueError(
                 f"config.max_model_len={self.max_model_len} must exceed "

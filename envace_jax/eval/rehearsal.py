@@ -68,6 +68,12 @@ first call of another tool on, the world is the rehearsal's own and REHEARSE ans
 answered for real are marked (``StepTrace.real``) and left out of the fidelity counts. This is no longer a
 purely private rehearsal: it reads the real world, as the committed run would at its first step.
 
+An upper bound (``rehearser="real"``). The rehearsals run in the real rollout engine, each against its own fresh
+copy of the real environment (``make_env(record)``), and the memory says where its responses came from. Nothing
+is imagined, so the gap between this and the imagined rehearsal at the same N is what imagination costs, and the
+gap between this and N = 0 what a memory of the task can be worth at best. Its steps are marked real and left out
+of the fidelity counts.
+
 Budget knobs: ``n``, ``max_tokens_per_rehearsal`` (generated tokens of one imagined episode, ACT +
 REHEARSE; each generation is capped at it and an episode that reaches it is ended as
 ``length_budget`` after the step that crossed it), ``max_memory_chars``. Extra tokens spent (prompt
@@ -86,9 +92,8 @@ from envace_jax.chat.simulator import is_failed_result
 from envace_jax.chat.tool_parser import split_assistant_text, strip_think
 from envace_jax.eval import progress
 from envace_jax.eval.config import MEMORY_GATES, MEMORY_KINDS, PLACEMENTS, RehearsalConfig  # noqa: F401 (re-exported)
-from envace_jax.eval.config import REHEARSAL_MODES as MODES
 from envace_jax.eval.imagined_engine import REAL_READ_KEY, ImaginedEngine, advance_judge
-from envace_jax.eval.results import is_success, mean_ci, wilson_ci
+from envace_jax.eval.rehearsal_grid import SweepResult, rehearsal_sweep, summarize_run  # noqa: F401 (re-exported)
 from envace_jax.rl.policy_client import GenRequest
 from envace_jax.rl.rollout import RolloutConfig, RolloutEngine
 from envace_jax.rl.types import ACT, Episode, State
@@ -233,15 +238,20 @@ def memory_wanted(gate: str, traces: Sequence[RehearsalTrace], memory_tools: Seq
     return True  # "always"
 
 
-def build_template_memory(traces: Sequence[RehearsalTrace], max_chars: int, *, mistakes_only: bool = False) -> str:
+def build_template_memory(
+    traces: Sequence[RehearsalTrace], max_chars: int, *, mistakes_only: bool = False, real: bool = False
+) -> str:
     """The deterministic rehearsal memory (format in the module doc), at most ``max_chars`` long.
-    ``mistakes_only``: "Avoid" lists the calls the tool schema rejects, not every imagined failure."""
+    ``mistakes_only``: "Avoid" lists the calls the tool schema rejects, not every imagined failure. ``real``: the
+    rehearsals ran against a private copy of the real environment (``rehearser="real"``), and the memory says so."""
     if not traces:
         return ""
-    lines = [
-        f"{MEMORY_HEADER}: {len(traces)} private rehearsal{'s' if len(traces) != 1 else ''} of this task. "
-        "Their tool responses were imagined, not real."
-    ]
+    where = (
+        "Their tool responses came from a private copy of the real environment, which the real attempt starts afresh."
+        if real
+        else "Their tool responses were imagined, not real."
+    )
+    lines = [f"{MEMORY_HEADER}: {len(traces)} private rehearsal{'s' if len(traces) != 1 else ''} of this task. {where}"]
     seen: set[str] = set()
     avoid = []
     for t in traces:
@@ -387,19 +397,19 @@ class TestTimeRehearsal:
             if not e.done and sum(len(g.gen_ids) for g in e.generations) >= self.cfg.max_tokens_per_rehearsal:
                 e.state, e.termination = State.TERMINATED, "length_budget"
 
-    def _imagine(self, records: list[dict], uids: list[str], round_: int) -> list[Episode]:
-        cfg = dataclasses.replace(self.imagined_cfg, seed=self.imagined_cfg.seed + 7919 * (round_ + 1) + self.cfg.seed)
-        rounds = 1 if self.cfg.mode == "parallel" else self.cfg.n
-        what = f"rehearsal round {round_ + 1}/{rounds}: {len(records)} imagined episodes"
-        # a round of thousands of imagined episodes takes minutes: with stage lines, a bar over its episodes
-        bar = progress.EpisodeBar(len(records), f"rehearsal round {round_ + 1}/{rounds}") if self.stage_lines else None
-
-        def on_step(step: int, episodes: list[Episode]) -> None:
-            self._budget_hook(step, episodes)
-            if bar is not None:
-                bar.on_step(step, episodes)
-
-        engine = ImaginedEngine(
+    def _engine(self, cfg: RolloutConfig, on_step) -> RolloutEngine:
+        """The engine of one rehearsal round: imagined (REHEARSE answers), or, with ``rehearser="real"``, the real
+        rollout engine on a private environment per episode (``make_env``, never the committed run's)."""
+        if self.cfg.rehearser == "real":
+            return RolloutEngine(
+                dataclasses.replace(cfg, mode="real"),
+                self.codec,
+                self.policy,
+                self.imagined_judge,
+                make_env=self.make_env,
+                on_step=on_step,
+            )
+        return ImaginedEngine(
             cfg,
             self.codec,
             self.policy,
@@ -409,6 +419,21 @@ class TestTimeRehearsal:
             real_reads=self.cfg.real_reads,
             make_env=self.make_env if self.cfg.real_reads else None,
         )
+
+    def _imagine(self, records: list[dict], uids: list[str], round_: int) -> list[Episode]:
+        cfg = dataclasses.replace(self.imagined_cfg, seed=self.imagined_cfg.seed + 7919 * (round_ + 1) + self.cfg.seed)
+        rounds = 1 if self.cfg.mode == "parallel" else self.cfg.n
+        kind = "real-environment" if self.cfg.rehearser == "real" else "imagined"
+        what = f"rehearsal round {round_ + 1}/{rounds}: {len(records)} {kind} episodes"
+        # a round of thousands of imagined episodes takes minutes: with stage lines, a bar over its episodes
+        bar = progress.EpisodeBar(len(records), f"rehearsal round {round_ + 1}/{rounds}") if self.stage_lines else None
+
+        def on_step(step: int, episodes: list[Episode]) -> None:
+            self._budget_hook(step, episodes)
+            if bar is not None:
+                bar.on_step(step, episodes)
+
+        engine = self._engine(cfg, on_step)
         self.imagined_engines.append(engine)
         with progress.stage(what) if self.stage_lines else contextlib.nullcontext(), bar or contextlib.nullcontext():
             if bar is not None:
@@ -422,7 +447,8 @@ class TestTimeRehearsal:
         if not memory_wanted(self.cfg.place_memory, traces, self.cfg.memory_tools):
             return ""
         mistakes_only = self.cfg.place_memory == "on_mistake"
-        template = build_template_memory(traces, self.cfg.max_memory_chars, mistakes_only=mistakes_only)
+        real = self.cfg.rehearser == "real"
+        template = build_template_memory(traces, self.cfg.max_memory_chars, mistakes_only=mistakes_only, real=real)
         if self.cfg.memory == "template":
             return template
         prompt = self.codec.caller_prompt(summary_messages(record, traces, self.cfg.max_memory_chars), [])
@@ -430,6 +456,13 @@ class TestTimeRehearsal:
         out.prompt_tokens += len(prompt)
         out.generated_tokens += len(gen.ids)
         return _clean_summary(self.codec.decode(list(gen.ids)), self.cfg.max_memory_chars) or template
+
+    def _trace(self, ep: Episode, index: int, start: int) -> RehearsalTrace:
+        trace = trace_of(ep, index, start)
+        if self.cfg.rehearser == "real":  # every step ran on the private environment: nothing was imagined
+            for s in trace.steps:
+                s.real = True
+        return trace
 
     @staticmethod
     def _account(out: TaskRehearsal, ep: Episode) -> None:
@@ -454,7 +487,7 @@ class TestTimeRehearsal:
                 for k in range(n):
                     ep = eps[t * n + k]
                     self._account(out, ep)
-                    out.traces.append(trace_of(ep, k + 1, starts[t]))
+                    out.traces.append(self._trace(ep, k + 1, starts[t]))
                 out.memory = self._memory(records[t], out.traces, out)
                 out.memories.append(out.memory)
             return outs
@@ -463,7 +496,7 @@ class TestTimeRehearsal:
             eps = self._imagine(recs, [f"{o.uid}#rehearsal{k + 1}" for o in outs], k)
             for t, (out, ep) in enumerate(zip(outs, eps)):
                 self._account(out, ep)
-                out.traces.append(trace_of(ep, k + 1, len(recs[t]["messages"])))
+                out.traces.append(self._trace(ep, k + 1, len(recs[t]["messages"])))
                 out.memory = self._memory(records[t], out.traces, out)
                 out.memories.append(out.memory)
         return outs
@@ -513,76 +546,3 @@ def rehearsal_from_record(record: Mapping[str, Any]) -> TaskRehearsal:
         steps = [StepTrace(**{"turn": 0, **st}) for st in tr["steps"]]
         traces.append(RehearsalTrace(**{"index": i, **tr, "steps": steps}))
     return TaskRehearsal(str(record["uid"]), record["memory"] if record.get("memory_placed", True) else "", traces, [])
-
-
-# ----------------------------------------------------------------------------- sweep
-
-
-def summarize_run(run: RehearsalRun) -> dict[str, Any]:
-    scores = run.scores
-    wins = sum(is_success(s) for s in scores)
-    n = max(1, len(scores))
-    mean, ci = (sum(scores) / len(scores) if scores else float("nan")), mean_ci(scores)
-    return {
-        "mode": run.config.mode,
-        "n": run.config.n,
-        "memory": run.config.memory,
-        "place_memory": run.config.place_memory,
-        "tasks": len(scores),
-        "score": mean,
-        "score_ci95": ci,
-        "success": wins / n,
-        "success_ci95": wilson_ci(wins, len(scores)),
-        "extra_generated_tokens": sum(o.generated_tokens for o in run.rehearsals) / n,
-        "extra_prompt_tokens": sum(o.prompt_tokens for o in run.rehearsals) / n,
-        "memory_chars": sum(len(o.memory) for o in run.rehearsals) / n,
-        "memory_placed": sum(bool(o.memory) for o in run.rehearsals) / n,
-    }
-
-
-@dataclasses.dataclass
-class SweepResult:
-    rows: list[dict[str, Any]]
-
-    def to_json(self) -> str:
-        return json.dumps({"rows": self.rows}, indent=2)
-
-    def to_markdown(self) -> str:
-        lines = [
-            "| mode | N | memory placed | tasks | score (95% CI) | success (95% CI) | extra gen tokens/task | "
-            "extra prompt tokens/task | memory chars |",
-            "|---|---:|---|---:|---|---|---:|---:|---:|",
-        ]
-        for r in self.rows:
-            placed = "-" if r["n"] == 0 else f"{r.get('place_memory', 'always')}: {r.get('memory_placed', 0):.0%}"
-            lines.append(
-                f"| {r['mode']} | {r['n']} | {placed} | {r['tasks']} | {r['score']:.3f} "
-                f"[{r['score_ci95'][0]:.3f}, {r['score_ci95'][1]:.3f}] | {r['success']:.3f} "
-                f"[{r['success_ci95'][0]:.3f}, {r['success_ci95'][1]:.3f}] | "
-                f"{r['extra_generated_tokens']:.1f} | {r['extra_prompt_tokens']:.1f} | {r['memory_chars']:.0f} |"
-            )
-        return "\n".join(lines) + "\n"
-
-
-def rehearsal_sweep(
-    run: Callable[[RehearsalConfig], RehearsalRun],
-    base: RehearsalConfig = RehearsalConfig(),
-    ns: Sequence[int] = (0, 1, 2, 4),
-    modes: Sequence[str] = MODES,
-) -> SweepResult:
-    """Score versus N and versus extra tokens: ``run(cfg)`` executes one setting (typically
-    ``TestTimeRehearsal(cfg, ...).run(records)``). N = 0 does not depend on the mode: it runs once and
-    is reported under every mode."""
-    rows: list[dict[str, Any]] = []
-    zero: dict[str, Any] | None = None
-    for mode in modes:
-        for n in ns:
-            if n == 0 and zero is not None:
-                rows.append(dict(zero, mode=mode))
-                continue
-            row = summarize_run(run(dataclasses.replace(base, mode=mode, n=n)))
-            row["mode"] = mode
-            if n == 0:
-                zero = row
-            rows.append(row)
-    return SweepResult(rows)

@@ -17,7 +17,7 @@ from typing import Any
 
 from envace_jax.eval import progress
 from envace_jax.eval import results as R
-from envace_jax.eval.config import POLICIES, SUITES, EvalConfig, load_eval_config
+from envace_jax.eval.config import DEMO_SWEEP_NS, POLICIES, SUITES, EvalConfig, load_eval_config
 from envace_jax.eval.harness import build_model_agent
 
 
@@ -85,7 +85,16 @@ def _run_suite(cfg: EvalConfig, out_dir: str) -> tuple[list[R.CategoryResult], s
     """(categories, the policy name to report, extra files written) of the configured suite."""
     policy = cfg.policy
     extra_files: dict[str, str] = {}
-    if cfg.suite == "bfcl":
+    if cfg.suite in ("bfcl", "tau2") and cfg.rehearsal.rehearses:
+        # test-time rehearsal on the benchmark (one setting, or the sweep over N): policy=model (EvalConfig checks)
+        from envace_jax.eval import benchmark_rehearsal
+
+        agent, codec, client = _agent(cfg, out_dir)
+        user_agent = None
+        if cfg.suite == "tau2" and cfg.tau2.user == "model":
+            user_agent = agent if not cfg.tau2.user_model_path else _agent(cfg, out_dir, cfg.tau2.user_model_path)[0]
+        cats, extra_files = benchmark_rehearsal.run(cfg, out_dir, agent, codec, client, user_agent)
+    elif cfg.suite == "bfcl":
         from envace_jax.eval import bfcl_eval
 
         agent = "oracle" if cfg.policy == "oracle" else _policy_agent(cfg, out_dir)
@@ -136,7 +145,7 @@ def _run_suite(cfg: EvalConfig, out_dir: str) -> tuple[list[R.CategoryResult], s
                     client,
                     _rollout_cfg(cfg),
                     rehearsal,
-                    cfg.rehearsal.sweep_ns,
+                    cfg.rehearsal.sweep_ns or DEMO_SWEEP_NS,
                     cfg.rehearsal.sweep_modes,
                 )
                 with open(os.path.join(out_dir, "sweep.md"), "w", encoding="utf-8") as f:

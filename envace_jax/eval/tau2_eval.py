@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from envace_jax.chat.tool_parser import strip_think
 from envace_jax.envs import tau2 as T
@@ -108,6 +108,11 @@ class _Episode:
     calls: int = 0
     done: bool = False
     termination: str = ""
+    agent_turns: int = 0
+    generated_tokens: int = 0  # the agent's
+    prompt_tokens: int = 0
+    # every agent call that ran: (name, arguments, response, failed), for comparing rehearsals with the real run
+    real_calls: list = dataclasses.field(default_factory=list)
 
 
 def _start(domain: str, task: Any, k: int, scripted_user: bool = False) -> _Episode:
@@ -132,6 +137,9 @@ def _start(domain: str, task: Any, k: int, scripted_user: bool = False) -> _Epis
 
 def _on_agent(ep: _Episode, out: AgentTurn) -> None:
     ep.steps += 1
+    ep.agent_turns += 1
+    ep.generated_tokens += out.generated_tokens
+    ep.prompt_tokens += out.prompt_tokens
     if out.finish_reason == LENGTH_BUDGET:
         ep.done, ep.termination = True, "max_steps"
         return
@@ -141,6 +149,7 @@ def _on_agent(ep: _Episode, out: AgentTurn) -> None:
     if calls and error is None:
         for (name, args), tc in zip(calls, msg["tool_calls"]):
             res = ep.env.execute(name, copy.deepcopy(args))  # the env must not alias our record
+            ep.real_calls.append((name, copy.deepcopy(args), res.content, bool(res.error)))
             _log(
                 ep, {"role": "tool", "name": name, "tool_call_id": tc["id"], "content": res.content, "error": res.error}
             )
@@ -180,8 +189,16 @@ def _scripted_user(ep: _Episode) -> str:
 
 
 def play(
-    domain: str, tasks: Sequence[Any], agent: Agent, cfg: Tau2Config, user_agent: Agent | None = None
+    domain: str,
+    tasks: Sequence[Any],
+    agent: Agent,
+    cfg: Tau2Config,
+    user_agent: Agent | None = None,
+    before_first_act: Callable[[list[_Episode]], None] | None = None,
 ) -> list[_Episode]:
+    """Plays ``tasks`` in groups of ``cfg.batch_size``. ``before_first_act(episodes)`` is called with the episodes
+    whose agent is about to write its first turn (the user has stated the task), and may change their
+    ``agent.messages`` (test-time rehearsal places its memory there: ``eval.benchmark_rehearsal``)."""
     if cfg.user == "model" and user_agent is None:
         raise ValueError("config.tau2.user='model' needs a user model (config.tau2.user_model_path or the policy)")
     out: list[_Episode] = []
@@ -201,6 +218,9 @@ def play(
             acting = [ep for ep in live if ep.phase == "agent"]
             talking = [ep for ep in live if ep.phase == "user"]
             if acting:
+                first = [ep for ep in acting if ep.agent_turns == 0]
+                if first and before_first_act is not None:
+                    before_first_act(first)
                 for ep, o in zip(acting, agent.act([ep.agent for ep in acting])):
                     _on_agent(ep, o)
             if talking:
@@ -226,8 +246,13 @@ def play(
 def evaluate_model(
     domain: str, tasks: Sequence[Any], agent: Agent, cfg: Tau2Config, user_agent: Agent | None = None
 ) -> CategoryResult:
+    return score_episodes(domain, play(domain, tasks, agent, cfg, user_agent))
+
+
+def score_episodes(domain: str, episodes: Sequence[_Episode]) -> CategoryResult:
+    """tau2's evaluator on played episodes (``play``), one row per task."""
     rows = []
-    for ep in play(domain, tasks, agent, cfg, user_agent):
+    for ep in episodes:
         user_calls = sum(len(m.get("tool_calls") or []) for m in ep.graded if m.get("role") == "user")
         detail = {"termination": ep.termination, "steps": ep.steps, "calls": ep.calls, "user_calls": user_calls}
         try:
