@@ -126,6 +126,9 @@ class HttpPolicySpec:
     timeout_s: float = 600.0
     max_concurrency: int = 16  # requests in flight
     max_attempts: int = 3  # tries of a request that got no answer or a 5xx
+    # the served model's tokenizer (a local folder): test-time rehearsal renders its token-level prompts with it and
+    # sends them to /v1/completions (eval.http_policy_client); evaluation without rehearsal does not need it
+    tokenizer_path: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,11 +376,16 @@ class EvalConfig:
             if self.http.timeout_s <= 0 or self.http.max_concurrency < 1 or self.http.max_attempts < 1:
                 raise ValueError("config.http: timeout_s must be > 0, max_concurrency and max_attempts >= 1")
         if self.suite in ("bfcl", "tau2") and self.rehearsal.rehearses:
-            if self.policy != "model":
+            if self.policy == "oracle":
                 raise ValueError(
-                    f"config.rehearsal (n={self.rehearsal.n}, sweep_ns={self.rehearsal.sweep_ns}) rehearses with our "
-                    f"in-process model: it needs config.policy='model', not {self.policy!r} (imagined episodes are "
-                    "token-level rollouts; set rehearsal.n=0 and sweep_ns='' to evaluate without rehearsal)"
+                    f"config.rehearsal (n={self.rehearsal.n}, sweep_ns={self.rehearsal.sweep_ns}) rehearses with a "
+                    "model: it needs config.policy='model' or 'http', not 'oracle' (set rehearsal.n=0 and sweep_ns='' "
+                    "to replay the ground truth)"
+                )
+            if self.policy == "http" and not self.http.tokenizer_path:
+                raise ValueError(
+                    "config.policy='http' with rehearsal needs config.http.tokenizer_path, the served model's "
+                    "tokenizer folder: rehearsal renders its prompts as token ids for the server's /v1/completions"
                 )
             if self.suite == "bfcl":
                 single = [c for c in self.bfcl.categories if c not in bfcl.MULTI_TURN_CATEGORIES]

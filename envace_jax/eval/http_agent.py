@@ -68,18 +68,60 @@ def reply_text(message: dict[str, Any]) -> str:
     return tool_call_text(calls, content) if calls else content
 
 
+def request_headers(spec: HttpPolicySpec) -> dict[str, str]:
+    """JSON, and the bearer key of ``spec.api_key_env`` when it names one (an error when that variable is unset)."""
+    headers = {"Content-Type": "application/json"}
+    if spec.api_key_env:
+        key = os.environ.get(spec.api_key_env)
+        if not key:
+            raise ValueError(f"config.http.api_key_env names {spec.api_key_env!r}, which is not set")
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
+def post_json(url: str, body: dict[str, Any], headers: dict[str, str], spec: HttpPolicySpec) -> tuple[int, dict]:
+    """(status, JSON reply) of one POST; no answer or a 5xx is tried again (``spec.max_attempts``), a 4xx is
+    returned as it came."""
+    data = json.dumps(body, ensure_ascii=False).encode()
+    last = ""
+    for attempt in range(spec.max_attempts):
+        if attempt:
+            time.sleep(min(2.0**attempt, 30.0))
+        req = urllib.request.Request(url, data=data, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=spec.timeout_s) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            with e:
+                raw = e.read()
+            if e.code < 500:
+                try:
+                    return e.code, json.loads(raw)
+                except json.JSONDecodeError:
+                    return e.code, {"error": {"message": raw[:300].decode(errors="replace")}}
+            last = f"HTTP {e.code}: {raw[:300]!r}"
+        except (OSError, json.JSONDecodeError) as e:
+            last = f"{type(e).__name__}: {e}"
+    raise RuntimeError(f"policy=http: no answer from {url} after {spec.max_attempts} tries ({last})")
+
+
+def error_message(reply: dict[str, Any]) -> str:
+    err = reply.get("error")
+    return err.get("message", "") if isinstance(err, dict) else str(err)
+
+
+def past_context(status: int, message: str) -> bool:
+    """Is this refusal a prompt longer than the server's context (which ends a conversation, not the run)?"""
+    return status == 400 and ("max_model_len" in message or "context" in message)
+
+
 class HttpAgent:
     """A served model as an ``Agent`` (see the module docstring)."""
 
     def __init__(self, spec: HttpPolicySpec, sampling: RoleSampling, *, enable_thinking: bool = True, seed: int = 0):
         self.spec, self.sampling, self.enable_thinking, self.seed = spec, sampling, enable_thinking, seed
         self.url = spec.base_url.rstrip("/") + "/v1/chat/completions"
-        self.headers = {"Content-Type": "application/json"}
-        if spec.api_key_env:
-            key = os.environ.get(spec.api_key_env)
-            if not key:
-                raise ValueError(f"config.http.api_key_env names {spec.api_key_env!r}, which is not set")
-            self.headers["Authorization"] = f"Bearer {key}"
+        self.headers = request_headers(spec)
         self._calls = 0
 
     def body(self, c: Conversation, seed: int) -> dict[str, Any]:
@@ -100,34 +142,13 @@ class HttpAgent:
         return body
 
     def _post(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        data = json.dumps(body, ensure_ascii=False).encode()
-        last = ""
-        for attempt in range(self.spec.max_attempts):
-            if attempt:
-                time.sleep(min(2.0**attempt, 30.0))
-            req = urllib.request.Request(self.url, data=data, headers=self.headers, method="POST")
-            try:
-                with urllib.request.urlopen(req, timeout=self.spec.timeout_s) as r:
-                    return r.status, json.loads(r.read())
-            except urllib.error.HTTPError as e:
-                with e:
-                    raw = e.read()
-                if e.code < 500:
-                    try:
-                        return e.code, json.loads(raw)
-                    except json.JSONDecodeError:
-                        return e.code, {"error": {"message": raw[:300].decode(errors="replace")}}
-                last = f"HTTP {e.code}: {raw[:300]!r}"
-            except (OSError, json.JSONDecodeError) as e:
-                last = f"{type(e).__name__}: {e}"
-        raise RuntimeError(f"policy=http: no answer from {self.url} after {self.spec.max_attempts} tries ({last})")
+        return post_json(self.url, body, self.headers, self.spec)
 
     def _one(self, c: Conversation, seed: int) -> AgentTurn:
         status, reply = self._post(self.body(c, seed))
         if status != 200:
-            err = reply.get("error")
-            msg = err.get("message", "") if isinstance(err, dict) else str(err)
-            if status == 400 and ("max_model_len" in msg or "context" in msg):  # the prompt outgrew the server
+            msg = error_message(reply)
+            if past_context(status, msg):  # the prompt outgrew the server
                 return AgentTurn("", LENGTH_BUDGET, 0, 0)
             raise ValueError(f"policy=http: {self.url} refused conversation {c.key!r} with {status}: {msg}")
         choice = reply["choices"][0]

@@ -92,8 +92,10 @@ from envace_jax.chat.simulator import is_failed_result
 from envace_jax.chat.tool_parser import split_assistant_text, strip_think
 from envace_jax.eval import progress
 from envace_jax.eval.config import MEMORY_GATES, MEMORY_KINDS, PLACEMENTS, RehearsalConfig  # noqa: F401 (re-exported)
+from envace_jax.eval.config import REHEARSAL_MODES as MODES  # noqa: F401 (re-exported)
 from envace_jax.eval.imagined_engine import REAL_READ_KEY, ImaginedEngine, advance_judge
 from envace_jax.eval.rehearsal_grid import SweepResult, rehearsal_sweep, summarize_run  # noqa: F401 (re-exported)
+from envace_jax.eval.results import wilson_ci  # noqa: F401 (re-exported: eval.rehearsal has always given it)
 from envace_jax.rl.policy_client import GenRequest
 from envace_jax.rl.rollout import RolloutConfig, RolloutEngine
 from envace_jax.rl.types import ACT, Episode, State

@@ -86,12 +86,19 @@ def _run_suite(cfg: EvalConfig, out_dir: str) -> tuple[list[R.CategoryResult], s
     policy = cfg.policy
     extra_files: dict[str, str] = {}
     if cfg.suite in ("bfcl", "tau2") and cfg.rehearsal.rehearses:
-        # test-time rehearsal on the benchmark (one setting, or the sweep over N): policy=model (EvalConfig checks)
+        # test-time rehearsal on the benchmark (one setting, or the sweep over N): our model in process, or a served
+        # one (EvalConfig checks which)
         from envace_jax.eval import benchmark_rehearsal
 
-        agent, codec, client = _agent(cfg, out_dir)
+        if cfg.policy == "http":
+            from envace_jax.eval.http_policy_client import build_http_policy
+
+            agent, codec, client = build_http_policy(cfg)
+        else:
+            agent, codec, client = _agent(cfg, out_dir)
         user_agent = None
         if cfg.suite == "tau2" and cfg.tau2.user == "model":
+            # the policy's weights (or its server) play the user unless a user checkpoint is named
             user_agent = agent if not cfg.tau2.user_model_path else _agent(cfg, out_dir, cfg.tau2.user_model_path)[0]
         cats, extra_files = benchmark_rehearsal.run(cfg, out_dir, agent, codec, client, user_agent)
     elif cfg.suite == "bfcl":

@@ -1,6 +1,6 @@
-"""Batching concurrent chat requests into our sampler: one worker thread owns the ``Sampler``; requests queue up
-while it samples and the next call takes as many whole requests as fit ``max_rows`` rows (each of a request's
-``n`` choices is a row), each row with its own sampling settings.
+"""Batching concurrent requests (chat, and completions of a prompt given as is) into our sampler: one worker
+thread owns the ``Sampler``; requests queue up while it samples and the next call takes as many whole requests as
+fit ``max_rows`` rows (each of a request's ``n`` choices is a row), each row with its own sampling settings.
 
 Seeds: choice ``c`` of a request with ``seed`` draws exactly what row ``c`` of a call holding that request alone
 draws, wherever the batch puts it (``sampling.plan.seed_at_row``), so a seeded request repeats under any load.
@@ -15,6 +15,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
+from envace_jax.serve.completions import CompletionRequest
 from envace_jax.serve.protocol import ChatRequest, RequestError
 
 
@@ -23,11 +24,12 @@ class Choice:
     text: str
     reason: str  # the sampler's: "stop" (an end token), "length", or "stop_string"
     tokens: int
+    ids: list[int] = dataclasses.field(default_factory=list)  # the sampled ids (a stop token included)
 
 
 @dataclasses.dataclass
 class Job:
-    request: ChatRequest
+    request: ChatRequest | CompletionRequest
     prompt: list[int]
     future: Future = dataclasses.field(default_factory=Future)
 
@@ -61,6 +63,12 @@ class ServeEngine:
         self._thread = threading.Thread(target=self._run, name="serve-engine", daemon=True)
         self._thread.start()
 
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary: the token ids a completions prompt may hold."""
+        cfg = getattr(self.sampler, "cfg", None)
+        return int(cfg.vocab_size) if cfg is not None else len(self.renderer.tokenizer)
+
     # ------------------------------------------------------------------ requests
     def render(self, request: ChatRequest) -> list[int]:
         kwargs = {} if request.enable_thinking is None else {"enable_thinking": request.enable_thinking}
@@ -68,12 +76,20 @@ class ServeEngine:
             ids = self.renderer.render_messages(request.messages, request.tools, add_generation_prompt=True, **kwargs)
         except Exception as e:  # the chat template's own complaint (a role order it refuses, ...)
             raise RequestError(400, f"the chat template could not render these messages: {e}", "messages") from None
+        return self._checked(ids, request, "messages")
+
+    def prompt_of(self, request: CompletionRequest) -> list[int]:
+        """A completions request's prompt: its token ids, or its text encoded with no template."""
+        ids = list(request.prompt_ids) if request.prompt_ids is not None else self.renderer.encode(request.prompt_text)
+        return self._checked(ids, request, "prompt")
+
+    def _checked(self, ids: list[int], request, where: str) -> list[int]:
         if len(ids) >= self.max_model_len:
             raise RequestError(
                 400,
                 f"the prompt is {len(ids)} tokens; this server's max_model_len is {self.max_model_len} "
                 "(prompt and completion together)",
-                "messages",
+                where,
             )
         if request.max_tokens is not None and len(ids) + request.max_tokens > self.max_model_len:
             raise RequestError(
@@ -84,8 +100,11 @@ class ServeEngine:
             )
         return ids
 
-    def submit(self, request: ChatRequest) -> Future:
-        job = Job(request, self.render(request))
+    def submit(self, request: ChatRequest | CompletionRequest, prompt: list[int] | None = None) -> Future:
+        """Queues ``request``; ``prompt``: its ids when the caller has them already (``prompt_of``/``render``)."""
+        if prompt is None:
+            prompt = self.prompt_of(request) if isinstance(request, CompletionRequest) else self.render(request)
+        job = Job(request, prompt)
         self._queue.put(job)
         return job.future
 
@@ -156,6 +175,7 @@ class ServeEngine:
         prompts, params, owners = [], [], []
         for j, job in enumerate(jobs):
             stops = tuple(self.renderer.stop_token_ids) + self._stop_string_ids(job.request.stop)
+            stops += tuple(getattr(job.request, "stop_token_ids", ()))
             for c in range(job.request.n):
                 params.append(self._row_params(job, c, len(prompts), stops))
                 prompts.append(job.prompt)
@@ -170,7 +190,7 @@ class ServeEngine:
         for i, (tokens, reason) in enumerate(zip(out.tokens, out.finish_reasons)):
             r = jobs[owners[i]].request
             text, cut = cut_at_stop(self.renderer.decode(tokens), r.stop)
-            results[owners[i]][1].append(Choice(text, "stop" if cut else reason, len(tokens)))
+            results[owners[i]][1].append(Choice(text, "stop" if cut else reason, len(tokens), list(tokens)))
             st.completion_tokens += len(tokens)
         st.prompt_tokens += sum(len(job.prompt) * job.request.n for job in jobs)
         return results

@@ -1,9 +1,10 @@
 """An OpenAI-compatible HTTP server over our sampler and a Hugging Face checkpoint (``launch/serve.py``).
 
-Endpoints: ``POST /v1/chat/completions`` (``serve.protocol`` for the fields and shapes), ``GET /v1/models``,
-``GET /health``. Each connection is served on a thread of its own; the requests meet in ``ServeEngine``, which
-batches them into the sampler. A bad request gets a 4xx and an error body naming what is wrong; a failure while
-sampling gets a 500 for the requests of that call, and the server stays up either way.
+Endpoints: ``POST /v1/chat/completions`` (``serve.protocol`` for the fields and shapes), ``POST /v1/completions``
+(a prompt continued as it is, text or token ids: ``serve.completions``), ``GET /v1/models``, ``GET /health``. Each
+connection is served on a thread of its own; the requests meet in ``ServeEngine``, which batches them into the
+sampler. A bad request gets a 4xx and an error body naming what is wrong; a failure while sampling gets a 500 for
+the requests of that call, and the server stays up either way.
 
     with ChatServer(engine, model_name="qwen3", port=0) as server:   # port 0: a free port
         ... server.url ...
@@ -18,6 +19,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from envace_jax.serve.completions import parse_completion_request, text_completion_body
 from envace_jax.serve.engine import ServeEngine
 from envace_jax.serve.protocol import (
     RequestError,
@@ -83,10 +85,7 @@ class ChatServer:
             self.counts[key] += 1
 
     # ------------------------------------------------------------------ the completion
-    def complete(self, body: Any) -> tuple[dict[str, Any], bool, bool]:
-        """(the completion body, whether it streams, whether usage is streamed) or a RequestError."""
-        request = parse_request(body, self.model_name)
-        future = self.engine.submit(request)
+    def _wait(self, future):
         try:
             prompt_tokens, choices = future.result(timeout=self.timeout_s)
         except TimeoutError:
@@ -97,6 +96,23 @@ class ChatServer:
             ) from None
         except Exception as e:
             raise RequestError(500, f"sampling failed: {type(e).__name__}: {e}", kind="InternalServerError") from e
+        return prompt_tokens, choices
+
+    def complete_text(self, body: Any) -> dict[str, Any]:
+        """``POST /v1/completions``: the body of a prompt's completion, or a RequestError."""
+        request = parse_completion_request(body, self.model_name, self.engine.vocab_size)
+        prompt = self.engine.prompt_of(request)
+        _, choices = self._wait(self.engine.submit(request, prompt))
+        out = []
+        for c in choices:
+            reason = "length" if c.reason in ("length", "cache_full") else "stop"
+            out.append({"text": c.text, "finish_reason": reason, "token_ids": c.ids})
+        return text_completion_body(self.model_name, request, prompt, out, uuid.uuid4().hex)
+
+    def complete(self, body: Any) -> tuple[dict[str, Any], bool, bool]:
+        """(the completion body, whether it streams, whether usage is streamed) or a RequestError."""
+        request = parse_request(body, self.model_name)
+        prompt_tokens, choices = self._wait(self.engine.submit(request))
         out = []
         for i, c in enumerate(choices):
             message, has_calls = assistant_message(c.text, request)
@@ -175,12 +191,18 @@ def _handler(server: ChatServer):
             raw = self.rfile.read(length)
             if not self._authorised():
                 return
-            if self.path.rstrip("/") != "/v1/chat/completions":
+            path = self.path.rstrip("/")
+            if path not in ("/v1/chat/completions", "/v1/completions"):
                 return self._error(RequestError(404, f"no such endpoint: POST {self.path}"))
             try:
                 body = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 return self._error(RequestError(400, f"the body is not JSON: {e}"))
+            if path == "/v1/completions":
+                try:
+                    return self._send(200, server.complete_text(body))
+                except RequestError as e:
+                    return self._error(e)
             try:
                 completion, stream, usage = server.complete(body)
             except RequestError as e:

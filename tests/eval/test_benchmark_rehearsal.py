@@ -197,8 +197,8 @@ def test_settings_share_n0_and_n1_and_name_each_arm():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"policy": "http", "http": {"base_url": "http://x", "model": "m"}}, "needs config.policy='model'"),
-        ({"policy": "oracle"}, "needs config.policy='model'"),
+        ({"policy": "http", "http": {"base_url": "http://x", "model": "m"}}, "needs config.http.tokenizer_path"),
+        ({"policy": "oracle"}, "needs config.policy='model' or 'http', not 'oracle'"),
         ({"bfcl": {"categories": "multi_turn_base,simple_python"}}, "['simple_python'] are single-turn"),
         ({"rehearsal": {"sweep_ns": "0,1,1"}}, "sweep_ns must be distinct"),
         ({"rehearsal": {"sweep_ns": "0,1", "sweep_rehearsers": "imagined,oracle"}}, "sweep_rehearsers must be"),

@@ -19,6 +19,7 @@ FILES = [
     "eval_fidelity.py",
     "eval_rehearsal_sweep.py",
     "eval_tau2.py",
+    "eval_tau2_tiny.py",
 ]
 
 
