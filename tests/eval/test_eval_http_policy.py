@@ -79,3 +79,30 @@ def test_policy_http_is_checked_when_the_config_is_read():
         EvalConfig(suite="demo", policy="http")
     cfg = load_eval_config({"suite": "tau2", "policy": "http", "http": {"base_url": "http://h:1", "model": "m"}})
     assert cfg.http.max_concurrency == 16
+
+
+def test_test_time_rehearsal_through_the_server_gives_the_in_process_greedy_rehearsals(bfcl_ckpt, tmp_path):
+    """policy=http with a sweep: the rehearsals go to the server's /v1/completions as token ids (rendered with
+    http.tokenizer_path), the real run to its chat endpoint; greedy, both equal the in-process run's."""
+    rehearsal = {"sweep_ns": "0,1", "sweep_modes": "parallel", "max_tokens_per_rehearsal": 48}
+    limit = {"bfcl": {"categories": "multi_turn_base", "limit": 3, "max_steps_per_turn": 2, "batch_size": 3}}
+    local = run_eval(
+        _cfg(tmp_path / "local", policy="model", model={"model_path": bfcl_ckpt}, rehearsal=rehearsal, **limit)
+    )
+    server = build_server(
+        bfcl_ckpt, model_name="tiny", dtype="float32", max_model_len=2048, port=0, enable_thinking=False
+    )
+    http = {"base_url": server.url, "model": "tiny", "tokenizer_path": bfcl_ckpt}
+    with server:
+        served = run_eval(_cfg(tmp_path / "http", policy="http", http=http, rehearsal=rehearsal, **limit))
+        assert server.counts["client_errors"] == 0
+        assert server.engine.stats.requests > 0
+    for name in ("eval_n0_tasks.jsonl", "eval_n1_tasks.jsonl", "eval_n1_rehearsals.jsonl"):
+        a = (tmp_path / "local" / name).read_text().splitlines()
+        b = (tmp_path / "http" / name).read_text().splitlines()
+        assert len(a) == 3 and a == b, name
+    traces = [json.loads(line)["rehearsals"][0] for line in (tmp_path / "http" / "eval_n1_rehearsals.jsonl").open()]
+    assert all(t["termination"] for t in traces)  # each imagined episode ran to an end
+    assert local["categories"].keys() == served["categories"].keys() == {"multi_turn_base_n0", "multi_turn_base_n1"}
+    rows = json.loads((tmp_path / "http" / "rehearsal_sweep.json").read_text())["rows"]
+    assert rows[1]["rehearsal_generated_tokens"] > 0 and rows[1]["memory_placed"] == 1.0
