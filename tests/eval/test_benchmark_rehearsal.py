@@ -9,6 +9,7 @@ count checkable against the environments themselves."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -261,3 +262,19 @@ def test_tau2_rehearses_after_the_opening_and_the_real_rehearser_sees_the_tools_
     n_calls = sum(len(v) for v in truth.values())
     assert row["fidelity"]["vs_real_run_used"]["unmatched"] == 0
     assert sum(row["fidelity"]["vs_real_run_used"][k] for k in B.KINDS) == 2 * n_calls
+
+
+def test_sequential_rehearsals_see_the_memory_of_the_ones_before(tmp_path, bfcl_entries):
+    entries, gts = bfcl_entries
+    cfg = _config(tmp_path, "bfcl", bfcl={"categories": "multi_turn_base", "limit": 2, "batch_size": 2})
+    cfg = dataclasses.replace(cfg, rehearsal=dataclasses.replace(cfg.rehearsal, sweep_ns=(), n=2, mode="sequential"))
+    client = ReplayClient(codec(), *_bfcl_plans(entries, gts))
+    cats, _ = B.run(cfg, str(tmp_path), _agent(client), codec(), client)
+    assert [c.name for c in cats] == ["multi_turn_base_n2_sequential"] and cats[0].valid == 2
+    # round 1 sees no memory, round 2 the memory of round 1, the real run the memory of both
+    openings = {next(m for m in e["question"][0] if m["role"] == "user")["content"].strip() for e in entries[:2]}
+    firsts = [p for p in client.act_prompts if _question_and_calls(p) in {(q, 0) for q in openings}]
+    seen = [("1 private rehearsal " in p, "2 private rehearsals" in p) for p in firsts]
+    assert seen == [(False, False)] * 2 + [(True, False)] * 2 + [(False, True)] * 2
+    with open(tmp_path / "eval_n2_sequential_rehearsals.jsonl") as f:
+        assert [len(json.loads(line)["rehearsals"]) for line in f] == [2, 2]
