@@ -53,7 +53,14 @@ from envace_jax.envs import bfcl
 from envace_jax.eval import imagined_fidelity, paired, progress
 from envace_jax.eval.config import EvalConfig, RehearsalConfig, RehearsalSection
 from envace_jax.eval.results import CategoryResult, is_success
-from envace_jax.eval.rehearsal import RehearsalRun, TaskRehearsal, TestTimeRehearsal, rehearsal_record, with_memory
+from envace_jax.eval.rehearsal import (
+    RehearsalRun,
+    TaskRehearsal,
+    TestTimeRehearsal,
+    call_text,
+    rehearsal_record,
+    with_memory,
+)
 
 KINDS = imagined_fidelity.KINDS
 
@@ -265,10 +272,6 @@ def run_tau2_domain(
 # ----------------------------------------------------------------------------- fidelity and cost
 
 
-def call_key(name: str, arguments: Any) -> str:
-    return json.dumps([name, arguments], sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
 def agreement_with_real_run(run: CategoryRun, used_only: bool = True) -> dict[str, int]:
     """Each imagined response to a call the real run also made (same name and arguments; its first such call)
     against the response the real run got: counts of ``KINDS``, and ``unmatched`` imagined calls."""
@@ -278,12 +281,12 @@ def agreement_with_real_run(run: CategoryRun, used_only: bool = True) -> dict[st
             continue
         real: dict[str, tuple[str, bool]] = {}
         for name, args, content, failed in run.real_calls.get(uid, []):
-            real.setdefault(call_key(name, args), (content, failed))
+            real.setdefault(call_text(name, args), (content, failed))
         for trace in reh.traces:
             for step in trace.steps:
                 if step.real:
                     continue
-                hit = real.get(call_key(step.name, step.arguments))
+                hit = real.get(call_text(step.name, step.arguments))
                 counts["unmatched" if hit is None else imagined_fidelity.classify(step.response, *hit)] += 1
     return dict(counts)
 
@@ -386,9 +389,10 @@ def write_sweep(runs: Sequence[CategoryRun], out_dir: str, cfg: EvalConfig) -> t
     for r in runs:
         arms[r.arm].append(r)
     files: dict[str, str] = {}
+    by_cat = {(r.arm, r.category): r.outcomes() for r in runs}
     outcomes: dict[str, list[paired.TaskOutcome]] = {}
     for arm, group in arms.items():
-        outcomes[arm] = [o for r in group for o in r.outcomes()]
+        outcomes[arm] = [o for r in group for o in by_cat[(arm, r.category)]]
         files[f"{arm}_tasks"] = os.path.basename(paired.write_outcomes(out_dir, arm, outcomes[arm]))
         if any(r.rehearsals for r in group):
             path = os.path.join(out_dir, f"eval_{arm}_rehearsals.jsonl")
@@ -400,7 +404,6 @@ def write_sweep(runs: Sequence[CategoryRun], out_dir: str, cfg: EvalConfig) -> t
     rows = [row_of(r) for r in runs]
     pairs = paired_pairs(list(arms))
     paired_rows, paired_json = [], []
-    by_cat = {(r.arm, r.category): r.outcomes() for r in runs}
     categories = list(dict.fromkeys(r.category for r in runs))
     for label, a, b in pairs:
         scopes = [(c, by_cat.get((a, c)), by_cat.get((b, c))) for c in categories]

@@ -68,6 +68,14 @@ def reply_text(message: dict[str, Any]) -> str:
     return tool_call_text(calls, content) if calls else content
 
 
+def sampling_body(s: RoleSampling, seed: int) -> dict[str, Any]:
+    """A role's sampling settings as OpenAI request fields (``top_k`` only when set: not every server takes it)."""
+    body = {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_new_tokens, "seed": int(seed)}
+    if s.top_k:
+        body["top_k"] = s.top_k
+    return body
+
+
 def request_headers(spec: HttpPolicySpec) -> dict[str, str]:
     """JSON, and the bearer key of ``spec.api_key_env`` when it names one (an error when that variable is unset)."""
     headers = {"Content-Type": "application/json"}
@@ -125,20 +133,14 @@ class HttpAgent:
         self._calls = 0
 
     def body(self, c: Conversation, seed: int) -> dict[str, Any]:
-        s = self.sampling
         body = {
             "model": self.spec.model,
             "messages": [wire_message(m) for m in c.messages],
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "max_tokens": s.max_new_tokens,
-            "seed": seed,
+            **sampling_body(self.sampling, seed),
             "chat_template_kwargs": {"enable_thinking": self.enable_thinking},
         }
         if c.tools:
             body["tools"] = c.tools
-        if s.top_k:
-            body["top_k"] = s.top_k
         return body
 
     def _post(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:

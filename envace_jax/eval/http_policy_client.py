@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from envace_jax.eval.config import EvalConfig, HttpPolicySpec
-from envace_jax.eval.http_agent import error_message, past_context, post_json, request_headers
+from envace_jax.eval.http_agent import error_message, past_context, post_json, request_headers, sampling_body
 from envace_jax.rl.policy_client import GenOutput, GenRequest
 
 
@@ -33,20 +33,13 @@ class HttpPolicyClient:
         self.requests = 0
 
     def body(self, r: GenRequest) -> dict[str, Any]:
-        s = r.sampling
-        body = {
+        return {
             "model": self.spec.model,
             "prompt": [int(t) for t in r.prompt_ids],
-            "max_tokens": s.max_new_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "seed": int(r.seed),
+            **sampling_body(r.sampling, r.seed),
             "stop_token_ids": self.stop_token_ids,
             "return_token_ids": True,
         }
-        if s.top_k:
-            body["top_k"] = s.top_k
-        return body
 
     def _one(self, r: GenRequest) -> GenOutput:
         status, reply = post_json(self.url, self.body(r), self.headers, self.spec)
@@ -74,9 +67,6 @@ class HttpPolicyClient:
 
     def release(self, cache_keys: Sequence[str]) -> None:
         del cache_keys  # the server keeps nothing between requests
-
-    def reset(self) -> None:
-        pass
 
 
 def build_http_policy(cfg: EvalConfig):

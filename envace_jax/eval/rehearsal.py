@@ -198,7 +198,9 @@ def trace_of(ep: Episode, index: int, start: int) -> RehearsalTrace:
     return RehearsalTrace(index, steps, final, ep.termination or "", malformed)
 
 
-def _call_text(name: str, args: Any) -> str:
+def call_text(name: str, args: Any) -> str:
+    """A call as the memory writes it, ``name({...})`` with sorted keys: also the identity of a call (the same
+    call twice is the same text)."""
     return f"{name}({json.dumps(args, sort_keys=True, separators=(',', ':'), ensure_ascii=False)})"
 
 
@@ -258,7 +260,7 @@ def build_template_memory(
     avoid = []
     for t in traces:
         for s in t.steps:
-            key = _call_text(s.name, s.arguments)
+            key = call_text(s.name, s.arguments)
             if (s.problem if mistakes_only else s.error) and key not in seen:
                 seen.add(key)
                 why = f"the tool schema rejects it: {s.problem}" if mistakes_only else _short(s.response)
@@ -273,14 +275,12 @@ def build_template_memory(
     best = _best(traces)
     if best is not None:
         lines.append(f"Plan that ran without errors (rehearsal {best.index}):")
-        lines += [
-            f"{k}. {_call_text(s.name, s.arguments)} -> {_short(s.response)}" for k, s in enumerate(best.steps, 1)
-        ]
+        lines += [f"{k}. {call_text(s.name, s.arguments)} -> {_short(s.response)}" for k, s in enumerate(best.steps, 1)]
     elif not avoid:
         lines.append("No rehearsal made a tool call.")
     for t in traces:
         parts = [
-            f"{_call_text(s.name, s.arguments)} -> {'ERROR ' if s.error else ''}{_short(s.response, 80)}"
+            f"{call_text(s.name, s.arguments)} -> {'ERROR ' if s.error else ''}{_short(s.response, 80)}"
             for s in t.steps
         ]
         if t.final_answer is not None and t.final_answer:

@@ -17,7 +17,7 @@ import dataclasses
 import time
 from typing import Any, Mapping
 
-from envace_jax.serve.protocol import DEFAULT_ONLY, RequestError, _bad, _number
+from envace_jax.serve.protocol import DEFAULT_ONLY, _bad, _number, check_envelope, read_stop, sampling_fields
 
 KNOWN = {
     "model",
@@ -73,25 +73,12 @@ def _prompt(raw: Any, vocab_size: int) -> tuple[tuple[int, ...] | None, str | No
 
 def parse_completion_request(body: Any, served_model: str, vocab_size: int) -> CompletionRequest:
     """A ``CompletionRequest`` from a decoded JSON body, or a ``RequestError`` naming what is wrong."""
-    if not isinstance(body, dict):
-        raise _bad("the request body must be a JSON object")
-    unknown = sorted(set(body) - KNOWN)
-    if unknown:
-        raise _bad(f"unsupported field(s): {', '.join(unknown)}", unknown[0])
-    for key, defaults in DEFAULT_ONLY.items():
-        if key in body and body[key] not in defaults:
-            raise _bad(f"'{key}' is not supported by this server (only its default)", key)
+    check_envelope(body, KNOWN, served_model)
     for key in ("stream", "suffix"):
         if body.get(key):
             raise _bad(f"'{key}' is not supported on /v1/completions by this server", key)
-    model = body.get("model")
-    if model is not None and model != served_model:
-        raise RequestError(404, f"The model `{model}` does not exist.", "model")
     ids, text = _prompt(body.get("prompt"), vocab_size)
-    stop = body.get("stop")
-    stop = [stop] if isinstance(stop, str) else (stop or [])
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
-        raise _bad("'stop' must be a non-empty string or a list of at most 16 of them", "stop")
+    stop = read_stop(body)
     stop_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(isinstance(t, int) and 0 <= t < vocab_size for t in stop_ids):
         raise _bad(f"'stop_token_ids' must be a list of token ids in [0, {vocab_size})", "stop_token_ids")
@@ -100,15 +87,11 @@ def parse_completion_request(body: Any, served_model: str, vocab_size: int) -> C
     return CompletionRequest(
         prompt_ids=ids,
         prompt_text=text,
-        n=_number(body, "n", 1, 1, 64, integer=True),
-        temperature=_number(body, "temperature", 1.0, 0.0, 100.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        top_k=max(0, _number(body, "top_k", 0, -1, 1 << 20, integer=True)),
+        **sampling_fields(body),
         max_tokens=_number(body, "max_tokens", DEFAULT_MAX_TOKENS, 1, 1 << 20, integer=True),
-        stop=tuple(stop),
+        stop=stop,
         stop_token_ids=tuple(stop_ids),
         return_token_ids=bool(body.get("return_token_ids", False)),
-        seed=_number(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True),
     )
 
 

@@ -190,11 +190,12 @@ def _tools(raw: Any) -> list[dict] | None:
     return raw or None
 
 
-def parse_request(body: Any, served_model: str) -> ChatRequest:
-    """A ``ChatRequest`` from a decoded JSON body, or a ``RequestError`` naming what is wrong."""
+def check_envelope(body: Any, known: set[str], served_model: str) -> None:
+    """What every endpoint checks first: a JSON object, only ``known`` fields, ``DEFAULT_ONLY`` fields at their
+    default, and the served model's name (404 for another)."""
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object")
-    unknown = sorted(set(body) - KNOWN)
+    unknown = sorted(set(body) - known)
     if unknown:
         raise _bad(f"unsupported field(s): {', '.join(unknown)}", unknown[0])
     for key, defaults in DEFAULT_ONLY.items():
@@ -203,6 +204,32 @@ def parse_request(body: Any, served_model: str) -> ChatRequest:
     model = body.get("model")
     if model is not None and model != served_model:
         raise RequestError(404, f"The model `{model}` does not exist.", "model")
+
+
+def read_stop(body: Mapping) -> tuple[str, ...]:
+    """``stop``: a string or a list of at most 16 non-empty strings."""
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else (stop or [])
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
+        raise _bad("'stop' must be a non-empty string or a list of at most 16 of them", "stop")
+    return tuple(stop)
+
+
+def sampling_fields(body: Mapping) -> dict[str, Any]:
+    """``n``, ``temperature``, ``top_p``, ``top_k`` and ``seed``, each range-checked (vLLM's ``top_k: -1`` is off,
+    as our 0)."""
+    return {
+        "n": _number(body, "n", 1, 1, 64, integer=True),
+        "temperature": _number(body, "temperature", 1.0, 0.0, 100.0),
+        "top_p": _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        "top_k": max(0, _number(body, "top_k", 0, -1, 1 << 20, integer=True)),
+        "seed": _number(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True),
+    }
+
+
+def parse_request(body: Any, served_model: str) -> ChatRequest:
+    """A ``ChatRequest`` from a decoded JSON body, or a ``RequestError`` naming what is wrong."""
+    check_envelope(body, KNOWN, served_model)
     tools = _tools(body.get("tools"))
     choice = body.get("tool_choice", "auto" if tools else "none")
     if isinstance(choice, dict):
@@ -211,10 +238,7 @@ def parse_request(body: Any, served_model: str) -> ChatRequest:
         raise _bad(f"'tool_choice' must be one of {', '.join(TOOL_CHOICES)}, got {json.dumps(choice)}", "tool_choice")
     if choice == "required" and not tools:
         raise _bad("tool_choice 'required' needs 'tools'", "tool_choice")
-    stop = body.get("stop")
-    stop = [stop] if isinstance(stop, str) else (stop or [])
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
-        raise _bad("'stop' must be a non-empty string or a list of at most 16 of them", "stop")
+    stop = read_stop(body)
     fmt = body.get("response_format") or {"type": "text"}
     if not isinstance(fmt, dict) or fmt.get("type") not in RESPONSE_FORMATS:
         raise _bad(f"'response_format.type' must be one of {', '.join(RESPONSE_FORMATS)}", "response_format")
@@ -236,13 +260,9 @@ def parse_request(body: Any, served_model: str) -> ChatRequest:
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=body.get("parallel_tool_calls", True),
-        n=_number(body, "n", 1, 1, 64, integer=True),
-        temperature=_number(body, "temperature", 1.0, 0.0, 100.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        top_k=max(0, _number(body, "top_k", 0, -1, 1 << 20, integer=True)),  # vLLM's -1 is "off", as our 0
+        **sampling_fields(body),
         max_tokens=_number(body, max_key, None, 1, 1 << 20, integer=True),
-        stop=tuple(stop),
-        seed=_number(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True),
+        stop=stop,
         response_format=fmt["type"],
         enable_thinking=thinking,
         stream=bool(body.get("stream", False)),

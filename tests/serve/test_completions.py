@@ -6,7 +6,6 @@ samples what our in-process client samples."""
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pytest
 import torch
@@ -18,19 +17,12 @@ from envace_jax.rl.rollout import RoleSampling
 from envace_jax.rl.types import ACT, REHEARSE
 from envace_jax.serve.completions import parse_completion_request
 from envace_jax.serve.protocol import RequestError
-from tests.serve.test_server import ckpt, server  # noqa: F401 (module fixtures: a tiny checkpoint and its server)
+from tests.serve.test_server import ckpt, post, server  # noqa: F401 (module fixtures: a tiny checkpoint and its server)
 
 
 def complete(url, body):
-    req = urllib.request.Request(
-        url + "/v1/completions", data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "x"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        with e:
-            return e.code, json.loads(e.read())
+    status, raw = post(url, body, path="/v1/completions")
+    return status, json.loads(raw)
 
 
 def _reference(hf, ids, n, stops):

@@ -66,10 +66,10 @@ def server(ckpt):
         yield srv
 
 
-def post(url, body, headers=None, raw=None):
+def post(url, body, headers=None, raw=None, path="/v1/chat/completions"):
     data = raw if raw is not None else json.dumps(body).encode()
     req = urllib.request.Request(
-        url + "/v1/chat/completions",
+        url + path,
         data=data,
         method="POST",
         headers={"Content-Type": "application/json", **(headers or {})},
