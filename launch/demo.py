@@ -12,6 +12,7 @@ of ``envace_jax/demo/config.py``); any field can be overridden with ``--config.f
     python launch/demo.py --run_dir=runs/demo --rehearsal_sweep              # test-time rehearsal table, after a run
     python launch/demo.py --run_dir=runs/demo --rehearsal_sweep --sweep_ns=0,2 --sweep_modes=parallel  # some cells
     python launch/demo.py --leverage                                         # pass@k of the RL start
+    python launch/demo.py --config.rollout_engine=vllm                       # rollouts by vLLM (make vllm-deps)
 
 The earlier spellings ``--preset=NAME``, ``--eval_split=SPLIT`` and ``--set FIELD=VALUE`` still work: they
 are rewritten to the ``--config`` forms above.
@@ -38,7 +39,9 @@ def legacy_argv(argv: list[str]) -> list[str]:
     while i < len(argv):
         a = argv[i]
         name, eq, value = a.partition("=")
-        if name in ("--preset", "--eval_split", "--set"):
+        if name == "--config.rollout.engine":  # the spelling of the other mains' configs
+            out.append(f"--config.rollout_engine={value}")
+        elif name in ("--preset", "--eval_split", "--set"):
             if not eq:
                 if i + 1 >= len(argv):
                     raise SystemExit(f"{a} needs a value")

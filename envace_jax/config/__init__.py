@@ -42,8 +42,10 @@ from envace_jax.config.choices import (  # noqa: F401  (public names of envace_j
     MOE_PRESETS,
     RATIO_LEVELS,
     REMAT_POLICIES,
+    ROLLOUT_ENGINES,
     SCHEDULES,
     TOOL_CALL_SYNTAXES,
+    VLLM_DTYPES,
 )
 from envace_jax.config.convert import _build, _convert, load_section, to_config_dict  # noqa: F401
 from envace_jax.config.judge_sections import JUDGE_KINDS, HttpJudgeConfig, JudgeSection, LocalJudgeConfig  # noqa: F401
@@ -220,6 +222,32 @@ class RoleSampling(Checked):
 
 
 @dataclasses.dataclass(frozen=True)
+class VllmSettings(Checked):
+    """The vLLM rollout engine (``rollout.engine="vllm"``, rl/vllm_engine.py, docs/vllm.md). It runs in a process
+    of its own, in vLLM's interpreter: ``python`` ("" finds one: $ENVACE_VLLM_PYTHON, then ``.cache/vllm`` of
+    ``make vllm-deps``, then this interpreter if it imports vllm)."""
+
+    LABEL: ClassVar[str] = "rollout.vllm"
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        ("dtype", *one_of(VLLM_DTYPES)),
+        ("max_num_seqs", _POS, "> 0"),
+        ("start_timeout_s", _POS, "> 0"),
+        ("kv_cache_gib", _NONNEG, ">= 0"),
+        ("threads", _NONNEG, ">= 0"),
+    )
+
+    python: str = ""
+    dtype: str = "auto"
+    # True skips torch.compile at start-up (seconds instead of about a minute at Qwen3-0.6B shape) and decodes
+    # eagerly, slower per token: for tests and short runs
+    enforce_eager: bool = False
+    max_num_seqs: int = 256  # rows vLLM decodes at once (it queues the rest)
+    kv_cache_gib: int = 0  # CPU only: VLLM_CPU_KVCACHE_SPACE, whole GiB (0: vLLM's default)
+    threads: int = 0  # CPU only: OpenMP threads of the engine (0: vLLM's default, every core)
+    start_timeout_s: float = 900.0
+
+
+@dataclasses.dataclass(frozen=True)
 class RolloutConfig(Checked):
     """The rollout engine's knobs; defaults are the reference's (spec 1.2), see configs/ for the demo's."""
 
@@ -234,6 +262,7 @@ class RolloutConfig(Checked):
         ("tool_call_syntax", *one_of(TOOL_CALL_SYNTAXES)),
         ("judge_streaming", *one_of(JUDGE_STREAMING)),
         ("judge_workers", _POS, "> 0"),
+        ("engine", *one_of(ROLLOUT_ENGINES)),
     )
 
     mode: str = "rehearsal"
@@ -269,6 +298,10 @@ class RolloutConfig(Checked):
     judge_streaming: str = "auto"
     judge_workers: int = 8  # judge calls (each one batch of ended turns) in flight at once when streaming
     seed: int = 0
+    # What generates both roles' turns: "native" (our Sampler) or "vllm" (a vLLM engine in a process of its own,
+    # weights sent to it after every update; rl/vllm_engine.py, docs/vllm.md)
+    engine: str = "native"
+    vllm: VllmSettings = VllmSettings()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,8 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 # RLSection.behaviour_correction
 BEHAVIOUR_IS = ("auto", "none", "token", "sequence")
 JUDGE_STREAMING = ("auto", "on", "off")  # rollout.judge_streaming (rl/judge_stream.py)
+ROLLOUT_ENGINES = ("native", "vllm")  # rollout.engine: our Sampler, or a vLLM engine (rl/vllm_engine.py)
+VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")  # rollout.vllm.dtype ("auto": the model's compute dtype)
 # model.preset: "tiny" (sizes from the model section) or a Qwen3Config preset of the same name
 MODEL_PRESETS = ("tiny", "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_4b_2507", "qwen3_8b", "qwen3_14b", "qwen3_32b")
 # ... and the Qwen3-MoE presets (a Qwen3MoeConfig preset of the same name, models/qwen3_moe_config.py)

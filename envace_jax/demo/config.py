@@ -121,6 +121,12 @@ class DemoConfig:
     # ... and a call returns once a quarter of its rows are done even when nothing waits yet: the rollout
     # engine queues their episodes' next requests at once (benchmarks/rl_step.py --compare refill)
     rolling_eager_refill: bool = True
+    # What generates rollouts and evaluations: "native" (our Sampler) or "vllm" (rl/vllm_engine.py: a vLLM engine
+    # per model in a process of its own, synced after every change of weights; needs `make vllm-deps`). vLLM
+    # batches continuously itself, so `rolling` does not apply to it. vllm_enforce_eager: no torch.compile at the
+    # engine's start (the demo's model is tiny: compiling costs more than it saves in a run this short)
+    rollout_engine: str = "native"
+    vllm_enforce_eager: bool = True
     # ---- evaluation
     eval_batch: int = 128  # episodes per rollout call in the real-tool evaluation
     fidelity_tasks: int = 32  # held-out tasks whose calls are teacher-forced for REHEARSE fidelity
@@ -200,6 +206,10 @@ class DemoConfig:
                 "demo rl_algorithm='dapo' needs rl_max_staleness = 0: dynamic sampling decides its extra rollout "
                 "rounds from the step's own rewards"
             )
+        if self.rollout_engine not in ("native", "vllm"):
+            raise ValueError(f"demo rollout_engine must be native or vllm, got {self.rollout_engine!r}")
+        if self.rollout_engine == "vllm" and self.rl_max_staleness:
+            raise ValueError("demo rollout_engine='vllm' needs rl_max_staleness = 0 (one engine, synchronous steps)")
         if self.rl_mode not in ("rehearsal", "real", "simulator"):
             raise ValueError(f"demo rl_mode must be rehearsal, real or simulator, got {self.rl_mode!r}")
         for name in (

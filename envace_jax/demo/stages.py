@@ -189,6 +189,8 @@ def make_client(model, codec, cfg: DemoConfig | None = None, slots: int | None =
     """The sampler client of the demo's rollouts: a rolling batch of ``slots`` rows (default
     ``cfg.rolling_slots``) when ``cfg.rolling``, else one lockstep call per micro-step. ``programs_of``: a
     ``Sampler`` whose compiled programs this one runs (``Sampler(programs_of=)``)."""
+    if cfg is not None and cfg.rollout_engine == "vllm":
+        return vllm_client(model, codec, cfg)
     if cfg is not None and cfg.rolling:
         # The rolling state lives across calls, so its capacity is fixed: the caller's context limit
         # plus a generation (REHEARSE prompts stay below it); windows are still sized per call.
@@ -204,6 +206,39 @@ def make_client(model, codec, cfg: DemoConfig | None = None, slots: int | None =
         )
     sampler = Sampler(model, programs_of=programs_of, share_prompts=False, **SAMPLER_BUCKETS)
     return SamplerClient(sampler, stop_token_ids=codec.stop_token_ids)
+
+
+_VLLM_CLIENTS: dict[int, Any] = {}
+
+
+def vllm_client(model, codec, cfg: DemoConfig):
+    """The vLLM client of ``model`` (``rollout_engine="vllm"``): one engine per model object for the whole demo,
+    stopped when the model is collected. A client made again for the same model is the same one, marked stale, so
+    its next call sends the model's weights as they are now (after RL steps, replay batches, a restore)."""
+    import weakref
+
+    from envace_jax.config import RolloutConfig, VllmSettings
+    from envace_jax.rl.vllm_client import build_vllm_client
+
+    client = _VLLM_CLIENTS.get(id(model))
+    context = cfg.max_model_len + max(cfg.act_max_new_tokens, cfg.rehearse_max_new_tokens)
+    if client is not None and client.model is model and client.engine.alive:
+        if client.engine.max_model_len >= min(context, model.config.max_position_embeddings):
+            client.reset()
+            return client
+        client.close()  # a longer context than this engine was made for
+    rollout = RolloutConfig(
+        max_model_len=cfg.max_model_len,
+        act=RoleSampling(max_new_tokens=cfg.act_max_new_tokens),
+        rehearse=RoleSampling(max_new_tokens=cfg.rehearse_max_new_tokens),
+        seed=cfg.seed,
+        engine="vllm",
+        vllm=VllmSettings(enforce_eager=cfg.vllm_enforce_eager),
+    )
+    client = build_vllm_client(model, codec.stop_token_ids, rollout)
+    _VLLM_CLIENTS[id(model)] = client
+    weakref.finalize(model, client.close)
+    return client
 
 
 def make_engine(cfg: DemoConfig, mode: str, codec, client, *, greedy: bool, simulator=None) -> RolloutEngine:
@@ -338,6 +373,10 @@ def make_rl_step(
         behaviour_is_cap=cfg.rl_behaviour_is_cap,
         **rl_recipe(cfg).rl,
     )
+    if cfg.rollout_engine == "vllm":  # the engine's log-probs are the behaviour policy's (rl/vllm_client.py)
+        from envace_jax.rl.vllm_client import with_engine_correction
+
+        rl = with_engine_correction(rl)
     step = build_rl_step(
         rl,
         rollout_config(cfg, mode, greedy=False),

@@ -318,6 +318,16 @@ class RLStep:
             if release is not None:
                 release()
 
+    def _client_metrics(self) -> dict[str, float]:
+        """What the clients report of themselves since the last step (``step_metrics``: a vLLM client's weight
+        syncs); the simulator's under ``simulator/``."""
+        out: dict[str, float] = {}
+        for prefix, client in (("", self.engine.policy), ("simulator/", getattr(self.engine, "simulator", None))):
+            take = getattr(client, "step_metrics", None)
+            if take is not None:
+                out.update({prefix + k: v for k, v in take().items()})
+        return out
+
     def weights_changed(self) -> None:
         """Called after every update (and by the launcher after a restore): KV rows a client cached
         were computed with the old weights, so clients forget them; then ``after_update`` (e.g. the
@@ -444,6 +454,7 @@ class RLStep:
         episode_ids = np.asarray([g.episode for g in gens], np.int32)
         metrics = rollout_metrics(episodes, gens, scores, unscored=lost)
         metrics.update(judge_metrics(episodes, trained, dropped_keys, cfg.mask_judge_failures))
+        metrics.update(self._client_metrics())
         if _rows_all_processes(len(gens)) == 0:
             metrics["update/skipped_no_rows"] = 1.0
             return StepResult(metrics, episodes, 0)

@@ -120,6 +120,25 @@ def make_client(
     )
 
 
+def vllm_rollouts(cfg: config_lib.ExperimentConfig, rollout: config_lib.RolloutConfig, codec, unsupported: bool):
+    """(the RL section with the engine's off-policy correction, a client factory) for ``rollout.engine="vllm"``:
+    each model gets a ``VllmClient`` over an engine of its own, which follows its weights (rl/vllm_client.py)."""
+    from envace_jax.rl.vllm_client import build_vllm_client, with_engine_correction
+
+    if unsupported or jax.process_count() > 1:
+        raise ValueError(
+            "rollout.engine='vllm' runs one engine beside a one-process synchronous run: it needs rl.max_staleness=0, "
+            "mesh.rollout_chips_per_host=0 and one process (got "
+            f"{cfg.rl.max_staleness}, {cfg.mesh.rollout_chips_per_host}, {jax.process_count()})"
+        )
+    logs = os.path.join(cfg.run_dir, "vllm")
+    os.makedirs(logs, exist_ok=True)
+    made = iter(range(1_000))
+    return with_engine_correction(cfg.rl), lambda model, programs_of=None: build_vllm_client(
+        model, codec.stop_token_ids, rollout, log_path=os.path.join(logs, f"worker{next(made)}.log")
+    )
+
+
 # ----------------------------------------------------------------------------- data and judge
 
 
@@ -343,10 +362,13 @@ def build_run(cfg: config_lib.ExperimentConfig) -> Run:
     client = lambda model, programs_of=None: make_client(
         model, codec, sample_mesh, rollout, share_prompts=share, programs_of=programs_of
     )
+    rl = cfg.rl
+    if rollout.engine == "vllm":  # a vLLM engine per policy, fed the weights after every update
+        rl, client = vllm_rollouts(cfg, rollout, codec, asynchronous or rollout_on is not None)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     data = build_data(cfg, codec)
     step_fn = build_rl_step(
-        cfg.rl,
+        rl,
         rollout,
         codec,
         client(policy),
