@@ -291,7 +291,8 @@ class VllmEngine:
         missing = sorted(set(where) - written)
         if missing:
             raise ValueError(f"vLLM weight sync: no weights for {missing[:5]}")
-        self._call({"op": "load_weights", "shm": self._shm.name, "manifest": manifest})
+        tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        self._call({"op": "load_weights", "shm": self._shm.name, "manifest": manifest, "tied": tied})
         seconds = time.perf_counter() - t0
         self.sync_seconds.append(seconds)
         return seconds

@@ -20,10 +20,11 @@ Messages are dicts (``op`` plus fields), answered in order with a dict that has 
   call for all of them. Each answer: ``ids`` (a stop token included), ``logprobs`` (the sampled tokens', at
   the row's temperature over the whole vocabulary when top-k and top-p are off), ``finish`` and ``cached``
   (prompt tokens vLLM's prefix cache already held).
-* ``load_weights``: ``shm`` (a shared-memory block's name) and ``manifest`` (name, dtype, shape, offset of each
-  tensor in Hugging Face's layout). The tensors are read in place from the block and loaded with vLLM's
-  in-place reload (``reload_weights``, which re-packs the CPU kernels' weights); then the prefix cache is
-  emptied, since its keys and values came from the old weights.
+* ``load_weights``: ``shm`` (a shared-memory block's name), ``manifest`` (name, dtype, shape, offset of each
+  tensor in Hugging Face's layout) and ``tied`` (the output head shares the embedding). The tensors are read in
+  place from the block and loaded with vLLM's in-place reload (``reload_weights``, which re-packs the CPU
+  kernels' weights; a tied head is re-packed here, ``_retie_head``); then the prefix cache is emptied, since
+  its keys and values came from the old weights.
 * ``shutdown``.
 """
 
@@ -99,6 +100,18 @@ def _generate(llm, msg: dict) -> dict:
     return {"rows": rows}
 
 
+def _retie_head(model) -> None:
+    """With tied embeddings the output head reads the embedding's table, but on CPU it computes from a packed copy
+    made when the model was built (``dispatch_cpu_unquantized_gemm``), and the in-place reload refreshes only the
+    embedding (the head has no tensor of its own in the checkpoint). So the head is pointed at the new table and
+    its copy packed again; without this it would keep sampling from the dummy weights."""
+    head, table = model.lm_head, model.model.embed_tokens
+    head.weight = table.weight
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
+
+
 def _load_weights(llm, msg: dict) -> dict:
     import torch
     from multiprocessing import resource_tracker, shared_memory
@@ -118,6 +131,8 @@ def _load_weights(llm, msg: dict) -> dict:
                 yield name, torch.frombuffer(shm.buf, dtype=dt, count=count, offset=int(offset)).view(*shape)
 
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors()})
+        if msg.get("tied"):
+            llm.apply_model(_retie_head)
         llm.reset_prefix_cache()
     finally:
         shm.close()

@@ -37,7 +37,8 @@ needs_vllm = pytest.mark.skipif(
 
 STOP = 7
 GREEDY = RoleSampling(temperature=0.0, max_new_tokens=12)
-# head_dim 32: one of vLLM's CPU attention sizes; float32 on both sides, so greedy paths are equal
+# head_dim 32: one of vLLM's CPU attention sizes; float32 on both sides, so greedy paths are equal. Tied
+# embeddings, as Qwen3-0.6B to 4B and the demo's model (vLLM's CPU head keeps a packed copy of the table)
 CFG = qwen3.Qwen3Config(
     vocab_size=384,
     hidden_size=64,
@@ -49,6 +50,7 @@ CFG = qwen3.Qwen3Config(
     max_position_embeddings=512,
     param_dtype="float32",
     dtype="float32",
+    tie_word_embeddings=True,
 )
 ROLLOUT = RolloutConfig(
     max_model_len=300,
@@ -127,6 +129,19 @@ def test_greedy_rows_of_both_roles_equal_the_native_samplers_in_float32(model, c
         assert g.ids == w.ids and g.finish_reason == w.finish_reason
         np.testing.assert_allclose(g.logprobs, w.logprobs, atol=2e-5)
     assert client.calls[-1].rows == {"act": 2, "rehearse": 1}
+
+
+@needs_vllm
+def test_an_untied_output_head_is_loaded_too():
+    from envace_jax.rl.vllm_client import build_vllm_client
+
+    untied = qwen3.init_model(CFG.replace(tie_word_embeddings=False), seed=1)
+    c = build_vllm_client(untied, [STOP], ROLLOUT)
+    try:
+        reqs = _requests()
+        assert [g.ids for g in c.generate(reqs)] == [w.ids for w in _native(untied, reqs)]
+    finally:
+        c.close()
 
 
 @needs_vllm
