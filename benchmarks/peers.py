@@ -19,7 +19,13 @@ its own process and, for the peers, its own virtual environment (``make bench-pe
 ``trl_grpo.py`` (TRL's ``GRPOTrainer``); their docstrings say exactly which API and settings each uses.
 Ours runs as three arms: ``ours`` (tuned: one micro-batch, pi_old's log-probs from the update's pass),
 ``ours-defaults`` (the iteration written with the public classes and nothing but their defaults) and
-``ours-plain`` (every row computes its prompt, as the peers do).
+``ours-plain`` (every row computes its prompt, as the peers do); a fourth, ``ours-vllm``, is ``ours`` with the
+vLLM rollout engine sampling (``rollout.engine="vllm"``; `make vllm-deps`), its weight sync inside the iteration
+(its row's "peer s / ours" below 1: faster than ours with our sampler):
+
+    python benchmarks/peers.py --shapes demo,small --frameworks ours,ours-vllm
+    python benchmarks/peers.py --shapes qwen3_0_6b --prompts 2 --iters 2 --rounds 1 --frameworks ours,ours-vllm \
+        --retain-freed-memory
 ``--frameworks`` lists arms: a framework, or ``framework@threads`` for a thread count of its own (``trl@1``:
 torch on one thread; ``ours@1``, ``tunix@1``: XLA on one thread); ``--threads`` is everyone else's.
 A worker runs ``--warmup`` iterations (compilation; not counted), then ``--iters`` timed ones, and prints
@@ -53,7 +59,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(REPO, "benchmarks", "peer_workers")
 # "ours-plain": ours with every row's prompt computed per row in the update (no rl.prefix_plan), for the
 # side-by-side effect of sharing the group's prompt; "ours" is the library's fast path.
-OURS = ("ours", "ours-plain", "ours-defaults")  # our arms: one worker script, this interpreter
+# "ours-vllm": ours with the vLLM rollout engine (rollout.engine="vllm") sampling the rows; needs `make vllm-deps`
+OURS = ("ours", "ours-plain", "ours-defaults", "ours-vllm")  # our arms: one worker script, this interpreter
 FRAMEWORKS = OURS + ("tunix", "trl")
 # TRL twice: on 2 torch threads, and on 1, which a 2-core machine shared with other jobs favours by far
 # (OpenMP's threads wait on each other when the box is oversubscribed; see docs/performance.md).
@@ -337,9 +344,15 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"[{shape}] round {r} {arm}: FAILED {res['error']}", flush=True)
                     else:
                         rounded = {k: [round(x, 3) for x in res[k]] for k in ("iter_s", "sample_s", "warmup_s")}
+                        sync = ""
+                        if "sync_s" in res:  # ours-vllm: the weight sync inside each iteration, the engine's start
+                            sync = (
+                                f", weight sync {[round(x, 3) for x in res['sync_s']]} s (engine start "
+                                f"{res['engine_start_s']:.0f} s)"
+                            )
                         print(
                             f"[{shape}] round {r} {arm}: iterations {rounded['iter_s']} s, sampling "
-                            f"{rounded['sample_s']} s (warm-up {rounded['warmup_s']} s), peak RSS "
+                            f"{rounded['sample_s']} s (warm-up {rounded['warmup_s']} s){sync}, peak RSS "
                             f"{res['peak_rss_gib']:.2f} GiB, mean reward {res['mean_reward'][-1]:.3f}",
                             flush=True,
                         )

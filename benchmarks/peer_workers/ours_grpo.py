@@ -14,6 +14,12 @@ log-probs up to float32 summation order. As ``"ours-plain"`` both run them once 
 As ``"ours-defaults"`` the iteration is what a user writes with the public classes and their defaults only:
 ``Sampler(model, seed=...)``, ``build_batch(gens, adv, group_ids, max_len=...)``, ``Trainer(model, optim, loss)``
 (its default micro-batch) and ``trainer.update(batch)`` (pi_old's log-probs are the sampler's).
+As ``"ours-vllm"`` the rows come from the vLLM rollout engine (``rollout.engine="vllm"``, ``rl.vllm_engine``: a
+worker process, torch.compile on) instead of our sampler, the update is ``"ours"``'s plus the engine's correction
+(truncated importance weights over the engine's log-probs, as ``rl.vllm_client.with_engine_correction`` sets),
+and each iteration ends by sending the new weights to the engine (``VllmClient.sync``, timed within the
+iteration and reported as ``sync_s``). The engine's start-up is outside the timed iterations, as our compilation
+is (it is reported as ``engine_start_s``).
 
 Rows are padded as the peers pad them, to their own length (every completion runs to ``new_tokens``): the
 batch's bucket is a multiple of ``LENGTH_MULTIPLE`` = 16 tokens (``rl.length_multiple=16`` in a config).
@@ -67,9 +73,38 @@ def build(spec):
     micro = int(spec.get("micro_batch_rows") or rows)
     # "ours": the rows of a group share their prompt, written once by the sampler and computed once in
     # the update (rl.prefix_plan); "ours-plain" computes it for every row, as the peers do.
-    share = spec["framework"] == "ours"
+    share = spec["framework"] in ("ours", "ours-vllm")
     trainer = Trainer(model, optim, loss, micro_batch_size=micro, share_prefixes=share)
+    if spec["framework"] == "ours-vllm":
+        return model, trainer, vllm_engine(model, spec)
     return model, trainer, Sampler(model, seed=int(spec["seed"]), share_prompts=share)
+
+
+def vllm_engine(model, spec):
+    from envace_jax.config import VllmSettings
+    from envace_jax.rl.vllm_engine import VllmEngine
+
+    t = time.perf_counter()
+    engine = VllmEngine(
+        model.config,
+        VllmSettings(threads=int(spec["threads"])),
+        max_model_len=len(spec["prompts"][0]) + int(spec["new_tokens"]) + 8,
+        seed=int(spec["seed"]),
+    )
+    engine.load_weights(model)
+    engine.started_in = time.perf_counter() - t
+    return engine
+
+
+def vllm_generate(engine, prompts, spec, it: int):
+    """The engine's rows as ``Sampler.generate`` gives them: (tokens, log-probs, finish reasons)."""
+    base = {"temperature": float(spec["temperature"]), "top_p": 1.0, "top_k": 0, "stop_token_ids": []}
+    params = [
+        dict(base, max_tokens=int(spec["new_tokens"]), seed=(int(spec["seed"]) + it) * 100_003 + i)
+        for i in range(len(prompts))
+    ]
+    rows = engine.generate(prompts, params)
+    return [r["ids"] for r in rows], [r["logprobs"] for r in rows], [r["finish"] for r in rows]
 
 
 def iteration(spec, sampler, trainer, it: int, clock: pc.IterationClock) -> float:
@@ -80,16 +115,20 @@ def iteration(spec, sampler, trainer, it: int, clock: pc.IterationClock) -> floa
         temperature=float(spec["temperature"]), max_new_tokens=int(spec["new_tokens"]), seed=int(spec["seed"]) + it
     )
     t0 = time.perf_counter()
-    out = sampler.generate(prompts, params)
+    if spec["framework"] == "ours-vllm":
+        tokens, logprobs, finishes = vllm_generate(sampler, prompts, spec, it)
+    else:
+        out = sampler.generate(prompts, params)
+        tokens, logprobs, finishes = out.tokens, out.logprobs, out.finish_reasons
     clock.sampling(time.perf_counter() - t0)
-    if any(len(t) != int(spec["new_tokens"]) for t in out.tokens):
-        lengths = sorted(set(map(len, out.tokens)))
+    if any(len(t) != int(spec["new_tokens"]) for t in tokens):
+        lengths = sorted(set(map(len, tokens)))
         raise RuntimeError(f"ours: completion lengths {lengths}, expected all {spec['new_tokens']}")
-    scores = np.asarray([pc.reward(t) for t in out.tokens], np.float32)
+    scores = np.asarray([pc.reward(t) for t in tokens], np.float32)
     adv = np.asarray(role_wise_advantages(scores, group_ids, np.full(len(prompts), ROLE_ID[ACT]), normalize_std=True))
     gens = [
         Generation(ACT, p, list(t), list(lp), f"p{g}", i, 0, r, temperature=float(spec["temperature"]))
-        for i, (p, t, lp, r, g) in enumerate(zip(prompts, out.tokens, out.logprobs, out.finish_reasons, group_ids))
+        for i, (p, t, lp, r, g) in enumerate(zip(prompts, tokens, logprobs, finishes, group_ids))
     ]
     width = len(prompts[0]) + int(spec["new_tokens"])
     if spec["framework"] == "ours-defaults":
@@ -99,8 +138,16 @@ def iteration(spec, sampler, trainer, it: int, clock: pc.IterationClock) -> floa
     batch = build_batch(gens, adv, group_ids, max_len=width, length_multiple=LENGTH_MULTIPLE)
     if batch.tokens.shape[1] != -(-width // LENGTH_MULTIPLE) * LENGTH_MULTIPLE:
         raise RuntimeError(f"ours: rows padded to {batch.tokens.shape[1]} tokens for {width}-token rows")
+    if spec["framework"] == "ours-vllm":
+        batch.behaviour_logprobs = batch.old_logprobs.copy()  # the engine's: the behaviour policy
+        trainer.update(batch, old_from_update=True, behaviour=("token", 2.0))
+        SYNC_S.append(sampler.load_weights(trainer.model))  # the new weights reach the engine
+        return float(scores.mean())
     trainer.update(batch, old_from_update=True)  # returns host floats: the step has finished
     return float(scores.mean())
+
+
+SYNC_S: list[float] = []
 
 
 def main():
@@ -119,7 +166,17 @@ def main():
     import flax
 
     versions = {"jax": jax.__version__, "flax": flax.__version__}
-    pc.emit(pc.result(spec, clock, rewards, api, versions))
+    record = pc.result(spec, clock, rewards, api, versions)
+    if spec["framework"] == "ours-vllm":
+        w = int(spec["warmup"])
+        record["sync_s"] = SYNC_S[w:]
+        record["engine_start_s"] = sampler.started_in
+        record["api"] = api.replace("sampling.Sampler.generate", "rl.vllm_engine.VllmEngine.generate (vLLM)") + (
+            ", behaviour=('token', 2.0) -> VllmEngine.load_weights"
+        )
+        versions["vllm"] = sampler.version
+        sampler.close()
+    pc.emit(record)
 
 
 if __name__ == "__main__":

@@ -242,7 +242,9 @@ class VllmSettings(Checked):
     # eagerly, slower per token: for tests and short runs
     enforce_eager: bool = False
     max_num_seqs: int = 256  # rows vLLM decodes at once (it queues the rest)
-    kv_cache_gib: int = 0  # CPU only: VLLM_CPU_KVCACHE_SPACE, whole GiB (0: vLLM's default)
+    # CPU only: the KV cache's size (VLLM_CPU_KVCACHE_SPACE), whole GiB. 0 leaves it to vLLM, which sizes it from the
+    # host's free memory at start-up: memory the trainer beside it then lacks (seen here: the kernel killed it)
+    kv_cache_gib: int = 4
     threads: int = 0  # CPU only: OpenMP threads of the engine (0: vLLM's default, every core)
     start_timeout_s: float = 900.0
 

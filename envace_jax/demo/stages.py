@@ -233,7 +233,7 @@ def vllm_client(model, codec, cfg: DemoConfig):
         rehearse=RoleSampling(max_new_tokens=cfg.rehearse_max_new_tokens),
         seed=cfg.seed,
         engine="vllm",
-        vllm=VllmSettings(enforce_eager=cfg.vllm_enforce_eager),
+        vllm=VllmSettings(enforce_eager=cfg.vllm_enforce_eager, kv_cache_gib=1),  # the demo's rows: a few MiB
     )
     client = build_vllm_client(model, codec.stop_token_ids, rollout)
     _VLLM_CLIENTS[id(model)] = client
