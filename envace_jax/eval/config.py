@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from envace_jax.config import RoleSampling, load_section
+from envace_jax.config import ROLLOUT_ENGINES, RoleSampling, VllmSettings, load_section
 from envace_jax.envs import bfcl, tau2
 from envace_jax.model_sizes import TINY
 
@@ -112,6 +112,14 @@ class ModelSpec:
     random_tiny: bool = False
     dtype: str = "float32"
     tiny: TinySpec = TinySpec()
+    # what generates the policy's turns: "native" (our Sampler) or "vllm" (the vLLM rollout engine, rl/vllm_engine.py,
+    # in a process of its own: `make vllm-deps`; docs/vllm.md); its settings in ``vllm``
+    engine: str = "native"
+    vllm: VllmSettings = VllmSettings()
+
+    def __post_init__(self):
+        if self.engine not in ROLLOUT_ENGINES:
+            raise ValueError(f"config.model.engine={self.engine!r}; choose one of {ROLLOUT_ENGINES}")
 
 
 @dataclasses.dataclass(frozen=True)

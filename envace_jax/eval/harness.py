@@ -247,13 +247,22 @@ def build_model_agent(
 
     model, tok = load_policy(spec, work_dir, seed)
     codec = Qwen3ChatCodec(tok, enable_thinking=enable_thinking, simulator_thinking=enable_thinking)
-    sampler = Sampler(
-        model,
-        cache_size=max_model_len,
-        max_chunk=shapes.max_chunk,
-        batch_buckets=shapes.batch_buckets or None,
-        length_buckets=shapes.length_buckets or None,
-        window_buckets=shapes.window_buckets or None,
-    )
-    client = SamplerClient(sampler, codec.stop_token_ids)
+    if spec.engine == "vllm":  # the rollout engine's vLLM client; it continues turns through vLLM's prefix cache
+        from envace_jax.config import RolloutConfig
+        from envace_jax.rl.vllm_client import build_vllm_client
+
+        rollout = RolloutConfig(
+            max_model_len=max_model_len, act=sampling, rehearse=sampling, seed=seed, engine="vllm", vllm=spec.vllm
+        )
+        client = build_vllm_client(model, codec.stop_token_ids, rollout)
+    else:
+        sampler = Sampler(
+            model,
+            cache_size=max_model_len,
+            max_chunk=shapes.max_chunk,
+            batch_buckets=shapes.batch_buckets or None,
+            length_buckets=shapes.length_buckets or None,
+            window_buckets=shapes.window_buckets or None,
+        )
+        client = SamplerClient(sampler, codec.stop_token_ids)
     return ModelAgent(codec, client, sampling, max_model_len=max_model_len, seed=seed), codec, client

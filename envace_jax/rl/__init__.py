@@ -18,6 +18,8 @@ _EXPORTS = {
     "role_wise_advantages": "envace_jax.rl.advantages",
     "Trainer": "envace_jax.rl.trainer",
     "RLStep": "envace_jax.rl.step",
+    # the vLLM rollout engine (rollout.engine="vllm")
+    "VllmClient": "envace_jax.rl.vllm_client",
     "StepResult": "envace_jax.rl.step",
 }
 

@@ -277,3 +277,33 @@ def test_train_with_the_vllm_engine_corrects_for_it_and_logs_sync_time_and_the_l
     # float32 on both sides: the engine's log-probs are the trainer's to rounding, the weights near 1
     assert m["act/logp_mismatch_sampler"] < 1e-3
     assert abs(m["update/is_weight"] - 1.0) < 1e-2
+
+
+@needs_vllm
+def test_evaluation_with_engine_vllm_generates_what_the_native_sampler_does(tmp_path):
+    from envace_jax.eval.config import ModelSpec, TinySpec
+    from envace_jax.eval.harness import build_model_agent
+    from envace_jax.rl.vllm_client import VllmClient
+
+    tiny = {"hidden": 64, "layers": 2, "heads": 2, "kv_heads": 1, "head_dim": 32}
+    spec = ModelSpec(random_tiny=True, tiny=TinySpec(**tiny))
+    sampling = RoleSampling(temperature=0.0, max_new_tokens=16)
+    _, codec, native = build_model_agent(spec, sampling, max_model_len=512, work_dir=str(tmp_path))
+    vspec = ModelSpec(
+        random_tiny=True,
+        tiny=TinySpec(**tiny),
+        tokenizer_path=str(tmp_path / "demo_tokenizer"),
+        engine="vllm",
+        vllm=VllmSettings(enforce_eager=True, kv_cache_gib=1),
+    )
+    agent, _, client = build_model_agent(vspec, sampling, max_model_len=512, work_dir=str(tmp_path))
+    try:
+        assert isinstance(client, VllmClient) and agent.client is client
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Convert 3 km to miles."}]
+        prompt = codec.caller_prompt(msgs, [])
+        reqs = [GenRequest(prompt, "act", sampling, seed=0)]
+        assert [g.ids for g in client.generate(reqs)] == [w.ids for w in native.generate(reqs)]
+    finally:
+        client.close()
+    with pytest.raises(ValueError, match="config.model.engine"):
+        ModelSpec(engine="sglang")
