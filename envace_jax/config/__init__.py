@@ -48,6 +48,7 @@ from envace_jax.config.choices import (  # noqa: F401  (public names of envace_j
     VLLM_DTYPES,
 )
 from envace_jax.config.convert import _build, _convert, load_section, to_config_dict  # noqa: F401
+from envace_jax.config.engine_sections import VllmSettings  # noqa: F401  (public name)
 from envace_jax.config.judge_sections import JUDGE_KINDS, HttpJudgeConfig, JudgeSection, LocalJudgeConfig  # noqa: F401
 from envace_jax.config.train_sections import LossConfig, OptimConfig, RLSection
 
@@ -219,34 +220,6 @@ class RoleSampling(Checked):
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 8000
-
-
-@dataclasses.dataclass(frozen=True)
-class VllmSettings(Checked):
-    """The vLLM rollout engine (``rollout.engine="vllm"``, rl/vllm_engine.py, docs/vllm.md). It runs in a process
-    of its own, in vLLM's interpreter: ``python`` ("" finds one: $ENVACE_VLLM_PYTHON, then ``.cache/vllm`` of
-    ``make vllm-deps``, then this interpreter if it imports vllm)."""
-
-    LABEL: ClassVar[str] = "rollout.vllm"
-    RULES: ClassVar[tuple[Rule, ...]] = (
-        ("dtype", *one_of(VLLM_DTYPES)),
-        ("max_num_seqs", _POS, "> 0"),
-        ("start_timeout_s", _POS, "> 0"),
-        ("kv_cache_gib", _NONNEG, ">= 0"),
-        ("threads", _NONNEG, ">= 0"),
-    )
-
-    python: str = ""
-    dtype: str = "auto"
-    # True skips torch.compile at start-up (seconds instead of about a minute at Qwen3-0.6B shape) and decodes
-    # eagerly, slower per token: for tests and short runs
-    enforce_eager: bool = False
-    max_num_seqs: int = 256  # rows vLLM decodes at once (it queues the rest)
-    # CPU only: the KV cache's size (VLLM_CPU_KVCACHE_SPACE), whole GiB. 0 leaves it to vLLM, which sizes it from the
-    # host's free memory at start-up: memory the trainer beside it then lacks (seen here: the kernel killed it)
-    kv_cache_gib: int = 4
-    threads: int = 0  # CPU only: OpenMP threads of the engine (0: vLLM's default, every core)
-    start_timeout_s: float = 900.0
 
 
 @dataclasses.dataclass(frozen=True)

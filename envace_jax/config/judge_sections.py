@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from envace_jax.config.choices import DTYPES
+from envace_jax.config.choices import DTYPES, ROLLOUT_ENGINES
+from envace_jax.config.engine_sections import VllmSettings
 from envace_jax.config.rules import _NONNEG, _POS, _PROB, Checked, Rule, check_rules, one_of
 
 # judge.kind: rules alone, an HTTP endpoint, a local model, or rules first with a model for items without a rule
@@ -59,6 +60,7 @@ class LocalJudgeConfig(Checked):
         ("max_tokens", _POS, ">= 1"),
         ("max_attempts", _POS, ">= 1"),
         ("max_model_len", _POS, ">= 1"),
+        ("engine", *one_of(ROLLOUT_ENGINES)),
     )
 
     hf_path: str = ""  # a local Hugging Face checkpoint directory (config.json names qwen3 or qwen3_moe)
@@ -71,6 +73,10 @@ class LocalJudgeConfig(Checked):
     enable_thinking: bool = True
     max_model_len: int = 16384  # prompt + answer tokens a judge call may hold
     seed: int = 0
+    # what generates the verdicts: "native" (our Sampler) or "vllm" (a vLLM engine in a process of its own, loaded
+    # with the judge's weights once; rl/vllm_engine.py, docs/vllm.md)
+    engine: str = "native"
+    vllm: VllmSettings = VllmSettings()
 
 
 @dataclasses.dataclass(frozen=True)

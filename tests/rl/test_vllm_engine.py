@@ -307,3 +307,31 @@ def test_evaluation_with_engine_vllm_generates_what_the_native_sampler_does(tmp_
         client.close()
     with pytest.raises(ValueError, match="config.model.engine"):
         ModelSpec(engine="sglang")
+
+
+@needs_vllm
+def test_a_local_qwen3_moe_judge_on_the_engine_writes_what_the_native_sampler_writes(tmp_path):
+    import shutil
+
+    from envace_jax.config import LocalJudgeConfig
+    from envace_jax.models import hf_io
+    from envace_jax.models.qwen3_moe_config import Qwen3MoeConfig
+    from envace_jax.rl.local_judge import build_local_judge
+    from tests.rl.test_judges_local import request
+
+    d = str(tmp_path / "judge")
+    moe = Qwen3MoeConfig.tiny(512, num_layers=2, num_experts=4, mlp_only_layers=(0,), head_dim=32)
+    hf_io.save_hf(qwen3.init_model(moe, seed=3), d)
+    for f in os.listdir(h.tokenizer_dir()):
+        shutil.copy(os.path.join(h.tokenizer_dir(), f), d)
+    kw = dict(hf_path=d, dtype="float32", temperature=0.0, max_tokens=12, max_model_len=2048)
+    native = build_local_judge(LocalJudgeConfig(**kw)).generate_texts
+    on_vllm = build_local_judge(
+        LocalJudgeConfig(**kw, engine="vllm", vllm=VllmSettings(enforce_eager=True, kv_cache_gib=1))
+    ).generate_texts
+    try:
+        msgs = [[{"role": "user", "content": request(w, "a reply", i).prompt()}] for i, w in enumerate(("alpha", "be"))]
+        want = native(msgs)
+        assert all(want) and on_vllm(msgs) == want
+    finally:
+        on_vllm.engine.close()
