@@ -48,7 +48,7 @@ from envace_jax.config.choices import (  # noqa: F401  (public names of envace_j
     VLLM_DTYPES,
 )
 from envace_jax.config.convert import _build, _convert, load_section, to_config_dict  # noqa: F401
-from envace_jax.config.engine_sections import VllmSettings  # noqa: F401  (public name)
+from envace_jax.config.engine_sections import VllmSettings
 from envace_jax.config.judge_sections import JUDGE_KINDS, HttpJudgeConfig, JudgeSection, LocalJudgeConfig  # noqa: F401
 from envace_jax.config.train_sections import LossConfig, OptimConfig, RLSection
 
