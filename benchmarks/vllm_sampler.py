@@ -12,6 +12,8 @@ prompt per row, no early stop, vLLM as the rollouts run it (a worker process, to
   ours (the mean of both medians) / vLLM, above 1 when vLLM is faster; and how far the greedy rows agree (mean
   length of the common prefix: bfloat16 near-ties part them);
 - the fixed cost per call and the decode step of both, by the difference method (calls of 40 and 8 new tokens);
+- the log-prob gap between the engine and our sampler on the tokens both chose (mean and largest |difference|
+  over each row's common greedy prefix): what the update's engine correction weighs;
 - our decode step against its floor (the step's weight matmuls and one read of the k/v cache, timed alone, as
   ``benchmarks/sampler_real_shape.py`` measures it), and our prefill and decode seconds inside one call.
 
@@ -86,6 +88,17 @@ def one_batch(preset: str, model, engine: VllmEngine, batch: int, reps: int, rng
 
     from envace_jax.sampling import SamplingParams
 
+    # the engine-trainer log-prob gap the rollouts would carry into the update: over each row's common greedy prefix
+    mine = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=NEW))
+    base = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": NEW, "stop_token_ids": []}
+    theirs = engine.generate(prompts, [base] * len(prompts))
+    gaps = []
+    for t, lp, row in zip(mine.tokens, mine.logprobs, theirs):
+        n = common_prefix(list(t), row["ids"])
+        gaps.extend(abs(a - b) for a, b in zip(lp[:n], row["logprobs"][:n]))
+    res["logprob_gap_mean"] = float(np.mean(gaps)) if gaps else float("nan")
+    res["logprob_gap_max"] = float(np.max(gaps)) if gaps else float("nan")
+
     state = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=LONG), return_state=True).state
     res["window"] = int(state.k[0].shape[qwen3.CACHE_K_SLOT_AXIS])
     del state
@@ -106,8 +119,8 @@ def markdown(results: list[dict], head: dict) -> str:
         "",
         "| batch | ours (before / after) | vLLM | ours / vLLM | greedy rows equal | common prefix (of 32) "
         "| fixed per call ours / vLLM | decode step ours / vLLM | ours step floor | ours step / floor "
-        "| ours prefill / decode in a call |",
-        "|---:|---|---:|---:|---:|---:|---|---|---:|---:|---|",
+        "| ours prefill / decode in a call | log-prob gap mean / max |",
+        "|---:|---|---:|---:|---:|---:|---|---|---:|---:|---|---|",
     ]
     for r in results:
         floor = r["floor_matmul_s"] + r["floor_cache_s"]
@@ -116,7 +129,8 @@ def markdown(results: list[dict], head: dict) -> str:
             f"**{r['ours_s'] / r['vllm_s']:.2f}x** | {r['equal_rows']}/{r['batch']} | {r['common_prefix_mean']:.1f} | "
             f"{r['ours_fixed_s']:.2f} / {r['vllm_fixed_s']:.2f} s | {1e3 * r['ours_step_s']:.0f} / "
             f"{1e3 * r['vllm_step_s']:.0f} ms | {1e3 * floor:.0f} ms | {r['ours_step_s'] / floor:.2f}x | "
-            f"{r['ours_prefill_s']:.2f} / {r['ours_decode_s']:.2f} s |"
+            f"{r['ours_prefill_s']:.2f} / {r['ours_decode_s']:.2f} s | {r['logprob_gap_mean']:.4f} / "
+            f"{r['logprob_gap_max']:.3f} |"
         )
     return "\n".join(lines)
 
