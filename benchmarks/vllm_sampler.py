@@ -115,7 +115,8 @@ def one_batch(preset: str, model, engine: VllmEngine, batch: int, reps: int, rng
 def markdown(results: list[dict], head: dict) -> str:
     lines = [
         f"Engine start-up {head['start_s']:.0f} s (ours: model build {head['build_s']:.0f} s); weight sync "
-        f"{head['sync_s']:.2f} s (median of {len(head['syncs'])}).",
+        f"{head['sync_s']:.2f} s (median of {len(head['syncs'])}; of the last: copy into shared memory "
+        f"{head['sync_parts'][-1]['copy_s']:.2f} s, vLLM's reload {head['sync_parts'][-1]['reload_s']:.2f} s).",
         "",
         "| batch | ours (before / after) | vLLM | ours / vLLM | greedy rows equal | common prefix (of 32) "
         "| fixed per call ours / vLLM | decode step ours / vLLM | ours step floor | ours step / floor "
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     head["start_s"] = time.perf_counter() - t
     head["syncs"] = [engine.load_weights(model) for _ in range(args.syncs)]
     head["sync_s"] = statistics.median(head["syncs"])
+    head["sync_parts"] = engine.sync_parts[-args.syncs :]
     print(
         f"preset {args.preset}, {args.dtype}, {cfg.num_params() / 1e6:.0f}M parameters; vLLM {engine.version} "
         f"(eager={args.eager}) started in {head['start_s']:.0f} s; weight sync {head['syncs']} s",

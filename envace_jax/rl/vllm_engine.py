@@ -9,8 +9,9 @@ in ``.cache/vllm``) as a child process on the same host, and this module talks t
   read or written) and allocates its paged KV cache.
 * **load_weights(model)**: the trainer's parameters, in Hugging Face's layout (``hf_save.iter_hf_tensors``) and
   the engine's dtype, are copied into one shared-memory block (RAM, not disk); the worker maps the block and
-  loads the tensors with vLLM's in-place reload, then empties its prefix cache. The block is kept and reused by
-  the next sync. LoRA adapters are folded into the weights first (``rollout_weights.weights_copy``).
+  loads the tensors with vLLM's in-place reload, then empties its prefix cache. The block is freed as soon as
+  the engine holds the weights: it is a whole copy of the model in RAM, on a host that also trains. LoRA adapters
+  are folded into the weights first (``rollout_weights.weights_copy``).
 * **generate(prompts, params)**: one ``LLM.generate`` over every row; sampled ids, their log-probs, finish
   reasons and the prompt tokens the prefix cache already held come back.
 
@@ -109,7 +110,7 @@ def hf_tensors(model, dtype: str) -> Iterator[tuple[str, np.ndarray]]:
         model = weights_copy(model)  # a plain model with the adapters merged
     target = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     for name, arr in iter_hf_tensors(model):
-        yield name, np.ascontiguousarray(arr.astype(target, copy=False))
+        yield name, arr.astype(target, copy=False)  # written into the block as it is laid out: no copy here
 
 
 class VllmEngine:
@@ -134,6 +135,7 @@ class VllmEngine:
         self._shm: shared_memory.SharedMemory | None = None
         self._lock = threading.Lock()
         self.sync_seconds: list[float] = []
+        self.sync_parts: list[dict[str, float]] = []
         self.start_seconds = 0.0
         self.version = ""
 
@@ -228,6 +230,12 @@ class VllmEngine:
             self._proc.kill()
             self._proc.wait()
 
+    def _free_block(self) -> None:
+        if self._shm is not None:
+            self._shm.close()
+            self._shm.unlink()
+            self._shm = None
+
     @property
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -246,10 +254,7 @@ class VllmEngine:
             except Exception:
                 pass
             self._kill()
-        if self._shm is not None:
-            self._shm.close()
-            self._shm.unlink()
-            self._shm = None
+        self._free_block()
         self._listener.close()
         self._log.close()
         self._proc = None
@@ -274,11 +279,8 @@ class VllmEngine:
             where[name] = (tuple(shape), offset)
             manifest.append((name, self.dtype, list(shape), offset))
             offset += int(np.prod(shape, dtype=np.int64)) * itemsize
-        if self._shm is None or self._shm.size < offset:
-            if self._shm is not None:
-                self._shm.close()
-                self._shm.unlink()
-            self._shm = shared_memory.SharedMemory(create=True, size=max(offset, 1))
+        self._free_block()
+        self._shm = shared_memory.SharedMemory(create=True, size=max(offset, 1))
         written = set()
         for name, arr in hf_tensors(model, self.dtype):
             shape, off = where.get(name, (None, 0))
@@ -292,9 +294,16 @@ class VllmEngine:
         if missing:
             raise ValueError(f"vLLM weight sync: no weights for {missing[:5]}")
         tied = bool(getattr(model.config, "tie_word_embeddings", False))
-        self._call({"op": "load_weights", "shm": self._shm.name, "manifest": manifest, "tied": tied})
+        copied = time.perf_counter() - t0
+        try:
+            reply = self._call({"op": "load_weights", "shm": self._shm.name, "manifest": manifest, "tied": tied})
+        finally:
+            # the engine holds the weights now: the block (a whole copy of the model in RAM) goes at once
+            self._free_block()
         seconds = time.perf_counter() - t0
         self.sync_seconds.append(seconds)
+        # where a sync goes: gathering and copying into the block here, vLLM's reload (and re-packing) there
+        self.sync_parts.append({"copy_s": copied, "reload_s": float(reply["seconds"])})
         return seconds
 
     def __enter__(self) -> "VllmEngine":
