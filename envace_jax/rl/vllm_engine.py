@@ -9,9 +9,9 @@ in ``.cache/vllm``) as a child process on the same host, and this module talks t
   read or written) and allocates its paged KV cache.
 * **load_weights(model)**: the trainer's parameters, in Hugging Face's layout (``hf_save.iter_hf_tensors``) and
   the engine's dtype, are copied into one shared-memory block (RAM, not disk); the worker maps the block and
-  loads the tensors with vLLM's in-place reload, then empties its prefix cache. The block is freed as soon as
-  the engine holds the weights: it is a whole copy of the model in RAM, on a host that also trains. LoRA adapters
-  are folded into the weights first (``rollout_weights.weights_copy``).
+  loads the tensors with vLLM's in-place reload, then empties its prefix cache. The block is kept for the next
+  sync (``keep_sync_block``; False frees it after each: it is a whole copy of the model in RAM, on a host that
+  also trains). LoRA adapters are folded into the weights first (``rollout_weights.weights_copy``).
 * **generate(prompts, params)**: one ``LLM.generate`` over every row; sampled ids, their log-probs, finish
   reasons and the prompt tokens the prefix cache already held come back.
 
@@ -279,8 +279,9 @@ class VllmEngine:
             where[name] = (tuple(shape), offset)
             manifest.append((name, self.dtype, list(shape), offset))
             offset += int(np.prod(shape, dtype=np.int64)) * itemsize
-        self._free_block()
-        self._shm = shared_memory.SharedMemory(create=True, size=max(offset, 1))
+        if self._shm is None or self._shm.size < offset:
+            self._free_block()
+            self._shm = shared_memory.SharedMemory(create=True, size=max(offset, 1))
         written = set()
         for name, arr in hf_tensors(model, self.dtype):
             shape, off = where.get(name, (None, 0))
@@ -298,8 +299,8 @@ class VllmEngine:
         try:
             reply = self._call({"op": "load_weights", "shm": self._shm.name, "manifest": manifest, "tied": tied})
         finally:
-            # the engine holds the weights now: the block (a whole copy of the model in RAM) goes at once
-            self._free_block()
+            if not self.settings.keep_sync_block:  # the engine holds the weights now: the block may go
+                self._free_block()
         seconds = time.perf_counter() - t0
         self.sync_seconds.append(seconds)
         # where a sync goes: gathering and copying into the block here, vLLM's reload (and re-packing) there
