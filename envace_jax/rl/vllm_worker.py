@@ -40,8 +40,6 @@ import traceback
 # The engine runs in this process (no engine-core child): weights loaded here are the weights it samples with.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-TORCH_DTYPES = ("float32", "bfloat16", "float16")
-
 
 def _engine(msg: dict, model_dir: str):
     from vllm import LLM

@@ -335,3 +335,25 @@ def test_a_local_qwen3_moe_judge_on_the_engine_writes_what_the_native_sampler_wr
         assert all(want) and on_vllm(msgs) == want
     finally:
         on_vllm.engine.close()
+
+
+@needs_vllm
+def test_lora_adapters_are_folded_into_the_weights_the_engine_gets():
+    from envace_jax.models import lora
+    from envace_jax.rl.vllm_client import build_vllm_client
+
+    m = qwen3.init_model(CFG, seed=4)
+    lora.add_adapters(m, 4, 8.0, seed=1)
+    # trained adapters: B away from its zero start, so the merged weights differ from the base's
+    state = nnx.state(m, nnx.LoRAParam)
+    keys = iter(jax.random.split(jax.random.key(5), len(jax.tree.leaves(state))))
+    nnx.update(m, jax.tree.map(lambda a: a + 0.2 * jax.random.normal(next(keys), a.shape, a.dtype), state))
+    base = qwen3.init_model(CFG, seed=4)
+    c = build_vllm_client(m, [STOP], ROLLOUT)
+    try:
+        reqs = _requests()
+        got = [g.ids for g in c.generate(reqs)]
+        assert got == [w.ids for w in _native(m, reqs)]
+        assert got != [w.ids for w in _native(base, reqs)]
+    finally:
+        c.close()
