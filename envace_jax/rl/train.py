@@ -9,6 +9,7 @@ cadence, preemption, progress) is ``envace_jax.rl.training_loop.run_loop``, shar
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from typing import Any
@@ -133,7 +134,7 @@ def vllm_rollouts(cfg: config_lib.ExperimentConfig, rollout: config_lib.RolloutC
         )
     logs = os.path.join(cfg.run_dir, "vllm")
     os.makedirs(logs, exist_ok=True)
-    made = iter(range(1_000))
+    made = itertools.count()  # one log per engine: worker0.log, worker1.log (a simulator's) ...
     return with_engine_correction(cfg.rl), lambda model, programs_of=None: build_vllm_client(
         model, codec.stop_token_ids, rollout, log_path=os.path.join(logs, f"worker{next(made)}.log")
     )
