@@ -124,6 +124,25 @@ def weight_matmul_floor_s(sampler: Sampler, batch: int, reps: int = 5) -> float:
     return min(timed(lambda: _weight_matmuls(x, prepared).block_until_ready()) for _ in range(reps))
 
 
+def floor_and_split(sampler: Sampler, prompts, cfg: dict) -> dict:
+    """Our decode step's floor at this batch and where one NEW-token call of ours goes: ``window`` (the cache a
+    LONG-token call decodes over; the sampler sizes it per call), ``floor_matmul_s`` and ``floor_cache_s``, then
+    ``ours_prefill_s`` and ``ours_decode_s`` (``Sampler.timed``; it stays on afterwards)."""
+    batch = len(prompts)
+    res = {}
+    state = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=LONG), return_state=True).state
+    res["window"] = int(state.k[0].shape[qwen3.CACHE_K_SLOT_AXIS])
+    del state
+    res["floor_matmul_s"] = weight_matmul_floor_s(sampler, batch)
+    res["floor_cache_s"] = cache_read_floor_s(batch, res["window"], reps=5, config=cfg, dtype=sampler.cfg.dtype)
+    sampler.timed = True
+    before = (sampler.stats.prefill_s, sampler.stats.decode_s)
+    ours(sampler, prompts, NEW)
+    res["ours_prefill_s"] = sampler.stats.prefill_s - before[0]
+    res["ours_decode_s"] = sampler.stats.decode_s - before[1]
+    return res
+
+
 def split(t_long: float, t_short: float) -> tuple[float, float]:
     """(fixed cost per call, decode step) from the medians of LONG- and SHORT-token calls."""
     step = (t_long - t_short) / (LONG - SHORT)
@@ -159,19 +178,8 @@ def one_batch(preset: str, model, hf, batch: int, reps: int, rng) -> dict:
     res["hf_fixed_s"], res["hf_step_s"] = split(med["hf_long"], med["hf_short"])
     res["compiles_while_timed"] = sampler.num_compilations - res["compiles_while_timed"]
 
-    # the window a LONG-token call decodes over (the sampler sizes its cache per call)
-    state = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=LONG), return_state=True).state
-    res["window"] = int(state.k[0].shape[qwen3.CACHE_K_SLOT_AXIS])
-    del state
-    res["floor_matmul_s"] = weight_matmul_floor_s(sampler, batch)
-    res["floor_cache_s"] = cache_read_floor_s(batch, res["window"], reps=5, config=cfg, dtype=model.config.dtype)
-
-    # where a call goes: our prefill and decode (timed separately), HF's forward over the prompts
-    sampler.timed = True
-    before = (sampler.stats.prefill_s, sampler.stats.decode_s)
-    ours(sampler, prompts, NEW)
-    res["ours_prefill_s"] = sampler.stats.prefill_s - before[0]
-    res["ours_decode_s"] = sampler.stats.decode_s - before[1]
+    res.update(floor_and_split(sampler, prompts, cfg))
+    # HF's forward over the prompts, beside our prefill
     ids = torch.tensor(prompts)
     with torch.no_grad():
         t = time.perf_counter()

@@ -32,8 +32,7 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np
-from common import cache_read_floor_s
-from sampler_real_shape import LONG, NEW, PRESETS, PROMPT, SHORT, ours, split, weight_matmul_floor_s
+from sampler_real_shape import LONG, NEW, PRESETS, PROMPT, SHORT, floor_and_split, ours, split
 
 from envace_jax.config import VllmSettings
 from envace_jax.models import qwen3
@@ -99,16 +98,7 @@ def one_batch(preset: str, model, engine: VllmEngine, batch: int, reps: int, rng
     res["logprob_gap_mean"] = float(np.mean(gaps)) if gaps else float("nan")
     res["logprob_gap_max"] = float(np.max(gaps)) if gaps else float("nan")
 
-    state = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=LONG), return_state=True).state
-    res["window"] = int(state.k[0].shape[qwen3.CACHE_K_SLOT_AXIS])
-    del state
-    res["floor_matmul_s"] = weight_matmul_floor_s(sampler, batch)
-    res["floor_cache_s"] = cache_read_floor_s(batch, res["window"], reps=5, config=cfg, dtype=model.config.dtype)
-    sampler.timed = True
-    before = (sampler.stats.prefill_s, sampler.stats.decode_s)
-    ours(sampler, prompts, NEW)
-    res["ours_prefill_s"] = sampler.stats.prefill_s - before[0]
-    res["ours_decode_s"] = sampler.stats.decode_s - before[1]
+    res.update(floor_and_split(sampler, prompts, cfg))
     return res
 
 

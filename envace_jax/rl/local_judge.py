@@ -26,62 +26,53 @@ class SamplerTexts:
         self._calls = 0
 
     def __call__(self, message_lists: Sequence[list[dict]]) -> list[str]:
+        if not message_lists:
+            return []
+        prompts = [self.renderer.render_messages(list(m), add_generation_prompt=True) for m in message_lists]
+        room = self.cfg.max_model_len - max(len(p) for p in prompts)
+        if room < 1:
+            raise ValueError(
+                f"judge.local: a judge prompt of {max(len(p) for p in prompts)} tokens leaves no room for an answer "
+                f"within judge.local.max_model_len={self.cfg.max_model_len}"
+            )
+        with self._lock:
+            seed = self.cfg.seed + self._calls
+            self._calls += 1
+            tokens = self._sample(prompts, min(self.cfg.max_tokens, room), seed)
+        return [self.renderer.decode(t) for t in tokens]
+
+    def _sample(self, prompts: list[list[int]], max_new_tokens: int, seed: int) -> list[list[int]]:
+        """The generated ids of each prompt, at the judge's settings."""
         from envace_jax.sampling import SamplingParams
 
-        if not message_lists:
-            return []
-        prompts = [self.renderer.render_messages(list(m), add_generation_prompt=True) for m in message_lists]
-        room = self.cfg.max_model_len - max(len(p) for p in prompts)
-        if room < 1:
-            raise ValueError(
-                f"judge.local: a judge prompt of {max(len(p) for p in prompts)} tokens leaves no room for an answer "
-                f"within judge.local.max_model_len={self.cfg.max_model_len}"
-            )
-        with self._lock:
-            seed = self.cfg.seed + self._calls
-            self._calls += 1
-            params = SamplingParams(
-                temperature=self.cfg.temperature,
-                top_p=self.cfg.top_p,
-                max_new_tokens=min(self.cfg.max_tokens, room),
-                stop_token_ids=self.renderer.stop_token_ids,
-                seed=seed,
-            )
-            out = self.sampler.generate(prompts, params)
-        return [self.renderer.decode(t) for t in out.tokens]
+        params = SamplingParams(
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            max_new_tokens=max_new_tokens,
+            stop_token_ids=self.renderer.stop_token_ids,
+            seed=seed,
+        )
+        return self.sampler.generate(prompts, params).tokens
 
 
-class EngineTexts:
-    """``messages lists -> completions`` over a vLLM engine holding the judge model (``judge.local.engine="vllm"``):
-    the same prompts, settings and seeds as ``SamplerTexts`` (row ``i`` of a call draws from its own seed)."""
+class EngineTexts(SamplerTexts):
+    """``SamplerTexts`` over a vLLM engine holding the judge model (``judge.local.engine="vllm"``): the same prompts,
+    settings and seeds (row ``i`` of a call draws from its own seed)."""
 
     def __init__(self, engine, renderer, cfg: LocalJudgeConfig):
-        self.engine, self.renderer, self.cfg = engine, renderer, cfg
-        self._lock = threading.Lock()
-        self._calls = 0
+        super().__init__(None, renderer, cfg)
+        self.engine = engine
 
-    def __call__(self, message_lists: Sequence[list[dict]]) -> list[str]:
-        if not message_lists:
-            return []
-        prompts = [self.renderer.render_messages(list(m), add_generation_prompt=True) for m in message_lists]
-        room = self.cfg.max_model_len - max(len(p) for p in prompts)
-        if room < 1:
-            raise ValueError(
-                f"judge.local: a judge prompt of {max(len(p) for p in prompts)} tokens leaves no room for an answer "
-                f"within judge.local.max_model_len={self.cfg.max_model_len}"
-            )
-        with self._lock:
-            seed = self.cfg.seed + self._calls
-            self._calls += 1
-            base = {
-                "temperature": self.cfg.temperature,
-                "top_p": self.cfg.top_p,
-                "top_k": 0,
-                "max_tokens": min(self.cfg.max_tokens, room),
-                "stop_token_ids": list(self.renderer.stop_token_ids),
-            }
-            rows = self.engine.generate(prompts, [dict(base, seed=seed * 100_003 + i) for i in range(len(prompts))])
-        return [self.renderer.decode(r["ids"]) for r in rows]
+    def _sample(self, prompts: list[list[int]], max_new_tokens: int, seed: int) -> list[list[int]]:
+        base = {
+            "temperature": self.cfg.temperature,
+            "top_p": self.cfg.top_p,
+            "top_k": 0,
+            "max_tokens": max_new_tokens,
+            "stop_token_ids": list(self.renderer.stop_token_ids),
+        }
+        rows = self.engine.generate(prompts, [dict(base, seed=seed * 100_003 + i) for i in range(len(prompts))])
+        return [r["ids"] for r in rows]
 
 
 def build_local_judge(cfg: LocalJudgeConfig, *, sampler_kwargs: dict | None = None):
